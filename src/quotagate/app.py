@@ -1,0 +1,132 @@
+"""The composition root: one object wiring the stores together for a database URL."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from quotagate.domain.clock import Clock, SystemClock
+from quotagate.domain.model import Request, RequestState, build_submission
+from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL
+from quotagate.domain.placement import Placement
+from quotagate.store import migrate
+from quotagate.store.config import Configuration
+from quotagate.store.engine import create_engine, database_url
+from quotagate.store.ledger import (
+    DEFAULT_ADMISSION_WINDOW,
+    DEFAULT_TTL,
+    Ledger,
+    ReleaseResult,
+    SubmitResult,
+)
+from quotagate.store.views import LedgerViews
+
+
+class Quotagate:
+    """The Python API: everything the CLI and the HTTP API do goes through here."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        clock: Clock | None = None,
+        aging_interval: float = DEFAULT_AGING_INTERVAL,
+        ttl: float = DEFAULT_TTL,
+        admission_window: int = DEFAULT_ADMISSION_WINDOW,
+    ) -> None:
+        self.engine = engine
+        self.clock: Clock = clock or SystemClock()
+        self.ledger = Ledger(
+            engine, clock=self.clock, aging_interval=aging_interval, ttl=ttl,
+            admission_window=admission_window,
+        )
+        self.views = LedgerViews(
+            engine, clock=self.clock, aging_interval=aging_interval,
+            admission_window=admission_window,
+        )
+        self.config = Configuration(engine, clock=self.clock)
+
+    @classmethod
+    def connect(cls, url: str | None = None, **options: Any) -> Quotagate:
+        """Open the ledger at ``url`` (default ``$QUOTAGATE_DB`` or ``./quotagate.db``)."""
+        return cls(create_engine(database_url(url)), **options)
+
+    def init(self) -> str | None:
+        """Create or migrate the schema; return the schema revision."""
+        return migrate.upgrade(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Quotagate:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # admin
+    def set_tenant(self, name: str, quota: Mapping[str, object], *, actor: str = "admin") -> dict[str, dict[str, int]]:
+        return self.config.set_tenant(name, quota, actor=actor)
+
+    def set_pool(self, name: str, capacity: Mapping[str, object], *, actor: str = "admin") -> dict[str, dict[str, int]]:
+        return self.config.set_pool(name, capacity, actor=actor)
+
+    # requests
+    def submit(
+        self,
+        request_id: str,
+        tenant: str,
+        cost: Mapping[str, object],
+        *,
+        priority: int = 0,
+        payload: Any = None,
+        target: str | None = None,
+        actor: str = "system",
+    ) -> SubmitResult:
+        submission = build_submission(
+            request_id=request_id, tenant=tenant, cost=cost, priority=priority,
+            payload=payload, target=target,
+        )
+        return self.ledger.submit(submission, actor=actor)
+
+    def admit(self, limit: int = 1) -> list[Placement]:
+        return self.ledger.admit(limit)
+
+    def admit_until_idle(self, batch: int = 16) -> int:
+        """Admit until nothing waiting fits; return how many were admitted."""
+        total = 0
+        while True:
+            admitted = self.ledger.admit(batch)
+            if not admitted:
+                return total
+            total += len(admitted)
+
+    def complete(self, request_id: str, *, actor: str = "system") -> ReleaseResult:
+        return self.ledger.release(request_id, RequestState.COMPLETED, actor=actor)
+
+    def fail(self, request_id: str, reason: str | None = None, *, actor: str = "system") -> ReleaseResult:
+        return self.ledger.release(request_id, RequestState.FAILED, reason=reason, actor=actor)
+
+    def cancel(self, request_id: str, *, actor: str = "system") -> ReleaseResult:
+        return self.ledger.release(request_id, RequestState.CANCELLED, actor=actor)
+
+    def expire(self) -> int:
+        return self.ledger.expire()
+
+    # views
+    def show(self, request_id: str) -> Request:
+        return self.views.show(request_id)
+
+    def inspect(self, limit: int = 20) -> dict[str, Any]:
+        return self.views.inspect(limit)
+
+    def explain(self, request_id: str) -> dict[str, Any]:
+        return self.views.explain(request_id)
+
+    def usage(self) -> dict[str, list[dict[str, Any]]]:
+        return self.views.usage()
+
+    def check_invariants(self) -> list[str]:
+        return self.views.check_invariants()

@@ -1,0 +1,1 @@
+"""Pure rules of quotagate: no I/O here."""

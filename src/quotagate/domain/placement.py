@@ -1,0 +1,101 @@
+"""Fit and best-fit placement over multi-resource costs.
+
+``Usage`` maps a holder (tenant or pool) to ``{resource: (used, cap)}``. A
+resource the holder does not list has a cap of zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from quotagate.domain.model import Cost
+
+ResourceUsage = dict[str, tuple[int, int]]
+
+
+def remaining(usage: Mapping[str, tuple[int, int]], resource: str) -> int:
+    used, cap = usage.get(resource, (0, 0))
+    return cap - used
+
+
+def fits(cost: Cost, usage: Mapping[str, tuple[int, int]]) -> bool:
+    return all(remaining(usage, resource) >= amount for resource, amount in cost.items())
+
+
+def blocking_resources(cost: Cost, usage: Mapping[str, tuple[int, int]]) -> list[str]:
+    return [resource for resource, amount in cost.items() if remaining(usage, resource) < amount]
+
+
+def best_fit_pool(cost: Cost, pools: Mapping[str, Mapping[str, tuple[int, int]]]) -> str | None:
+    """The pool that fits ``cost`` with the least room left over, ties by name.
+
+    Room left is summed over the resources the request asks for: keeping big
+    holes whole on the dimensions that matter is what best fit is for.
+    """
+    best: tuple[int, str] | None = None
+    for name, usage in pools.items():
+        if not fits(cost, usage):
+            continue
+        leftover = sum(remaining(usage, resource) - amount for resource, amount in cost.items())
+        if best is None or (leftover, name) < best:
+            best = (leftover, name)
+    return None if best is None else best[1]
+
+
+def charge(usage: dict[str, tuple[int, int]], cost: Cost) -> None:
+    for resource, amount in cost.items():
+        used, cap = usage.get(resource, (0, 0))
+        usage[resource] = (used + amount, cap)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    id: str
+    tenant: str
+    cost: Cost
+
+
+@dataclass(frozen=True)
+class Placement:
+    id: str
+    tenant: str
+    pool: str
+    cost: Cost
+
+
+def plan_admissions(
+    candidates: Iterable[Candidate],
+    tenants: Mapping[str, Mapping[str, tuple[int, int]]],
+    pools: Mapping[str, Mapping[str, tuple[int, int]]],
+    limit: int,
+) -> list[Placement]:
+    """Walk candidates in queue order and place each that fits, up to ``limit``.
+
+    A candidate that does not fit is skipped, not waited for: smaller requests
+    behind a big one are not blocked by it.
+    """
+    tenant_usage = {name: dict(usage) for name, usage in tenants.items()}
+    pool_usage = {name: dict(usage) for name, usage in pools.items()}
+    placements: list[Placement] = []
+    for candidate in candidates:
+        if len(placements) >= limit:
+            break
+        usage = tenant_usage.get(candidate.tenant)
+        if usage is None or not fits(candidate.cost, usage):
+            continue
+        pool = best_fit_pool(candidate.cost, pool_usage)
+        if pool is None:
+            continue
+        charge(usage, candidate.cost)
+        charge(pool_usage[pool], candidate.cost)
+        placements.append(Placement(candidate.id, candidate.tenant, pool, candidate.cost))
+    return placements
+
+
+def total_cost(costs: Iterable[Cost]) -> Cost:
+    total: Cost = {}
+    for cost in costs:
+        for resource, amount in cost.items():
+            total[resource] = total.get(resource, 0) + amount
+    return dict(sorted(total.items()))

@@ -1,0 +1,122 @@
+"""Tenants, their quotas, pools and their capacities."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from quotagate.domain.clock import Clock, SystemClock
+from quotagate.domain.model import validate_amounts, validate_name
+from quotagate.errors import Conflict, NotFound
+from quotagate.store import schema
+from quotagate.store.audit import AuditEntry, record
+from quotagate.store.dialect import run_transaction
+from quotagate.store.rows import usage_by_holder
+
+
+class Configuration:
+    """Admin changes: each one transaction, each one audit entry."""
+
+    def __init__(self, engine: Engine, *, clock: Clock | None = None) -> None:
+        self.engine = engine
+        self.clock: Clock = clock or SystemClock()
+
+    def set_tenant(
+        self, name: str, quota: Mapping[str, object], *, actor: str = "admin"
+    ) -> dict[str, dict[str, int]]:
+        """Create the tenant if needed and set the caps it names; others stay as they are.
+
+        A cap below current use is allowed: it blocks new admissions until use falls.
+        """
+        validate_name(name, "tenant")
+        caps = validate_amounts(quota, what="quota", allow_zero=True) if quota else {}
+        return self._set(schema.tenant, schema.tenant_quota, "tenant", name, caps, actor)
+
+    def set_pool(
+        self, name: str, capacity: Mapping[str, object], *, actor: str = "admin"
+    ) -> dict[str, dict[str, int]]:
+        validate_name(name, "pool")
+        caps = validate_amounts(capacity, what="capacity", allow_zero=True) if capacity else {}
+        return self._set(schema.pool, schema.pool_capacity, "pool", name, caps, actor)
+
+    def _set(
+        self,
+        holder_table: sa.Table,
+        cap_table: sa.Table,
+        holder: str,
+        name: str,
+        caps: dict[str, int],
+        actor: str,
+    ) -> dict[str, dict[str, int]]:
+        def work(connection: sa.Connection) -> dict[str, dict[str, int]]:
+            now = self.clock.now()
+            exists = connection.execute(
+                sa.select(holder_table.c.name).where(holder_table.c.name == name).with_for_update()
+            ).first()
+            if exists is None:
+                connection.execute(holder_table.insert().values(name=name, created=now))
+            for resource, cap in caps.items():
+                updated = connection.execute(
+                    cap_table.update()
+                    .where(cap_table.c[holder] == name, cap_table.c.resource == resource)
+                    .values(cap=cap)
+                )
+                if updated.rowcount == 0:
+                    connection.execute(
+                        cap_table.insert().values(
+                            {holder: name, "resource": resource, "cap": cap, "used": 0}
+                        )
+                    )
+            change = ",".join(f"{resource}={cap}" for resource, cap in caps.items())
+            record(
+                connection,
+                now,
+                AuditEntry(actor, f"{holder}.set", "ok",
+                           name if holder == "tenant" else None, f"{holder}/{name}", change),
+            )
+            return self._describe(connection, cap_table, holder, name)
+
+        for _ in range(3):
+            try:
+                return run_transaction(self.engine, work)
+            except IntegrityError:
+                continue  # created concurrently by another admin; run again as an update
+        raise Conflict(f"{holder} {name!r} is being changed concurrently; retry")
+
+    @staticmethod
+    def _describe(
+        connection: sa.Connection, cap_table: sa.Table, holder: str, name: str
+    ) -> dict[str, dict[str, int]]:
+        usage = usage_by_holder(connection, cap_table, holder).get(name, {})
+        return {resource: {"used": used, "cap": cap} for resource, (used, cap) in usage.items()}
+
+    def get_tenant(self, name: str) -> dict[str, Any]:
+        return self._get(schema.tenant, schema.tenant_quota, "tenant", name)
+
+    def get_pool(self, name: str) -> dict[str, Any]:
+        return self._get(schema.pool, schema.pool_capacity, "pool", name)
+
+    def _get(
+        self, holder_table: sa.Table, cap_table: sa.Table, holder: str, name: str
+    ) -> dict[str, Any]:
+        with self.engine.connect() as connection:
+            row = connection.execute(
+                sa.select(holder_table).where(holder_table.c.name == name)
+            ).mappings().first()
+            if row is None:
+                raise NotFound(f"{holder} {name!r} does not exist", code=f"unknown_{holder}")
+            resources = self._describe(connection, cap_table, holder, name)
+        key = "quota" if holder == "tenant" else "capacity"
+        return {"name": name, "created": row["created"], key: resources}
+
+    def list_tenants(self) -> list[str]:
+        with self.engine.connect() as connection:
+            return list(connection.execute(sa.select(schema.tenant.c.name).order_by("name")).scalars())
+
+    def list_pools(self) -> list[str]:
+        with self.engine.connect() as connection:
+            return list(connection.execute(sa.select(schema.pool.c.name).order_by("name")).scalars())

@@ -1,0 +1,100 @@
+"""Dialect differences, gathered in one place.
+
+The store asks capability questions (can this engine skip locked rows? what is
+the database's clock?) instead of comparing dialect names all over.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from quotagate.errors import StoreUnavailable
+
+T = TypeVar("T")
+
+# Error codes meaning "your transaction lost a race; run it again".
+_PG_RETRY_SQLSTATES = {"40001", "40P01", "55P03"}
+_MYSQL_RETRY_CODES = {1205, 1213}
+# Error codes meaning "the server is not there".
+_MYSQL_DOWN_CODES = {2002, 2003, 2006, 2013}
+
+
+def supports_skip_locked(engine: Engine | sa.Connection) -> bool:
+    return engine.dialect.name in ("postgresql", "mysql")
+
+
+def database_now(engine: Engine | sa.Connection) -> sa.ColumnElement[float]:
+    """An SQL expression for the database server's clock, in epoch seconds."""
+    name = engine.dialect.name
+    if name == "postgresql":
+        return sa.cast(sa.func.extract("epoch", sa.func.clock_timestamp()), sa.Double)
+    if name == "mysql":
+        return sa.cast(sa.func.unix_timestamp(sa.func.now(6)), sa.Double)
+    return sa.cast(
+        (sa.func.julianday(sa.literal_column("'now'")) - 2440587.5) * 86400.0, sa.Double
+    )
+
+
+def is_retryable(error: DBAPIError) -> bool:
+    """A deadlock, serialization failure or busy database: the transaction may be rerun."""
+    original = error.orig
+    sqlstate = getattr(original, "sqlstate", None)
+    if sqlstate in _PG_RETRY_SQLSTATES:
+        return True
+    args = getattr(original, "args", ())
+    if args and isinstance(args[0], int) and args[0] in _MYSQL_RETRY_CODES:
+        return True
+    message = str(original).lower()
+    return "database is locked" in message or "database is busy" in message
+
+
+def is_unreachable(error: DBAPIError) -> bool:
+    if error.connection_invalidated:
+        return True
+    original = error.orig
+    args = getattr(original, "args", ())
+    if args and isinstance(args[0], int) and args[0] in _MYSQL_DOWN_CODES:
+        return True
+    sqlstate = getattr(original, "sqlstate", None) or ""
+    if sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03"):
+        return True
+    if isinstance(error, OperationalError):
+        message = str(original).lower()
+        return any(
+            phrase in message
+            for phrase in ("connection refused", "could not connect", "server closed",
+                           "connection is closed", "terminating connection", "unable to open")
+        )
+    return False
+
+
+def run_transaction(
+    engine: Engine, work: Callable[[sa.Connection], T], *, attempts: int = 20
+) -> T:
+    """Run ``work`` in one transaction, again from the start if it lost a race.
+
+    The work must be safe to rerun: everything it did in a failed attempt was
+    rolled back with it.
+    """
+    delay = 0.002
+    for attempt in range(attempts):
+        try:
+            with engine.begin() as connection:
+                return work(connection)
+        except DBAPIError as error:
+            if is_unreachable(error):
+                raise StoreUnavailable(
+                    "the ledger database cannot be reached; nothing was changed",
+                ) from error
+            if attempt + 1 < attempts and is_retryable(error):
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+                continue
+            raise
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -1,0 +1,126 @@
+"""Backends chosen by URL: ``sqlite:///file``, ``postgresql://…``, ``mysql://…``.
+
+Each engine is set up here so that the rest of the store can rely on the same
+transaction semantics everywhere: READ COMMITTED with row locks on the servers,
+and on SQLite one writer at a time (``BEGIN IMMEDIATE``) with WAL so readers
+never wait.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+from quotagate.errors import InvalidInput
+
+DEFAULT_DATABASE_URL = "sqlite:///quotagate.db"
+ENVIRONMENT_VARIABLE = "QUOTAGATE_DB"
+
+_DRIVERS = {
+    "sqlite": ("sqlite+pysqlite", None),
+    "postgresql": ("postgresql+psycopg", "postgresql"),
+    "postgres": ("postgresql+psycopg", "postgresql"),
+    "mysql": ("mysql+pymysql", "mysql"),
+    "mariadb": ("mysql+pymysql", "mysql"),
+}
+
+
+def database_url(explicit: str | None = None) -> str:
+    """The URL to use: the explicit one, else ``$QUOTAGATE_DB``, else ``./quotagate.db``."""
+    return explicit or os.environ.get(ENVIRONMENT_VARIABLE) or DEFAULT_DATABASE_URL
+
+
+def normalise_url(text: str) -> URL:
+    """Map a user's URL to the driver quotagate uses for it, or explain what is wrong."""
+    try:
+        url = make_url(text)
+    except ArgumentError as exc:
+        raise InvalidInput(
+            f"database URL {redact(text)!r} is not a URL; expected sqlite:///FILE, "
+            "postgresql://USER@HOST/DB or mysql://USER@HOST/DB",
+            code="invalid_database_url",
+        ) from exc
+    backend, _, driver = url.drivername.partition("+")
+    if backend not in _DRIVERS:
+        raise InvalidInput(
+            f"database URL scheme {url.drivername!r} is not supported; "
+            "use sqlite, postgresql or mysql",
+            code="invalid_database_url",
+        )
+    wanted, extra = _DRIVERS[backend]
+    if driver and f"{wanted.split('+')[0]}+{driver}" != wanted:
+        raise InvalidInput(
+            f"driver {driver!r} is not supported; quotagate uses {wanted}",
+            code="invalid_database_url",
+        )
+    if backend == "sqlite":
+        if not url.database or url.database == ":memory:":
+            raise InvalidInput(
+                "an in-memory SQLite database cannot be shared between processes; "
+                "give a file: sqlite:///quotagate.db",
+                code="invalid_database_url",
+            )
+    elif not url.database:
+        raise InvalidInput(
+            f"database URL {redact(text)!r} names no database", code="invalid_database_url"
+        )
+    return url.set(drivername=wanted)
+
+
+def redact(text: str) -> str:
+    """The URL with any password replaced, safe to print and log."""
+    try:
+        return make_url(text).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparseable URL>"
+
+
+def create_engine(text: str, **options: Any) -> Engine:
+    url = normalise_url(text)
+    backend = url.get_backend_name()
+    try:
+        if backend == "sqlite":
+            engine = sa.create_engine(
+                url, connect_args={"timeout": 30, "check_same_thread": False}, **options
+            )
+            _configure_sqlite(engine)
+        elif backend == "postgresql":
+            engine = sa.create_engine(
+                url, isolation_level="READ COMMITTED", pool_pre_ping=True, **options
+            )
+        else:
+            engine = sa.create_engine(
+                url, isolation_level="READ COMMITTED", pool_pre_ping=True, **options
+            )
+    except NoSuchModuleError as exc:  # pragma: no cover - depends on extras installed
+        raise InvalidInput(str(exc), code="invalid_database_url") from exc
+    except ModuleNotFoundError as exc:
+        extra = _DRIVERS[backend][1]
+        raise InvalidInput(
+            f"the {backend} driver is not installed: pip install 'quotagate[{extra}]'",
+            code="driver_missing",
+        ) from exc
+    return engine
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    # pysqlite's own transaction handling starts transactions lazily and as
+    # DEFERRED, which lets two writers both read "room left" and then fail on
+    # upgrade. We take the write lock at BEGIN instead, and use WAL so that
+    # readers (inspect, show) never wait for a writer.
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(connection: sa.Connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")

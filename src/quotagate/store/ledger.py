@@ -1,0 +1,499 @@
+"""The admission ledger: submit, admit, release and expire, each one transaction.
+
+Every check-and-charge is a conditional UPDATE that must affect exactly one
+row; the Python side only *chooses* (domain.placement) from a snapshot, the
+database decides. A stale snapshot makes a conditional UPDATE miss, which rolls
+the whole transaction back and runs it again on fresh numbers.
+
+Lock order, to keep concurrent transactions from deadlocking: request rows,
+then tenant quota rows (by tenant, resource), then pool rows (by pool, resource).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from quotagate.domain.clock import Clock, SystemClock
+from quotagate.domain.model import (
+    CHARGED_STATES,
+    Request,
+    RequestState,
+    Submission,
+)
+from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL, queue_key
+from quotagate.domain.placement import Candidate, Placement, plan_admissions
+from quotagate.errors import Conflict, InvalidInput, NotFound
+from quotagate.store import schema
+from quotagate.store.audit import AuditEntry, record
+from quotagate.store.dialect import run_transaction, supports_skip_locked
+from quotagate.store.rows import (
+    decode_cost,
+    encode_cost,
+    pool_usage,
+    request_from_row,
+    tenant_usage,
+)
+
+DEFAULT_TTL = 3600.0
+# How many waiting requests of each tenant one admission looks at. A request
+# further back than this, behind requests of its own tenant that do not fit,
+# waits until the head of that tenant's queue moves (see docs/admission.md).
+DEFAULT_ADMISSION_WINDOW = 32
+_MAX_EXPIRED_PER_PASS = 1000
+
+
+class CapacityChanged(Exception):
+    """A conditional charge missed: the snapshot was stale. The transaction is rerun."""
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    request: Request
+    created: bool
+
+
+@dataclass(frozen=True)
+class ReleaseResult:
+    request: Request
+    released: dict[str, int]
+
+
+class Ledger:
+    """Write side of the ledger. Safe to share between threads of one process."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        clock: Clock | None = None,
+        aging_interval: float = DEFAULT_AGING_INTERVAL,
+        ttl: float = DEFAULT_TTL,
+        admission_window: int = DEFAULT_ADMISSION_WINDOW,
+        expiry_every: float = 1.0,
+    ) -> None:
+        if aging_interval <= 0:
+            raise InvalidInput("aging interval must be positive", code="invalid_aging_interval")
+        if ttl <= 0:
+            raise InvalidInput("ttl must be positive", code="invalid_ttl")
+        if admission_window < 1:
+            raise InvalidInput("admission window must be at least 1", code="invalid_window")
+        self.engine = engine
+        self.clock: Clock = clock or SystemClock()
+        self.aging_interval = aging_interval
+        self.ttl = ttl
+        self.admission_window = admission_window
+        self.expiry_every = expiry_every
+        self._last_expiry = float("-inf")
+        self._expiry_lock = threading.Lock()
+
+    # -- submit ----------------------------------------------------------------
+
+    def submit(self, submission: Submission, *, actor: str = "system") -> SubmitResult:
+        """Record a request as waiting, or answer the original for an identical replay."""
+        for _ in range(3):
+            try:
+                return run_transaction(
+                    self.engine, lambda connection: self._submit(connection, submission, actor)
+                )
+            except IntegrityError:
+                # Two submits of one new id raced; the loser reads the winner's row.
+                continue
+        raise Conflict(f"request {submission.id!r} is being submitted concurrently; retry")
+
+    def _submit(
+        self, connection: sa.Connection, submission: Submission, actor: str
+    ) -> SubmitResult:
+        existing = connection.execute(
+            sa.select(schema.request).where(schema.request.c.id == submission.id)
+        ).mappings().first()
+        if existing is not None:
+            return SubmitResult(self._replayed(existing, submission), created=False)
+        now = self.clock.now()
+        if connection.execute(
+            sa.select(schema.tenant.c.name).where(schema.tenant.c.name == submission.tenant)
+        ).first() is None:
+            raise NotFound(
+                f"tenant {submission.tenant!r} does not exist; create it with "
+                "'quotagate tenant set'",
+                code="unknown_tenant",
+            )
+        known = set(
+            connection.execute(
+                sa.select(schema.pool_capacity.c.resource).distinct()
+            ).scalars()
+        )
+        unknown = sorted(set(submission.cost) - known)
+        if unknown:
+            raise InvalidInput(
+                f"unknown resource {', '.join(map(repr, unknown))}: no pool offers it",
+                code="unknown_resource",
+            )
+        if submission.target is not None and connection.execute(
+            sa.select(schema.delivery_target.c.name).where(
+                schema.delivery_target.c.name == submission.target
+            )
+        ).first() is None:
+            raise NotFound(f"target {submission.target!r} does not exist", code="unknown_target")
+        row = {
+            "id": submission.id,
+            "tenant": submission.tenant,
+            "state": RequestState.WAITING.value,
+            "cost": encode_cost(submission.cost),
+            "priority": submission.priority,
+            "payload": submission.payload_json,
+            "target": submission.target,
+            "pool": None,
+            "queue_key": queue_key(submission.priority, now, self.aging_interval),
+            "created": now,
+            "updated": now,
+            "reason": None,
+        }
+        connection.execute(schema.request.insert().values(**row))
+        record(
+            connection,
+            now,
+            AuditEntry(actor, "submit", "accepted", submission.tenant, submission.id),
+        )
+        return SubmitResult(request_from_row(row), created=True)
+
+    @staticmethod
+    def _replayed(existing: Any, submission: Submission) -> Request:
+        differences = [
+            name
+            for name, stored, given in (
+                ("tenant", existing["tenant"], submission.tenant),
+                ("cost", existing["cost"], encode_cost(submission.cost)),
+                ("priority", existing["priority"], submission.priority),
+                ("payload", existing["payload"], submission.payload_json),
+                ("target", existing["target"], submission.target),
+            )
+            if stored != given
+        ]
+        if differences:
+            raise Conflict(
+                f"request {submission.id!r} already exists with a different "
+                f"{', '.join(differences)}; nothing was changed",
+                code="request_conflict",
+            )
+        return request_from_row(existing)
+
+    # -- admit -----------------------------------------------------------------
+
+    def admit(self, limit: int = 1, *, actor: str = "admission") -> list[Placement]:
+        """Admit up to ``limit`` waiting requests in one transaction; return what was admitted."""
+        if limit < 1:
+            raise InvalidInput("admit limit must be at least 1", code="invalid_limit")
+        self._expire_if_due()
+        for _ in range(50):
+            try:
+                return run_transaction(
+                    self.engine, lambda connection: self._admit(connection, limit, actor)
+                )
+            except CapacityChanged:
+                continue
+        return []
+
+    def _admit(self, connection: sa.Connection, limit: int, actor: str) -> list[Placement]:
+        tenants = tenant_usage(connection)
+        pools = pool_usage(connection)
+        open_tenants = sorted(
+            name for name, usage in tenants.items() if any(cap > used for used, cap in usage.values())
+        )
+        if not open_tenants or not any(
+            cap > used for usage in pools.values() for used, cap in usage.values()
+        ):
+            return []
+        candidates = self._candidates(connection, open_tenants)
+        skipped: set[str] = set()
+        locked: list[Placement] = []
+        # Another admitter may hold some of our picks; skip them and plan again
+        # with what is left, a few rounds at most.
+        for _ in range(4):
+            plan = plan_admissions(
+                (c for c in candidates if c.id not in skipped), tenants, pools, limit
+            )
+            if not plan:
+                break
+            got = self._lock_waiting(connection, [placement.id for placement in plan])
+            missing = {placement.id for placement in plan} - got
+            if not missing:
+                locked = plan
+                break
+            skipped |= missing
+        if not locked:
+            return []
+        self._charge(connection, locked)
+        now = self.clock.now()
+        for placement in locked:
+            result = connection.execute(
+                schema.request.update()
+                .where(
+                    schema.request.c.id == placement.id,
+                    schema.request.c.state == RequestState.WAITING.value,
+                )
+                .values(state=RequestState.RESERVED.value, pool=placement.pool, updated=now)
+            )
+            if result.rowcount != 1:
+                raise CapacityChanged(placement.id)
+        targets: dict[str, str | None] = {
+            request_id: target
+            for request_id, target in connection.execute(
+                sa.select(schema.request.c.id, schema.request.c.target).where(
+                    schema.request.c.id.in_([placement.id for placement in locked])
+                )
+            )
+        }
+        connection.execute(
+            schema.outbox.insert(),
+            [
+                {
+                    "request_id": placement.id,
+                    "tenant": placement.tenant,
+                    "target": targets.get(placement.id),
+                    "created": now,
+                    "attempts": 0,
+                    "next_attempt_at": now,
+                    "delivered": False,
+                }
+                for placement in locked
+            ],
+        )
+        record(
+            connection,
+            now,
+            *(
+                AuditEntry(actor, "admit", "reserved", p.tenant, p.id, f"pool={p.pool}")
+                for p in locked
+            ),
+        )
+        return locked
+
+    def _candidates(self, connection: sa.Connection, tenants: Sequence[str]) -> list[Candidate]:
+        """The head of each open tenant's queue, merged into queue order.
+
+        One bounded index range scan per tenant: the cost does not grow with
+        the length of the waiting queue.
+        """
+        request = schema.request
+        heads = [
+            sa.select(
+                request.c.id, request.c.tenant, request.c.cost, request.c.queue_key,
+                request.c.created,
+            )
+            .where(request.c.tenant == tenant, request.c.state == RequestState.WAITING.value)
+            .order_by(request.c.queue_key, request.c.created, request.c.id)
+            .limit(self.admission_window)
+            .subquery(f"head_{index}")
+            for index, tenant in enumerate(tenants)
+        ]
+        query: sa.Select[Any] | sa.CompoundSelect[Any]
+        query = sa.select(heads[0]) if len(heads) == 1 else sa.union_all(
+            *(sa.select(head) for head in heads)
+        )
+        rows = sorted(connection.execute(query).tuples(), key=lambda row: (row[3], row[4], row[0]))
+        return [Candidate(row[0], row[1], decode_cost(row[2])) for row in rows]
+
+    def _lock_waiting(self, connection: sa.Connection, ids: list[str]) -> set[str]:
+        query = (
+            sa.select(schema.request.c.id)
+            .where(
+                schema.request.c.id.in_(ids),
+                schema.request.c.state == RequestState.WAITING.value,
+            )
+            .order_by(schema.request.c.id)
+        )
+        if supports_skip_locked(connection):
+            query = query.with_for_update(skip_locked=True)
+        return set(connection.execute(query).scalars())
+
+    def _charge(self, connection: sa.Connection, placements: Sequence[Placement]) -> None:
+        tenant_totals: dict[tuple[str, str], int] = {}
+        pool_totals: dict[tuple[str, str], int] = {}
+        for placement in placements:
+            for resource, amount in placement.cost.items():
+                key = (placement.tenant, resource)
+                tenant_totals[key] = tenant_totals.get(key, 0) + amount
+                key = (placement.pool, resource)
+                pool_totals[key] = pool_totals.get(key, 0) + amount
+        for table, holder, totals in (
+            (schema.tenant_quota, "tenant", tenant_totals),
+            (schema.pool_capacity, "pool", pool_totals),
+        ):
+            for (name, resource), amount in sorted(totals.items()):
+                result = connection.execute(
+                    table.update()
+                    .where(
+                        table.c[holder] == name,
+                        table.c.resource == resource,
+                        table.c.used + amount <= table.c.cap,
+                    )
+                    .values(used=table.c.used + amount)
+                )
+                if result.rowcount != 1:
+                    raise CapacityChanged(f"{holder} {name} {resource}")
+
+    # -- release ---------------------------------------------------------------
+
+    def complete(self, request_id: str, *, actor: str = "system") -> ReleaseResult:
+        return self.release(request_id, RequestState.COMPLETED, actor=actor)
+
+    def fail(self, request_id: str, reason: str | None = None, *, actor: str = "system") -> ReleaseResult:
+        return self.release(request_id, RequestState.FAILED, reason=reason, actor=actor)
+
+    def cancel(self, request_id: str, *, actor: str = "system") -> ReleaseResult:
+        return self.release(request_id, RequestState.CANCELLED, actor=actor)
+
+    def release(
+        self,
+        request_id: str,
+        to_state: RequestState,
+        *,
+        reason: str | None = None,
+        actor: str = "system",
+        tenant: str | None = None,
+    ) -> ReleaseResult:
+        """Move a request to a final state, returning its charged cost exactly once.
+
+        ``tenant``, when given, scopes the call: a request of another tenant is
+        reported as not found.
+        """
+        if to_state not in (RequestState.COMPLETED, RequestState.FAILED, RequestState.CANCELLED):
+            raise InvalidInput(f"cannot release to state {to_state}", code="invalid_state")
+        return run_transaction(
+            self.engine,
+            lambda connection: self._release(connection, request_id, to_state, reason, actor, tenant),
+        )
+
+    def _release(
+        self,
+        connection: sa.Connection,
+        request_id: str,
+        to_state: RequestState,
+        reason: str | None,
+        actor: str,
+        tenant: str | None,
+    ) -> ReleaseResult:
+        # Lock the request row first: a concurrent second release waits here
+        # and then sees the state the first one wrote.
+        row = connection.execute(
+            sa.select(schema.request).where(schema.request.c.id == request_id).with_for_update()
+        ).mappings().first()
+        if row is None or (tenant is not None and row["tenant"] != tenant):
+            raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
+        current = RequestState(row["state"])
+        if current == to_state:
+            return ReleaseResult(request_from_row(row), released={})
+        allowed = current in CHARGED_STATES or (
+            current == RequestState.WAITING and to_state == RequestState.CANCELLED
+        )
+        if not allowed:
+            raise Conflict(
+                f"request {request_id!r} is {current.value}; it cannot become {to_state.value}",
+                code="invalid_transition",
+            )
+        now = self.clock.now()
+        result = connection.execute(
+            schema.request.update()
+            .where(schema.request.c.id == request_id, schema.request.c.state == current.value)
+            .values(state=to_state.value, updated=now, reason=reason)
+        )
+        if result.rowcount != 1:
+            raise CapacityChanged(request_id)
+        released: dict[str, int] = {}
+        if current in CHARGED_STATES:
+            cost = decode_cost(row["cost"])
+            self._uncharge(connection, row["tenant"], row["pool"], cost)
+            released = cost
+            # An undelivered outbox row must not be delivered any more.
+            connection.execute(
+                schema.outbox.delete().where(
+                    schema.outbox.c.request_id == request_id,
+                    schema.outbox.c.delivered == sa.false(),
+                )
+            )
+        record(
+            connection,
+            now,
+            AuditEntry(actor, to_state.value, "released" if released else "ok", row["tenant"],
+                       request_id, reason),
+        )
+        updated = dict(row)
+        updated.update(state=to_state.value, updated=now, reason=reason)
+        return ReleaseResult(request_from_row(updated), released=released)
+
+    @staticmethod
+    def _uncharge(connection: sa.Connection, tenant: str, pool: str, cost: dict[str, int]) -> None:
+        for table, holder, name in (
+            (schema.tenant_quota, "tenant", tenant),
+            (schema.pool_capacity, "pool", pool),
+        ):
+            for resource, amount in sorted(cost.items()):
+                result = connection.execute(
+                    table.update()
+                    .where(
+                        table.c[holder] == name,
+                        table.c.resource == resource,
+                        table.c.used >= amount,
+                    )
+                    .values(used=table.c.used - amount)
+                )
+                if result.rowcount != 1:
+                    raise RuntimeError(
+                        f"ledger inconsistent: cannot return {amount} {resource} to {holder} {name}"
+                    )
+
+    # -- expire ----------------------------------------------------------------
+
+    def expire(self, *, actor: str = "expiry") -> int:
+        """Mark waiting requests older than the TTL expired; return how many."""
+        total = 0
+        while True:
+            count = run_transaction(self.engine, lambda connection: self._expire(connection, actor))
+            total += count
+            if count < _MAX_EXPIRED_PER_PASS:
+                return total
+
+    def _expire_if_due(self) -> None:
+        now = self.clock.now()
+        with self._expiry_lock:
+            if now - self._last_expiry < self.expiry_every:
+                return
+            self._last_expiry = now
+        self.expire()
+
+    def _expire(self, connection: sa.Connection, actor: str) -> int:
+        now = self.clock.now()
+        request = schema.request
+        query = (
+            sa.select(request.c.id, request.c.tenant)
+            .where(request.c.state == RequestState.WAITING.value, request.c.created < now - self.ttl)
+            .order_by(request.c.created)
+            .limit(_MAX_EXPIRED_PER_PASS)
+        )
+        if supports_skip_locked(connection):
+            query = query.with_for_update(skip_locked=True)
+        rows = connection.execute(query).tuples().all()
+        if not rows:
+            return 0
+        connection.execute(
+            request.update()
+            .where(
+                request.c.id.in_([row[0] for row in rows]),
+                request.c.state == RequestState.WAITING.value,
+            )
+            .values(state=RequestState.EXPIRED.value, updated=now, reason="ttl")
+        )
+        record(
+            connection,
+            now,
+            *(AuditEntry(actor, "expire", "expired", tenant, request_id, "ttl")
+              for request_id, tenant in rows),
+        )
+        return len(rows)

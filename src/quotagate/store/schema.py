@@ -1,0 +1,168 @@
+"""The one schema, shared by every SQL engine (SQLAlchemy Core).
+
+Times the application decides (submission, aging, TTL) are epoch seconds as
+doubles, taken from the injectable clock. Times that must be judged by the
+database's own clock (lease expiry, bucket refill) are also epoch seconds, but
+computed in SQL by :mod:`quotagate.store.dialect`.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+NAME = sa.String(63)
+REQUEST_ID = sa.String(128)
+RESOURCE = sa.String(32)
+TIME = sa.Double()
+
+tenant = sa.Table(
+    "qg_tenant",
+    metadata,
+    sa.Column("name", NAME, primary_key=True),
+    sa.Column("created", TIME, nullable=False),
+)
+
+tenant_quota = sa.Table(
+    "qg_tenant_quota",
+    metadata,
+    sa.Column("tenant", NAME, primary_key=True),
+    sa.Column("resource", RESOURCE, primary_key=True),
+    sa.Column("cap", sa.BigInteger, nullable=False),
+    sa.Column("used", sa.BigInteger, nullable=False, server_default="0"),
+)
+
+pool = sa.Table(
+    "qg_pool",
+    metadata,
+    sa.Column("name", NAME, primary_key=True),
+    sa.Column("created", TIME, nullable=False),
+)
+
+pool_capacity = sa.Table(
+    "qg_pool_capacity",
+    metadata,
+    sa.Column("pool", NAME, primary_key=True),
+    sa.Column("resource", RESOURCE, primary_key=True),
+    sa.Column("cap", sa.BigInteger, nullable=False),
+    sa.Column("used", sa.BigInteger, nullable=False, server_default="0"),
+)
+
+request = sa.Table(
+    "qg_request",
+    metadata,
+    sa.Column("id", REQUEST_ID, primary_key=True),
+    sa.Column("tenant", NAME, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    # Canonical JSON ({"gpu": 1}, sorted keys): compared byte for byte on resubmit.
+    sa.Column("cost", sa.String(2048), nullable=False),
+    sa.Column("priority", sa.Integer, nullable=False),
+    sa.Column("payload", sa.Text, nullable=False),
+    sa.Column("target", NAME, nullable=True),
+    sa.Column("pool", NAME, nullable=True),
+    # created / aging_interval - priority: see quotagate.domain.ordering.
+    sa.Column("queue_key", sa.Double, nullable=False),
+    sa.Column("created", TIME, nullable=False),
+    sa.Column("updated", TIME, nullable=False),
+    sa.Column("reason", sa.String(1024), nullable=True),
+    # Admission reads the head of each tenant's queue from this index.
+    sa.Index(None, "tenant", "state", "queue_key", "created", "id"),
+    # Expiry and "oldest waiting" read from this one.
+    sa.Index(None, "state", "created"),
+    sa.Index(None, "created"),
+)
+
+outbox = sa.Table(
+    "qg_outbox",
+    metadata,
+    sa.Column("request_id", REQUEST_ID, primary_key=True),
+    sa.Column("tenant", NAME, nullable=False),
+    sa.Column("target", NAME, nullable=True),
+    sa.Column("created", TIME, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("next_attempt_at", TIME, nullable=False),
+    sa.Column("claimed_by", sa.String(128), nullable=True),
+    sa.Column("claim_generation", sa.BigInteger, nullable=True),
+    sa.Column("claimed_until", TIME, nullable=True),
+    sa.Column("delivered", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("delivered_at", TIME, nullable=True),
+    sa.Column("last_error", sa.String(2048), nullable=True),
+    sa.Index(None, "delivered", "next_attempt_at"),
+)
+
+binding = sa.Table(
+    "qg_binding",
+    metadata,
+    sa.Column("request_id", REQUEST_ID, primary_key=True),
+    sa.Column("target", NAME, nullable=False),
+    sa.Column("external_name", sa.String(253), nullable=False),
+    sa.Column("uid", sa.String(256), nullable=True),
+    sa.Column("fencing_token", sa.BigInteger, nullable=False),
+    sa.Column("created", TIME, nullable=False),
+)
+
+lease = sa.Table(
+    "qg_lease",
+    metadata,
+    sa.Column("name", sa.String(128), primary_key=True),
+    sa.Column("owner", sa.String(128), nullable=True),
+    sa.Column("generation", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("expires_at", TIME, nullable=False),
+)
+
+delivery_target = sa.Table(
+    "qg_target",
+    metadata,
+    sa.Column("name", NAME, primary_key=True),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("config", sa.Text, nullable=False),
+    sa.Column("is_default", sa.Boolean, nullable=False, server_default=sa.false()),
+)
+
+audit = sa.Table(
+    "qg_audit",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True,
+              autoincrement=True),
+    sa.Column("at", TIME, nullable=False),
+    sa.Column("actor", sa.String(128), nullable=False),
+    sa.Column("tenant", NAME, nullable=True),
+    sa.Column("operation", sa.String(64), nullable=False),
+    sa.Column("target", sa.String(253), nullable=True),
+    sa.Column("outcome", sa.String(32), nullable=False),
+    sa.Column("reason", sa.String(1024), nullable=True),
+    sa.Index(None, "tenant", "id"),
+)
+
+api_token = sa.Table(
+    "qg_api_token",
+    metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    # sha256 of the secret; the secret itself is shown once and never stored.
+    sa.Column("secret_hash", sa.String(64), nullable=False),
+    sa.Column("tenant", NAME, nullable=True),
+    sa.Column("admin", sa.Boolean, nullable=False),
+    sa.Column("label", sa.String(128), nullable=True),
+    sa.Column("created", TIME, nullable=False),
+    sa.Column("revoked", TIME, nullable=True),
+)
+
+rate_bucket = sa.Table(
+    "qg_rate_bucket",
+    metadata,
+    sa.Column("key", sa.String(200), primary_key=True),
+    sa.Column("tenant", NAME, nullable=False),
+    sa.Column("capacity", sa.Double, nullable=False),
+    sa.Column("refill_per_second", sa.Double, nullable=False),
+    sa.Column("tokens", sa.Double, nullable=False),
+    sa.Column("updated", TIME, nullable=False),
+)

@@ -1,0 +1,236 @@
+"""Read-only views: show, inspect, explain, usage and the invariant check."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from quotagate.domain.clock import Clock, SystemClock
+from quotagate.domain.model import CHARGED_STATES, Request, RequestState
+from quotagate.domain.ordering import effective_priority
+from quotagate.domain.placement import blocking_resources, fits, total_cost
+from quotagate.errors import NotFound
+from quotagate.store import schema
+from quotagate.store.rows import decode_cost, pool_usage, request_from_row, tenant_usage
+
+
+def _usage_rows(usage: dict[str, dict[str, tuple[int, int]]], holder: str) -> list[dict[str, Any]]:
+    return [
+        {holder: name, "resource": resource, "used": used, "cap": cap}
+        for name, resources in sorted(usage.items())
+        for resource, (used, cap) in sorted(resources.items())
+    ]
+
+
+class LedgerViews:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        clock: Clock | None = None,
+        aging_interval: float = 30.0,
+        admission_window: int = 32,
+    ) -> None:
+        self.engine = engine
+        self.clock: Clock = clock or SystemClock()
+        self.aging_interval = aging_interval
+        self.admission_window = admission_window
+
+    def show(self, request_id: str, *, tenant: str | None = None) -> Request:
+        with self.engine.connect() as connection:
+            row = connection.execute(
+                sa.select(schema.request).where(schema.request.c.id == request_id)
+            ).mappings().first()
+        if row is None or (tenant is not None and row["tenant"] != tenant):
+            raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
+        return request_from_row(row)
+
+    def usage(self) -> dict[str, list[dict[str, Any]]]:
+        with self.engine.connect() as connection:
+            return {
+                "tenants": _usage_rows(tenant_usage(connection), "tenant"),
+                "pools": _usage_rows(pool_usage(connection), "pool"),
+            }
+
+    def inspect(self, limit: int = 20) -> dict[str, Any]:
+        """Seed 001's troubleshooting query: recent requests with outbox and binding."""
+        request, outbox, binding = schema.request, schema.outbox, schema.binding
+        query = (
+            sa.select(
+                request.c.id, request.c.tenant, request.c.cost, request.c.state, request.c.pool,
+                request.c.priority, request.c.created,
+                outbox.c.delivered, outbox.c.attempts, outbox.c.last_error,
+                binding.c.external_name, binding.c.uid,
+            )
+            .select_from(
+                request.outerjoin(outbox, outbox.c.request_id == request.c.id).outerjoin(
+                    binding, binding.c.request_id == request.c.id
+                )
+            )
+            .order_by(request.c.created.desc(), request.c.id.desc())
+            .limit(limit)
+        )
+        with self.engine.connect() as connection:
+            requests = [
+                {
+                    "id": row.id,
+                    "tenant": row.tenant,
+                    "cost": decode_cost(row.cost),
+                    "state": row.state,
+                    "pool": row.pool,
+                    "priority": row.priority,
+                    "created": row.created,
+                    "outbox": None if row.delivered is None else (
+                        "delivered" if row.delivered else "pending"
+                    ),
+                    "attempts": row.attempts,
+                    "last_error": row.last_error,
+                    "binding": row.external_name,
+                    "uid": row.uid,
+                }
+                for row in connection.execute(query)
+            ]
+            usage = {
+                "tenants": _usage_rows(tenant_usage(connection), "tenant"),
+                "pools": _usage_rows(pool_usage(connection), "pool"),
+            }
+        return {**usage, "requests": requests}
+
+    def queue_position(self, connection: sa.Connection, row: Any, *, same_tenant: bool) -> int:
+        """1-based place in the waiting queue (of everyone, or of the request's tenant)."""
+        request = schema.request
+        ahead = sa.or_(
+            request.c.queue_key < row["queue_key"],
+            sa.and_(
+                request.c.queue_key == row["queue_key"],
+                sa.or_(
+                    request.c.created < row["created"],
+                    sa.and_(request.c.created == row["created"], request.c.id < row["id"]),
+                ),
+            ),
+        )
+        query = sa.select(sa.func.count()).where(
+            request.c.state == RequestState.WAITING.value, ahead
+        )
+        if same_tenant:
+            query = query.where(request.c.tenant == row["tenant"])
+        return int(connection.execute(query).scalar_one()) + 1
+
+    def explain(self, request_id: str, *, tenant: str | None = None) -> dict[str, Any]:
+        """Why a waiting request is not admitted yet."""
+        with self.engine.connect() as connection:
+            row = connection.execute(
+                sa.select(schema.request).where(schema.request.c.id == request_id)
+            ).mappings().first()
+            if row is None or (tenant is not None and row["tenant"] != tenant):
+                raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
+            if row["state"] != RequestState.WAITING.value:
+                return {"id": request_id, "state": row["state"], "waiting": False,
+                        "reason": f"request is {row['state']}, not waiting"}
+            cost = decode_cost(row["cost"])
+            tenants = tenant_usage(connection)
+            pools = pool_usage(connection)
+            position = self.queue_position(connection, row, same_tenant=False)
+            tenant_position = self.queue_position(connection, row, same_tenant=True)
+        tenant_blocks = [
+            {"resource": resource, "need": cost[resource],
+             "used": tenants.get(row["tenant"], {}).get(resource, (0, 0))[0],
+             "cap": tenants.get(row["tenant"], {}).get(resource, (0, 0))[1]}
+            for resource in blocking_resources(cost, tenants.get(row["tenant"], {}))
+        ]
+        pool_blocks = {
+            name: blocking_resources(cost, usage) for name, usage in sorted(pools.items())
+            if not fits(cost, usage)
+        }
+        fitting_pools = sorted(name for name, usage in pools.items() if fits(cost, usage))
+        if tenant_blocks:
+            verdict = "tenant quota: " + ", ".join(
+                f"{b['resource']} needs {b['need']}, {b['cap'] - b['used']} of {b['cap']} left"
+                for b in tenant_blocks
+            )
+        elif not fitting_pools:
+            verdict = "no pool has room: " + "; ".join(
+                f"{name} lacks {', '.join(resources)}" for name, resources in pool_blocks.items()
+            ) if pool_blocks else "no pool exists"
+        elif tenant_position > self.admission_window:
+            verdict = (
+                f"fits, but is number {tenant_position} in its tenant's queue; admission looks "
+                f"at the first {self.admission_window} of each tenant"
+            )
+        else:
+            verdict = "fits now; it will be admitted by the next admission pass"
+        now = self.clock.now()
+        return {
+            "id": request_id,
+            "state": row["state"],
+            "waiting": True,
+            "position": position,
+            "tenant_position": tenant_position,
+            "effective_priority": round(
+                effective_priority(row["priority"], row["created"], now, self.aging_interval), 3
+            ),
+            "waited_seconds": round(max(0.0, now - row["created"]), 3),
+            "tenant_blocked_by": tenant_blocks,
+            "pools_blocked": pool_blocks,
+            "fitting_pools": fitting_pools,
+            "reason": verdict,
+        }
+
+    def check_invariants(self) -> list[str]:
+        """Invariants 1 and 2 over the whole ledger; an empty list means they hold."""
+        violations: list[str] = []
+        with self.engine.connect() as connection:
+            rows = connection.execute(
+                sa.select(
+                    schema.request.c.id, schema.request.c.tenant, schema.request.c.pool,
+                    schema.request.c.state, schema.request.c.cost,
+                    schema.outbox.c.request_id.label("outbox_id"), schema.outbox.c.delivered,
+                ).select_from(
+                    schema.request.outerjoin(
+                        schema.outbox, schema.outbox.c.request_id == schema.request.c.id
+                    )
+                ).where(
+                    schema.request.c.state.in_([s.value for s in CHARGED_STATES])
+                )
+            ).all()
+            tenants = tenant_usage(connection)
+            pools = pool_usage(connection)
+            orphans = connection.execute(
+                sa.select(schema.outbox.c.request_id)
+                .select_from(
+                    schema.outbox.join(
+                        schema.request, schema.request.c.id == schema.outbox.c.request_id
+                    )
+                )
+                .where(
+                    schema.outbox.c.delivered == sa.false(),
+                    schema.request.c.state != RequestState.RESERVED.value,
+                )
+            ).scalars().all()
+        tenant_costs: dict[str, list[dict[str, int]]] = {}
+        pool_costs: dict[str, list[dict[str, int]]] = {}
+        for row in rows:
+            cost = decode_cost(row.cost)
+            tenant_costs.setdefault(row.tenant, []).append(cost)
+            pool_costs.setdefault(row.pool, []).append(cost)
+            if row.outbox_id is None:
+                violations.append(f"request {row.id} is {row.state} without an outbox row")
+            elif row.state == RequestState.RESERVED.value and row.delivered:
+                violations.append(f"request {row.id} is reserved but its outbox says delivered")
+        for request_id in orphans:
+            violations.append(f"outbox row {request_id} is pending for a request not reserved")
+        for holder, usage, costs in (("tenant", tenants, tenant_costs), ("pool", pools, pool_costs)):
+            for name in sorted(set(usage) | set(costs)):
+                expected = total_cost(costs.get(name, []))
+                for resource in sorted(set(usage.get(name, {})) | set(expected)):
+                    used, cap = usage.get(name, {}).get(resource, (0, 0))
+                    if used != expected.get(resource, 0):
+                        violations.append(
+                            f"{holder} {name} {resource}: used {used} but reserved requests "
+                            f"cost {expected.get(resource, 0)}"
+                        )
+                    if used > cap:
+                        violations.append(f"{holder} {name} {resource}: used {used} > cap {cap}")
+        return violations

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from support.databases import BACKENDS, fresh_database  # noqa: E402
+
+from quotagate import ManualClock, Quotagate  # noqa: E402
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def db_url(backend: str, tmp_path: Path) -> Iterator[str]:
+    """A fresh database with the schema, on every backend."""
+    with fresh_database(backend, tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+def empty_db_url(backend: str, tmp_path: Path) -> Iterator[str]:
+    """A fresh database without any tables, on every backend."""
+    with fresh_database(backend, tmp_path, create_schema=False) as url:
+        yield url
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def gate(db_url: str, clock: ManualClock) -> Iterator[Quotagate]:
+    with Quotagate.connect(db_url, clock=clock) as quotagate:
+        yield quotagate
