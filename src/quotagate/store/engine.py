@@ -88,14 +88,12 @@ def create_engine(text: str, **options: Any) -> Engine:
                 url, connect_args={"timeout": 30, "check_same_thread": False}, **options
             )
             _configure_sqlite(engine)
-        elif backend == "postgresql":
-            engine = sa.create_engine(
-                url, isolation_level="READ COMMITTED", pool_pre_ping=True, **options
-            )
         else:
-            engine = sa.create_engine(
-                url, isolation_level="READ COMMITTED", pool_pre_ping=True, **options
-            )
+            # Row locks plus conditional updates give the guarantees we need;
+            # REPEATABLE READ (MySQL's default) would only add gap-lock deadlocks.
+            options.setdefault("isolation_level", "READ COMMITTED")
+            options.setdefault("pool_pre_ping", True)
+            engine = sa.create_engine(url, **options)
     except NoSuchModuleError as exc:  # pragma: no cover - depends on extras installed
         raise InvalidInput(str(exc), code="invalid_database_url") from exc
     except ModuleNotFoundError as exc:

@@ -68,7 +68,7 @@ def upgrade() -> None:
     sa.Column('claimed_by', sa.String(length=128), nullable=True),
     sa.Column('claim_generation', sa.BigInteger(), nullable=True),
     sa.Column('claimed_until', sa.Double(), nullable=True),
-    sa.Column('delivered', sa.Boolean(), server_default=sa.text('0'), nullable=False),
+    sa.Column('delivered', sa.Boolean(), server_default=sa.false(), nullable=False),
     sa.Column('delivered_at', sa.Double(), nullable=True),
     sa.Column('last_error', sa.String(length=2048), nullable=True),
     sa.PrimaryKeyConstraint('request_id', name=op.f('pk_qg_outbox'))
@@ -121,7 +121,7 @@ def upgrade() -> None:
     sa.Column('name', sa.String(length=63), nullable=False),
     sa.Column('kind', sa.String(length=32), nullable=False),
     sa.Column('config', sa.Text(), nullable=False),
-    sa.Column('is_default', sa.Boolean(), server_default=sa.text('0'), nullable=False),
+    sa.Column('is_default', sa.Boolean(), server_default=sa.false(), nullable=False),
     sa.PrimaryKeyConstraint('name', name=op.f('pk_qg_target'))
     )
     op.create_table('qg_tenant',

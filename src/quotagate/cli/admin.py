@@ -1,0 +1,121 @@
+"""Schema and configuration commands: init, tenant, pool."""
+
+from __future__ import annotations
+
+import click
+
+from quotagate.cli.common import (
+    db_option,
+    echo_json,
+    open_gate,
+    parse_assignments,
+    render_table,
+    reports_errors,
+)
+from quotagate.store.engine import database_url, redact
+
+
+@click.command()
+@db_option
+@reports_errors
+def init(db_url: str | None) -> None:
+    """Create or migrate the schema."""
+    with open_gate(db_url) as gate:
+        revision = gate.init()
+    click.echo(f"schema at revision {revision} in {redact(database_url(db_url))}")
+
+
+@click.group()
+def tenant() -> None:
+    """Tenants and their quotas."""
+
+
+@tenant.command("set")
+@click.argument("name")
+@click.option("--quota", "quotas", multiple=True, metavar="RESOURCE=CAP",
+              help="Cap for one resource; repeat for several.")
+@db_option
+@reports_errors
+def tenant_set(name: str, quotas: tuple[str, ...], db_url: str | None) -> None:
+    """Create a tenant or change its quotas."""
+    with open_gate(db_url) as gate:
+        result = gate.set_tenant(name, parse_assignments(quotas, "quota"), actor="cli")
+    _print_caps("tenant", name, result)
+
+
+@tenant.command("show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@db_option
+@reports_errors
+def tenant_show(name: str, as_json: bool, db_url: str | None) -> None:
+    """Show a tenant's quotas and use."""
+    with open_gate(db_url) as gate:
+        described = gate.config.get_tenant(name)
+    if as_json:
+        echo_json(described)
+    else:
+        _print_caps("tenant", name, described["quota"])
+
+
+@tenant.command("list")
+@db_option
+@reports_errors
+def tenant_list(db_url: str | None) -> None:
+    """List tenants."""
+    with open_gate(db_url) as gate:
+        for name in gate.config.list_tenants():
+            click.echo(name)
+
+
+@click.group()
+def pool() -> None:
+    """Resource pools and their capacities."""
+
+
+@pool.command("set")
+@click.argument("name")
+@click.option("--capacity", "capacities", multiple=True, metavar="RESOURCE=CAP",
+              help="Capacity of one resource; repeat for several.")
+@db_option
+@reports_errors
+def pool_set(name: str, capacities: tuple[str, ...], db_url: str | None) -> None:
+    """Create a pool or change its capacities."""
+    with open_gate(db_url) as gate:
+        result = gate.set_pool(name, parse_assignments(capacities, "capacity"), actor="cli")
+    _print_caps("pool", name, result)
+
+
+@pool.command("show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@db_option
+@reports_errors
+def pool_show(name: str, as_json: bool, db_url: str | None) -> None:
+    """Show a pool's capacities and use."""
+    with open_gate(db_url) as gate:
+        described = gate.config.get_pool(name)
+    if as_json:
+        echo_json(described)
+    else:
+        _print_caps("pool", name, described["capacity"])
+
+
+@pool.command("list")
+@db_option
+@reports_errors
+def pool_list(db_url: str | None) -> None:
+    """List pools."""
+    with open_gate(db_url) as gate:
+        for name in gate.config.list_pools():
+            click.echo(name)
+
+
+def _print_caps(kind: str, name: str, caps: dict[str, dict[str, int]]) -> None:
+    click.echo(f"{kind} {name}")
+    rows = [[resource, values["used"], values["cap"]] for resource, values in sorted(caps.items())]
+    if rows:
+        click.echo(render_table(["resource", "used", "cap"], rows))
+
+
+COMMANDS = [init, tenant, pool]

@@ -1,0 +1,89 @@
+"""What every CLI command shares: the database option, error reporting, output."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from quotagate.app import Quotagate
+from quotagate.errors import QuotagateError, RateLimited
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Exit codes: 1 for any refusal, with more specific ones a script can act on.
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_CONFLICT = 3
+EXIT_NOT_FOUND = 4
+EXIT_RATE_LIMITED = 5
+EXIT_STORE_UNAVAILABLE = 6
+
+_EXIT_BY_STATUS = {409: EXIT_CONFLICT, 404: EXIT_NOT_FOUND, 429: EXIT_RATE_LIMITED,
+                   503: EXIT_STORE_UNAVAILABLE, 400: EXIT_USAGE}
+
+db_option = click.option(
+    "--db",
+    "db_url",
+    envvar="QUOTAGATE_DB",
+    default=None,
+    help="Database URL: sqlite:///FILE (default ./quotagate.db), postgresql://…, mysql://…. "
+    "Also $QUOTAGATE_DB.",
+)
+
+
+def open_gate(db_url: str | None, **options: Any) -> Quotagate:
+    return Quotagate.connect(db_url, **options)
+
+
+def reports_errors(function: F) -> F:
+    """Turn quotagate errors into one stderr line and a meaningful exit code."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except QuotagateError as error:
+            click.echo(f"error: {error.code}: {error.message}", err=True)
+            if isinstance(error, RateLimited):
+                click.echo(f"retry after {error.retry_after:.1f}s", err=True)
+            sys.exit(_EXIT_BY_STATUS.get(error.status, EXIT_ERROR))
+
+    return wrapper  # type: ignore[return-value]
+
+
+def parse_assignments(values: tuple[str, ...], what: str) -> dict[str, object]:
+    """``("gpu=1", "cpu=4")`` → ``{"gpu": 1, "cpu": 4}``; the ledger validates the numbers."""
+    from quotagate.errors import InvalidInput
+
+    parsed: dict[str, object] = {}
+    for value in values:
+        name, sep, amount = value.partition("=")
+        if not sep or not name:
+            raise InvalidInput(f"{what} must look like NAME=AMOUNT, got {value!r}",
+                               code=f"invalid_{what}")
+        try:
+            parsed[name.strip()] = int(amount)
+        except ValueError:
+            raise InvalidInput(
+                f"{what} for {name!r} must be a whole number, got {amount!r}",
+                code=f"invalid_{what}",
+            ) from None
+    return parsed
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def render_table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
+             for row in cells]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)

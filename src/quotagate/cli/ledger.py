@@ -1,0 +1,227 @@
+"""Request commands: submit, admit, release, expire and the views."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from quotagate.cli.common import (
+    db_option,
+    echo_json,
+    open_gate,
+    parse_assignments,
+    render_table,
+    reports_errors,
+)
+from quotagate.domain.model import parse_payload_text
+
+
+def _when(epoch: float | None) -> str:
+    if epoch is None:
+        return ""
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@click.command()
+@click.option("--id", "request_id", required=True, help="Stable request id (idempotency key).")
+@click.option("--tenant", required=True)
+@click.option("--cost", "costs", multiple=True, required=True, metavar="RESOURCE=AMOUNT",
+              help="Cost in one resource; repeat for several.")
+@click.option("--priority", default=0, show_default=True, type=int)
+@click.option("--payload", default=None, help="JSON payload handed to the executor.")
+@click.option("--target", default=None, help="Delivery target name (default: the default target).")
+@click.option("--json", "as_json", is_flag=True, help="Print the request as JSON.")
+@db_option
+@reports_errors
+def submit(
+    request_id: str, tenant: str, costs: tuple[str, ...], priority: int, payload: str | None,
+    target: str | None, as_json: bool, db_url: str | None,
+) -> None:
+    """Record a request as waiting (idempotent by id)."""
+    parsed_payload = None if payload is None else parse_payload_text(payload)
+    with open_gate(db_url) as gate:
+        result = gate.submit(
+            request_id, tenant, parse_assignments(costs, "cost"), priority=priority,
+            payload=parsed_payload, target=target, actor="cli",
+        )
+    if as_json:
+        echo_json({**result.request.to_dict(), "created": result.created})
+    else:
+        verb = "submitted" if result.created else "already submitted"
+        click.echo(f"{verb}: {result.request.id} ({result.request.state.value})")
+
+
+@click.command()
+@click.option("--once", "mode", flag_value="once", default=True, help="Run one admission (default).")
+@click.option("--until-idle", "mode", flag_value="until-idle",
+              help="Admit until nothing waiting fits, then exit.")
+@click.option("--loop", "mode", flag_value="loop", help="Keep polling for work.")
+@click.option("--batch", default=1, show_default=True, type=click.IntRange(1, 1000),
+              help="Requests admitted per transaction.")
+@click.option("--interval", default=0.5, show_default=True, type=click.FloatRange(0.01),
+              help="Seconds between polls with --loop when idle.")
+@click.option("--ttl", default=3600.0, show_default=True, type=click.FloatRange(1),
+              help="Seconds a request may wait before it expires.")
+@db_option
+@reports_errors
+def admit(mode: str, batch: int, interval: float, ttl: float, db_url: str | None) -> None:
+    """Promise capacity to waiting requests that fit."""
+    with open_gate(db_url, ttl=ttl) as gate:
+        if mode == "once":
+            admitted = gate.admit(batch)
+            for placement in admitted:
+                click.echo(f"admitted {placement.id} ({placement.tenant}) on {placement.pool}")
+            if not admitted:
+                click.echo("nothing to admit")
+            return
+        if mode == "until-idle":
+            click.echo(f"admitted {gate.admit_until_idle(batch)}")
+            return
+        total = 0
+        try:
+            while True:
+                admitted = gate.admit(batch)
+                total += len(admitted)
+                for placement in admitted:
+                    click.echo(f"admitted {placement.id} ({placement.tenant}) on {placement.pool}")
+                if not admitted:
+                    time.sleep(interval)
+        except KeyboardInterrupt:
+            click.echo(f"stopped after admitting {total}")
+
+
+def _release_command(name: str, help_text: str) -> click.Command:
+    @click.command(name=name, help=help_text)
+    @click.argument("request_id")
+    @click.option("--reason", default=None, help="Why (kept with the request).")
+    @db_option
+    @reports_errors
+    def command(request_id: str, reason: str | None, db_url: str | None) -> None:
+        with open_gate(db_url) as gate:
+            if name == "complete":
+                result = gate.complete(request_id, actor="cli")
+            elif name == "fail":
+                result = gate.fail(request_id, reason, actor="cli")
+            else:
+                result = gate.cancel(request_id, actor="cli")
+        returned = ", ".join(f"{r}={a}" for r, a in result.released.items()) or "nothing"
+        click.echo(f"{result.request.id} is {result.request.state.value}; returned {returned}")
+
+    return command
+
+
+complete = _release_command("complete", "Mark a request completed and return its cost.")
+fail = _release_command("fail", "Mark a request failed and return its cost.")
+cancel = _release_command("cancel", "Cancel a request; a reserved one returns its cost.")
+
+
+@click.command()
+@click.option("--ttl", default=3600.0, show_default=True, type=click.FloatRange(1))
+@db_option
+@reports_errors
+def expire(ttl: float, db_url: str | None) -> None:
+    """Expire waiting requests older than the TTL."""
+    with open_gate(db_url, ttl=ttl) as gate:
+        click.echo(f"expired {gate.expire()}")
+
+
+@click.command()
+@click.argument("request_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@db_option
+@reports_errors
+def show(request_id: str, as_json: bool, db_url: str | None) -> None:
+    """Show one request."""
+    with open_gate(db_url) as gate:
+        request = gate.show(request_id)
+    data = request.to_dict()
+    if as_json:
+        echo_json(data)
+        return
+    for key in ("id", "tenant", "state", "cost", "priority", "pool", "target", "reason"):
+        value = data[key]
+        if key == "cost":
+            value = ", ".join(f"{r}={a}" for r, a in value.items())
+        click.echo(f"{key:>9}: {'' if value is None else value}")
+    click.echo(f"{'created':>9}: {_when(request.created)}")
+    click.echo(f"{'payload':>9}: {json.dumps(request.payload)}")
+
+
+@click.command()
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 10000))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@db_option
+@reports_errors
+def inspect(limit: int, as_json: bool, db_url: str | None) -> None:
+    """Recent requests with outbox and binding, and every tenant's and pool's use."""
+    with open_gate(db_url) as gate:
+        data = gate.inspect(limit)
+    if as_json:
+        echo_json(data)
+        return
+    print_usage(data)
+    click.echo("")
+    click.echo(render_table(
+        ["id", "tenant", "state", "cost", "pool", "outbox", "binding", "created"],
+        [[r["id"], r["tenant"], r["state"], _cost_text(r["cost"]), r["pool"], r["outbox"],
+          r["binding"], _when(r["created"])] for r in data["requests"]],
+    ))
+
+
+def print_usage(data: dict[str, Any]) -> None:
+    click.echo(render_table(
+        ["tenant", "resource", "used", "cap"],
+        [[r["tenant"], r["resource"], r["used"], r["cap"]] for r in data["tenants"]],
+    ))
+    click.echo("")
+    click.echo(render_table(
+        ["pool", "resource", "used", "cap"],
+        [[r["pool"], r["resource"], r["used"], r["cap"]] for r in data["pools"]],
+    ))
+
+
+def _cost_text(cost: dict[str, int]) -> str:
+    return ",".join(f"{r}={a}" for r, a in cost.items())
+
+
+@click.command()
+@click.argument("request_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@db_option
+@reports_errors
+def explain(request_id: str, as_json: bool, db_url: str | None) -> None:
+    """Why a waiting request is not admitted yet."""
+    with open_gate(db_url) as gate:
+        data = gate.explain(request_id)
+    if as_json:
+        echo_json(data)
+        return
+    click.echo(f"{data['id']}: {data['reason']}")
+    if data["waiting"]:
+        click.echo(f"  queue position {data['position']} (in its tenant's queue "
+                   f"{data['tenant_position']}), effective priority {data['effective_priority']}, "
+                   f"waited {data['waited_seconds']}s")
+        if data["fitting_pools"]:
+            click.echo(f"  pools with room: {', '.join(data['fitting_pools'])}")
+
+
+@click.command()
+@db_option
+@reports_errors
+def check(db_url: str | None) -> None:
+    """Verify invariants 1-2 over the whole ledger; exit 1 on any violation."""
+    with open_gate(db_url) as gate:
+        violations = gate.check_invariants()
+    for violation in violations:
+        click.echo(f"violation: {violation}", err=True)
+    if violations:
+        raise SystemExit(1)
+    click.echo("invariants hold")
+
+
+
+COMMANDS = [submit, admit, complete, fail, cancel, expire, show, inspect, explain, check]
