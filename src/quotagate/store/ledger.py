@@ -12,7 +12,7 @@ then tenant quota rows (by tenant, resource), then pool rows (by pool, resource)
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -358,17 +358,22 @@ class Ledger:
         reason: str | None = None,
         actor: str = "system",
         tenant: str | None = None,
+        fence: Callable[[sa.Connection], None] | None = None,
     ) -> ReleaseResult:
         """Move a request to a final state, returning its charged cost exactly once.
 
         ``tenant``, when given, scopes the call: a request of another tenant is
-        reported as not found.
+        reported as not found. ``fence``, when given, runs first inside the same
+        transaction (a worker's lease check); it raises StaleGeneration to refuse
+        the release, which then changes nothing.
         """
         if to_state not in (RequestState.COMPLETED, RequestState.FAILED, RequestState.CANCELLED):
             raise InvalidInput(f"cannot release to state {to_state}", code="invalid_state")
         return run_transaction(
             self.engine,
-            lambda connection: self._release(connection, request_id, to_state, reason, actor, tenant),
+            lambda connection: self._release(
+                connection, request_id, to_state, reason, actor, tenant, fence
+            ),
         )
 
     def _release(
@@ -379,7 +384,10 @@ class Ledger:
         reason: str | None,
         actor: str,
         tenant: str | None,
+        fence: Callable[[sa.Connection], None] | None = None,
     ) -> ReleaseResult:
+        if fence is not None:
+            fence(connection)
         # Lock the request row first: a concurrent second release waits here
         # and then sees the state the first one wrote.
         row = connection.execute(

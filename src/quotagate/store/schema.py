@@ -93,6 +93,9 @@ outbox = sa.Table(
     sa.Column("claimed_by", sa.String(128), nullable=True),
     sa.Column("claim_generation", sa.BigInteger, nullable=True),
     sa.Column("claimed_until", TIME, nullable=True),
+    # Raised by one at every claim: the fencing token sent downstream, so a later
+    # delivery attempt of the same request always carries a larger token.
+    sa.Column("claim_token", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("delivered", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("delivered_at", TIME, nullable=True),
     sa.Column("last_error", sa.String(2048), nullable=True),

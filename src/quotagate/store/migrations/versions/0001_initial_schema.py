@@ -68,6 +68,7 @@ def upgrade() -> None:
     sa.Column('claimed_by', sa.String(length=128), nullable=True),
     sa.Column('claim_generation', sa.BigInteger(), nullable=True),
     sa.Column('claimed_until', sa.Double(), nullable=True),
+    sa.Column('claim_token', sa.BigInteger(), server_default='0', nullable=False),
     sa.Column('delivered', sa.Boolean(), server_default=sa.false(), nullable=False),
     sa.Column('delivered_at', sa.Double(), nullable=True),
     sa.Column('last_error', sa.String(length=2048), nullable=True),
