@@ -1,0 +1,205 @@
+"""Delivery commands: ``worker``, ``target set/list``, ``lease show``."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+import click
+
+from quotagate.cli.common import db_option, echo_json, open_gate, render_table, reports_errors
+from quotagate.delivery.dispatcher import (
+    DEFAULT_CLAIM_TTL,
+    DEFAULT_LEASE_TTL,
+    DEFAULT_MAX_ATTEMPTS,
+    Dispatcher,
+)
+from quotagate.delivery.registry import TargetStore
+from quotagate.delivery.targets import KINDS
+from quotagate.store.lease import LeaseStore
+
+
+@click.command()
+@click.option("--name", "worker_name", default=None,
+              help="Worker name, also its lease's name (default: this host's name). "
+              "A restarted worker of the same name takes over once the lease expires.")
+@click.option("--lease-ttl", type=float, default=DEFAULT_LEASE_TTL, show_default=True,
+              help="Seconds the lease lasts without renewal.")
+@click.option("--claim-ttl", type=float, default=DEFAULT_CLAIM_TTL, show_default=True,
+              help="Seconds a claimed delivery is reserved for this worker.")
+@click.option("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, show_default=True,
+              help="Failed deliveries before the request ends failed and its cost is released.")
+@click.option("--retry-base", type=float, default=1.0, show_default=True,
+              help="First retry delay in seconds; doubles per failure.")
+@click.option("--batch", type=int, default=16, show_default=True,
+              help="Outbox rows claimed per pass.")
+@click.option("--poll", "poll_interval", type=float, default=0.5, show_default=True,
+              help="Seconds to wait when a pass found nothing to do.")
+@click.option("--admit/--no-admit", default=False, show_default=True,
+              help="Also run admission in each pass (one process for the whole pipeline).")
+@click.option("--once", is_flag=True, help="Run one pass and exit.")
+@click.option("--until-idle", is_flag=True,
+              help="Run passes until nothing is pending or running, then exit.")
+@click.option("-v", "--verbose", is_flag=True, help="Log each delivery.")
+@db_option
+@reports_errors
+def worker(
+    worker_name: str | None, lease_ttl: float, claim_ttl: float, max_attempts: int,
+    retry_base: float, batch: int, poll_interval: float, admit: bool, once: bool,
+    until_idle: bool, verbose: bool, db_url: str | None,
+) -> None:
+    """Deliver admitted requests to their targets until stopped (SIGTERM/SIGINT)."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(message)s")
+    with open_gate(db_url) as gate:
+        dispatcher = Dispatcher(
+            gate, worker_name=worker_name or socket.gethostname().split(".")[0],
+            lease_ttl=lease_ttl, claim_ttl=claim_ttl, max_attempts=max_attempts,
+            retry_base=retry_base, batch=batch, poll_interval=poll_interval, admit=admit,
+        )
+        if once:
+            try:
+                click.echo(f"moved {dispatcher.run_once()}")
+            finally:
+                dispatcher.release()
+            return
+        stop = threading.Event()
+        for number in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(number, lambda *_: stop.set())
+        if until_idle:
+            _run_until_idle(dispatcher, gate, stop, poll_interval)
+        else:
+            dispatcher.run(stop)
+
+
+def _run_until_idle(dispatcher: Dispatcher, gate: Any, stop: threading.Event,
+                    poll_interval: float) -> None:
+    try:
+        while not stop.is_set():
+            moved = dispatcher.run_once()
+            if moved == 0 and _idle(gate):
+                return
+            if moved == 0:
+                time.sleep(poll_interval)
+    finally:
+        dispatcher.release()
+
+
+def _idle(gate: Any) -> bool:
+    counts = {row["state"]: row["count"] for row in _state_counts(gate)}
+    return not any(counts.get(state) for state in ("reserved", "delivered"))
+
+
+def _state_counts(gate: Any) -> list[dict[str, Any]]:
+    import sqlalchemy as sa
+
+    from quotagate.store import schema
+
+    with gate.engine.connect() as connection:
+        rows = connection.execute(
+            sa.select(schema.request.c.state, sa.func.count()).group_by(schema.request.c.state)
+        ).all()
+    return [{"state": state, "count": int(count)} for state, count in rows]
+
+
+@click.group()
+def target() -> None:
+    """Delivery targets, by name."""
+
+
+@target.command("set")
+@click.argument("name")
+@click.option("--kind", type=click.Choice(KINDS), required=True)
+@click.option("--command", "command", help="process: the command line run per request.")
+@click.option("--run-dir", help="process: where run directories go (default ./quotagate-runs).")
+@click.option("--url", help="webhook: the URL requests are POSTed to.")
+@click.option("--timeout", type=float, help="webhook: seconds per HTTP call (default 10).")
+@click.option("--namespace", help="kubernetes: namespace (default 'default').")
+@click.option("--group", "api_group", help="kubernetes: API group (default quotagate.io).")
+@click.option("--version", "api_version", help="kubernetes: API version (default v1alpha1).")
+@click.option("--plural", help="kubernetes: resource plural (default modelservices).")
+@click.option("--resource-kind", help="kubernetes: object kind (default ModelService).")
+@click.option("--host", help="kubernetes: API server URL, e.g. kubectl proxy's.")
+@click.option("--kubeconfig", help="kubernetes: kubeconfig file.")
+@click.option("--context", help="kubernetes: kubeconfig context.")
+@click.option("--default", "is_default", is_flag=True,
+              help="Deliver requests that name no target here.")
+@db_option
+@reports_errors
+def target_set(name: str, kind: str, is_default: bool, db_url: str | None,
+               **options: Any) -> None:
+    """Create or replace a delivery target."""
+    keys = {"api_group": "group", "api_version": "version"}
+    config = {keys.get(key, key): value for key, value in options.items() if value is not None}
+    with open_gate(db_url) as gate:
+        stored = TargetStore(gate.engine, clock=gate.clock).set(
+            name, kind, config, default=is_default, actor="cli"
+        )
+    suffix = " (default)" if stored.is_default else ""
+    click.echo(f"target {stored.name}: {stored.kind}{suffix}")
+
+
+@target.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@db_option
+@reports_errors
+def target_list(as_json: bool, db_url: str | None) -> None:
+    """List delivery targets."""
+    with open_gate(db_url) as gate:
+        targets = TargetStore(gate.engine, clock=gate.clock).list()
+    if as_json:
+        echo_json([stored.to_dict() for stored in targets])
+        return
+    click.echo(render_table(
+        ["name", "kind", "default", "config"],
+        [[t.name, t.kind, "yes" if t.is_default else "", _summary(t.config)] for t in targets],
+    ))
+
+
+def _summary(config: dict[str, Any]) -> str:
+    return " ".join(
+        f"{key}={' '.join(value) if isinstance(value, list) else value}"
+        for key, value in sorted(config.items())
+    )
+
+
+@click.group()
+def lease() -> None:
+    """Generational leases held by workers."""
+
+
+@lease.command("show")
+@click.argument("name", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@db_option
+@reports_errors
+def lease_show(name: str | None, as_json: bool, db_url: str | None) -> None:
+    """Show leases: owner, generation and time left by the database's clock."""
+    with open_gate(db_url) as gate:
+        now, leases = LeaseStore(gate.engine).list()
+    if name is not None:
+        leases = [held for held in leases if held.name == name]
+        if not leases:
+            from quotagate.errors import NotFound
+
+            raise NotFound(f"lease {name!r} does not exist", code="unknown_lease")
+    rows = [
+        {**held.to_dict(), "expires_in": round(held.expires_at - now, 3),
+         "held": held.owner is not None and held.expires_at >= now}
+        for held in leases
+    ]
+    if as_json:
+        echo_json(rows)
+        return
+    click.echo(render_table(
+        ["name", "owner", "generation", "held", "expires_in"],
+        [[row["name"], row["owner"] or "-", row["generation"], "yes" if row["held"] else "no",
+          f"{row['expires_in']:.1f}s" if row["held"] else "-"] for row in rows],
+    ))
+
+
+COMMANDS = [worker, target, lease]

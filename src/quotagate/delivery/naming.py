@@ -1,0 +1,39 @@
+"""Deterministic external names: the same request always maps to the same object.
+
+This is what makes a lost reply recoverable (DESIGN invariant 5): a retry does
+not invent a new name, it finds the object the lost attempt created.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+MAX_NAME = 63
+_HASH_LENGTH = 10
+_INVALID = re.compile(r"[^a-z0-9-]+")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$")
+
+
+def digest(tenant: str, request_id: str, length: int = _HASH_LENGTH) -> str:
+    return hashlib.sha256(f"{tenant}/{request_id}".encode()).hexdigest()[:length]
+
+
+def external_name(tenant: str, request_id: str) -> str:
+    """A DNS-1123 label (≤ 63 characters) unique to (tenant, request id).
+
+    The readable part is lossy (case folded, odd characters replaced, long ids
+    cut), so a hash of the exact pair is always appended: ``A_1`` and ``a-1``,
+    or two long ids sharing a prefix, still get different names.
+    """
+    suffix = digest(tenant, request_id)
+    readable = _INVALID.sub("-", f"{tenant}-{request_id}".lower()).strip("-")
+    readable = readable[: MAX_NAME - len(suffix) - 1].rstrip("-")
+    return f"{readable}-{suffix}" if readable else f"qg-{suffix}"
+
+
+def label_value(text: str) -> str:
+    """``text`` itself if it is a valid Kubernetes label value, else a stable hash of it."""
+    if _LABEL_VALUE.match(text):
+        return text
+    return "h-" + hashlib.sha256(text.encode()).hexdigest()[:40]

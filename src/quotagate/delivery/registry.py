@@ -1,0 +1,106 @@
+"""Delivery targets configured by name (``qg_target``), one of them the default."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from quotagate.delivery.targets import validate_config
+from quotagate.domain.clock import Clock, SystemClock
+from quotagate.domain.model import validate_name
+from quotagate.errors import NotFound
+from quotagate.store import schema
+from quotagate.store.audit import AuditEntry, record
+from quotagate.store.dialect import run_transaction
+
+_target = schema.delivery_target
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    name: str
+    kind: str
+    config: dict[str, Any]
+    is_default: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "config": self.config,
+                "default": self.is_default}
+
+
+def _from_row(row: Any) -> TargetConfig:
+    return TargetConfig(row.name, row.kind, json.loads(row.config), bool(row.is_default))
+
+
+class TargetStore:
+    def __init__(self, engine: Engine, *, clock: Clock | None = None) -> None:
+        self.engine = engine
+        self.clock: Clock = clock or SystemClock()
+
+    def set(
+        self,
+        name: str,
+        kind: str,
+        config: Mapping[str, Any],
+        *,
+        default: bool = False,
+        actor: str = "admin",
+    ) -> TargetConfig:
+        """Create or replace a target; ``default`` makes it the only default.
+
+        A target that is the default stays so when replaced without ``default``.
+        """
+        validate_name(name, "target")
+        checked = validate_config(kind, config)
+        text = json.dumps(checked, sort_keys=True)
+
+        def work(connection: sa.Connection) -> TargetConfig:
+            existing = connection.execute(
+                sa.select(_target).where(_target.c.name == name).with_for_update()
+            ).first()
+            is_default = default or bool(existing is not None and existing.is_default)
+            if default:
+                connection.execute(
+                    _target.update().where(_target.c.name != name).values(is_default=False)
+                )
+            values = {"kind": kind, "config": text, "is_default": is_default}
+            if existing is None:
+                connection.execute(_target.insert().values(name=name, **values))
+            else:
+                connection.execute(_target.update().where(_target.c.name == name).values(**values))
+            record(connection, self.clock.now(), AuditEntry(
+                actor, "target_set", "ok", None, name, f"kind={kind} default={is_default}"
+            ))
+            return TargetConfig(name, kind, checked, is_default)
+
+        return run_transaction(self.engine, work)
+
+    def list(self) -> list[TargetConfig]:
+        with self.engine.connect() as connection:
+            rows = connection.execute(sa.select(_target).order_by(_target.c.name)).all()
+        return [_from_row(row) for row in rows]
+
+    def resolve(self, name: str | None) -> TargetConfig:
+        """The named target, or the default one when the request named none."""
+        with self.engine.connect() as connection:
+            if name is None:
+                row = connection.execute(
+                    sa.select(_target).where(_target.c.is_default == sa.true())
+                    .order_by(_target.c.name).limit(1)
+                ).first()
+                if row is None:
+                    raise NotFound(
+                        "the request names no target and no default target is configured; "
+                        "set one with 'quotagate target set NAME --kind … --default'",
+                        code="no_default_target",
+                    )
+            else:
+                row = connection.execute(sa.select(_target).where(_target.c.name == name)).first()
+                if row is None:
+                    raise NotFound(f"target {name!r} does not exist", code="unknown_target")
+        return _from_row(row)
