@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy.engine import Engine
 
+from quotagate.domain.bucket import BucketConfig, config_from_mapping, parse_rate
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import Request, RequestState, build_submission
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL
 from quotagate.domain.placement import Placement
+from quotagate.rate.backend import ENVIRONMENT_VARIABLE as RATE_STORE_VARIABLE
+from quotagate.rate.backend import RateStore, rate_store_from_url
+from quotagate.rate.quotas import RateQuotas
+from quotagate.rate.sql import SqlRateStore
 from quotagate.store import migrate
 from quotagate.store.config import Configuration
 from quotagate.store.engine import create_engine, database_url
@@ -35,12 +41,16 @@ class Quotagate:
         aging_interval: float = DEFAULT_AGING_INTERVAL,
         ttl: float = DEFAULT_TTL,
         admission_window: int = DEFAULT_ADMISSION_WINDOW,
+        rate_store: RateStore | None = None,
     ) -> None:
         self.engine = engine
         self.clock: Clock = clock or SystemClock()
+        # Rate quotas: buckets in the ledger database unless another store is given.
+        self.rate_store: RateStore = rate_store or SqlRateStore(engine)
+        self.rates = RateQuotas(engine, self.rate_store, clock=self.clock)
         self.ledger = Ledger(
             engine, clock=self.clock, aging_interval=aging_interval, ttl=ttl,
-            admission_window=admission_window,
+            admission_window=admission_window, rate_gate=self.rates,
         )
         self.views = LedgerViews(
             engine, clock=self.clock, aging_interval=aging_interval,
@@ -49,15 +59,27 @@ class Quotagate:
         self.config = Configuration(engine, clock=self.clock)
 
     @classmethod
-    def connect(cls, url: str | None = None, **options: Any) -> Quotagate:
-        """Open the ledger at ``url`` (default ``$QUOTAGATE_DB`` or ``./quotagate.db``)."""
-        return cls(create_engine(database_url(url)), **options)
+    def connect(
+        cls, url: str | None = None, *, rate_store: str | RateStore | None = None, **options: Any
+    ) -> Quotagate:
+        """Open the ledger at ``url`` (default ``$QUOTAGATE_DB`` or ``./quotagate.db``).
+
+        ``rate_store``: where token buckets live — a URL (``redis://…``) or a
+        store; default ``$QUOTAGATE_RATE_STORE``, else the ledger database.
+        """
+        engine = create_engine(database_url(url))
+        if not isinstance(rate_store, RateStore):
+            rate_store = rate_store_from_url(
+                rate_store or os.environ.get(RATE_STORE_VARIABLE), ledger_engine=engine
+            )
+        return cls(engine, rate_store=rate_store, **options)
 
     def init(self) -> str | None:
         """Create or migrate the schema; return the schema revision."""
         return migrate.upgrade(self.engine)
 
     def close(self) -> None:
+        self.rate_store.close()
         self.engine.dispose()
 
     def __enter__(self) -> Quotagate:
@@ -72,6 +94,29 @@ class Quotagate:
 
     def set_pool(self, name: str, capacity: Mapping[str, object], *, actor: str = "admin") -> dict[str, dict[str, int]]:
         return self.config.set_pool(name, capacity, actor=actor)
+
+    # rate quotas
+    def set_rate(
+        self, tenant: str, rate: BucketConfig | Mapping[str, object] | str | None, *,
+        topic: str | None = None, actor: str = "admin",
+    ) -> dict[str, Any] | None:
+        """Give a tenant a token bucket (``{"capacity": 5, "refill_per_second": 0}`` or
+        ``"capacity=5,refill=0"``), reshape it, or remove it with None; return its status."""
+        if isinstance(rate, str):
+            rate = parse_rate(rate)
+        elif rate is not None and not isinstance(rate, BucketConfig):
+            rate = config_from_mapping(rate)
+        return self.rates.set(tenant, rate, topic=topic, actor=actor)
+
+    def add_tokens(
+        self, tenant: str, amount: int, *, topic: str | None = None, actor: str = "admin"
+    ) -> dict[str, Any]:
+        """Top up a tenant's bucket (never above its capacity); return its status."""
+        return self.rates.add(tenant, amount, topic=topic, actor=actor)
+
+    def rate_status(self, tenant: str, *, topic: str | None = None) -> dict[str, Any] | None:
+        """Capacity, refill and tokens left of a tenant's bucket; None if it has none."""
+        return self.rates.status(tenant, topic=topic)
 
     # requests
     def submit(

@@ -9,26 +9,23 @@ from typing import Any
 from quotagate import Quotagate
 
 
-def admit_until_done(url: str, stop_after_idle: float, batch: int, results: Any) -> None:
-    """Admit until nothing has fitted for ``stop_after_idle`` seconds in a row."""
+def admit_until_done(url: str, submitted: Any, batch: int, results: Any) -> None:
+    """Admit until the submitters are done and nothing waiting fits any more."""
     admitted = 0
     with Quotagate.connect(url) as gate:
-        idle_since: float | None = None
         while True:
+            finished = submitted.is_set()
             placed = gate.admit(batch)
-            if placed:
-                admitted += len(placed)
-                idle_since = None
-                continue
-            now = time.monotonic()
-            idle_since = idle_since or now
-            if now - idle_since > stop_after_idle:
-                break
-            time.sleep(0.01)
+            admitted += len(placed)
+            if not placed:
+                if finished:
+                    break
+                time.sleep(0.01)
     results.put(admitted)
 
 
-def submit_many(url: str, prefix: str, count: int, seed: int, results: Any) -> None:
+def submit_many(url: str, prefix: str, count: int, seed: int, results: Any,
+                done: Any = None) -> None:
     generator = random.Random(seed)
     created = 0
     with Quotagate.connect(url) as gate:
@@ -40,6 +37,8 @@ def submit_many(url: str, prefix: str, count: int, seed: int, results: Any) -> N
             result = gate.submit(f"{prefix}-{index}", tenant, cost, priority=generator.randint(0, 3))
             created += result.created
     results.put(created)
+    if done is not None:
+        done.put(1)
 
 
 def release_one(url: str, request_id: str, barrier: Any, results: Any) -> None:

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
+from quotagate.domain.bucket import Decision
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import (
     CHARGED_STATES,
@@ -30,6 +31,7 @@ from quotagate.domain.model import (
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL, queue_key
 from quotagate.domain.placement import Candidate, Placement, plan_admissions
 from quotagate.errors import Conflict, InvalidInput, NotFound
+from quotagate.rate.gate import RateGate, rate_limited, rejection_reason
 from quotagate.store import schema
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.dialect import run_transaction, supports_skip_locked
@@ -59,6 +61,18 @@ class SubmitResult:
     created: bool
 
 
+@dataclass
+class _Token:
+    """The rate decision of one submit call, kept across reruns of its transaction.
+
+    A token from a store outside the ledger database (Redis) is taken once per
+    call, not once per rerun, and given back if the call ends without
+    recording the request as waiting.
+    """
+
+    decision: Decision | None = None
+
+
 @dataclass(frozen=True)
 class ReleaseResult:
     request: Request
@@ -77,6 +91,7 @@ class Ledger:
         ttl: float = DEFAULT_TTL,
         admission_window: int = DEFAULT_ADMISSION_WINDOW,
         expiry_every: float = 1.0,
+        rate_gate: RateGate | None = None,
     ) -> None:
         if aging_interval <= 0:
             raise InvalidInput("aging interval must be positive", code="invalid_aging_interval")
@@ -90,17 +105,44 @@ class Ledger:
         self.ttl = ttl
         self.admission_window = admission_window
         self.expiry_every = expiry_every
+        # None: no rate quotas at all. With a gate, tenants without a bucket are unlimited.
+        self.rate_gate = rate_gate
         self._last_expiry = float("-inf")
         self._expiry_lock = threading.Lock()
 
     # -- submit ----------------------------------------------------------------
 
     def submit(self, submission: Submission, *, actor: str = "system") -> SubmitResult:
-        """Record a request as waiting, or answer the original for an identical replay."""
+        """Record a request as waiting, or answer the original for an identical replay.
+
+        With a rate gate, a new request — or a rejected one submitted again —
+        takes a token first (seed 000: the quota is decided before the request
+        enters the queue). Without one it is recorded ``rejected`` with its
+        reason, and :class:`RateLimited` is raised once that has committed.
+        """
+        token = _Token()
+        try:
+            result = self._submit_with_retries(submission, actor, token)
+        except BaseException:
+            if token.decision is not None and token.decision.granted and self.rate_gate:
+                self.rate_gate.refund(submission.tenant)
+            raise
+        decision = token.decision
+        if decision is not None and not decision.granted:
+            raise rate_limited(decision, submission.tenant, submission.id)
+        if decision is not None and not result.created and self.rate_gate:
+            # A rerun found the request recorded by a concurrent submit: unused token.
+            self.rate_gate.refund(submission.tenant)
+        return result
+
+    def _submit_with_retries(
+        self, submission: Submission, actor: str, token: _Token
+    ) -> SubmitResult:
         for _ in range(3):
             try:
                 return run_transaction(
-                    self.engine, lambda connection: self._submit(connection, submission, actor)
+                    self.engine,
+                    lambda connection: self._submit(connection, submission, actor, token),
                 )
             except IntegrityError:
                 # Two submits of one new id raced; the loser reads the winner's row.
@@ -108,13 +150,24 @@ class Ledger:
         raise Conflict(f"request {submission.id!r} is being submitted concurrently; retry")
 
     def _submit(
-        self, connection: sa.Connection, submission: Submission, actor: str
+        self, connection: sa.Connection, submission: Submission, actor: str, token: _Token
     ) -> SubmitResult:
         existing = connection.execute(
             sa.select(schema.request).where(schema.request.c.id == submission.id)
         ).mappings().first()
         if existing is not None:
-            return SubmitResult(self._replayed(existing, submission), created=False)
+            original = self._replayed(existing, submission)
+            if original.state != RequestState.REJECTED:
+                return SubmitResult(original, created=False)
+            # A rejected request never entered the queue: submitting it again is a
+            # new attempt. Lock the row so two such attempts do not both take a token.
+            existing = connection.execute(
+                sa.select(schema.request)
+                .where(schema.request.c.id == submission.id)
+                .with_for_update()
+            ).mappings().one()
+            if existing["state"] != RequestState.REJECTED.value:
+                return SubmitResult(request_from_row(dict(existing)), created=False)
         now = self.clock.now()
         if connection.execute(
             sa.select(schema.tenant.c.name).where(schema.tenant.c.name == submission.tenant)
@@ -141,10 +194,15 @@ class Ledger:
             )
         ).first() is None:
             raise NotFound(f"target {submission.target!r} does not exist", code="unknown_target")
+        # Everything is valid: only now may a token be spent on this request.
+        decision = self._take_token(connection, submission.tenant, token)
+        refused = decision is not None and not decision.granted
+        state = RequestState.REJECTED if refused else RequestState.WAITING
+        reason = rejection_reason(decision) if decision is not None and refused else None
         row = {
             "id": submission.id,
             "tenant": submission.tenant,
-            "state": RequestState.WAITING.value,
+            "state": state.value,
             "cost": encode_cost(submission.cost),
             "priority": submission.priority,
             "payload": submission.payload_json,
@@ -153,15 +211,35 @@ class Ledger:
             "queue_key": queue_key(submission.priority, now, self.aging_interval),
             "created": now,
             "updated": now,
-            "reason": None,
+            "reason": reason,
         }
-        connection.execute(schema.request.insert().values(**row))
+        if existing is None:
+            connection.execute(schema.request.insert().values(**row))
+        else:
+            connection.execute(
+                schema.request.update()
+                .where(schema.request.c.id == submission.id)
+                .values(state=state.value, queue_key=row["queue_key"], created=now, updated=now,
+                        reason=reason)
+            )
         record(
             connection,
             now,
-            AuditEntry(actor, "submit", "accepted", submission.tenant, submission.id),
+            AuditEntry(actor, "submit", state.value if refused else "accepted",
+                       submission.tenant, submission.id, reason),
         )
         return SubmitResult(request_from_row(row), created=True)
+
+    def _take_token(
+        self, connection: sa.Connection, tenant: str, token: _Token
+    ) -> Decision | None:
+        if self.rate_gate is None:
+            return None
+        # In the ledger database the take reruns (and rolls back) with the transaction;
+        # in another store it happened once, for good, and is kept for the reruns.
+        if self.rate_gate.in_transaction or token.decision is None:
+            token.decision = self.rate_gate.take_for_submission(connection, tenant)
+        return token.decision
 
     @staticmethod
     def _replayed(existing: Any, submission: Submission) -> Request:

@@ -1,0 +1,78 @@
+"""Pure delivery rules: deterministic names, label values, retry backoff, counters."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from quotagate import InvalidInput
+from quotagate.delivery import stats
+from quotagate.delivery.naming import external_name, label_value
+from quotagate.delivery.retry import RetryPolicy
+
+DNS_1123_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+@pytest.mark.parametrize(
+    ("tenant", "request_id"),
+    [
+        ("team-a", "job-1"),
+        ("team-a", "Job_1:Retry.2"),
+        ("t", "A" * 128),
+        ("a" * 63, "x"),
+        ("team-a", "..--::"),
+    ],
+)
+def test_external_names_are_valid_dns_1123_labels(tenant: str, request_id: str) -> None:
+    name = external_name(tenant, request_id)
+    assert DNS_1123_LABEL.match(name), name
+    assert len(name) <= 63
+
+
+def test_external_names_are_deterministic() -> None:
+    assert external_name("team-a", "job-1") == external_name("team-a", "job-1")
+    assert external_name("team-a", "job-1").startswith("team-a-job-1-")
+
+
+def test_ids_that_read_alike_get_different_names() -> None:
+    # Case folding and character replacement make these look the same...
+    assert external_name("team-a", "Job_1") != external_name("team-a", "job-1")
+    # ...and long ids sharing a 60-character prefix are cut to the same text.
+    prefix = "x" * 100
+    assert external_name("team-a", prefix + "1") != external_name("team-a", prefix + "2")
+    # The tenant is part of the identity.
+    assert external_name("team-a", "job-1") != external_name("team-b", "job-1")
+
+
+def test_label_values_pass_through_when_valid_and_hash_otherwise() -> None:
+    assert label_value("job-1") == "job-1"
+    hashed = label_value("job:1")
+    assert hashed.startswith("h-") and hashed == label_value("job:1")
+    assert label_value("a" * 64).startswith("h-")
+    assert len(label_value("a" * 128)) <= 63
+
+
+def test_backoff_doubles_up_to_the_ceiling() -> None:
+    policy = RetryPolicy(max_attempts=5, base_delay=1.0, max_delay=5.0)
+    assert [policy.delay(n) for n in range(0, 6)] == [0.0, 1.0, 2.0, 4.0, 5.0, 5.0]
+    assert not policy.gives_up(4)
+    assert policy.gives_up(5)
+    assert RetryPolicy(base_delay=1.0, max_delay=300.0).delay(10_000) == 300.0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"max_attempts": 0}, {"base_delay": -1.0}, {"base_delay": 5.0, "max_delay": 1.0}],
+)
+def test_bad_retry_policies_are_refused(options: dict[str, float]) -> None:
+    with pytest.raises(InvalidInput):
+        RetryPolicy(**options)  # type: ignore[arg-type]
+
+
+def test_counters_count_and_refuse_unknown_names() -> None:
+    before = stats.snapshot()["stale_writes"]
+    stats.increment("stale_writes")
+    assert stats.snapshot()["stale_writes"] == before + 1
+    with pytest.raises(KeyError):
+        stats.increment("no_such_counter")
