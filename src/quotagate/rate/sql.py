@@ -1,0 +1,254 @@
+"""Token buckets in the SQL database: one conditional UPDATE decides a take.
+
+The refill is computed in the statement from the *database's* clock, so any
+number of API processes on any number of machines agree on elapsed time::
+
+    UPDATE qg_rate_bucket
+    SET tokens  = LEAST(capacity, tokens + GREATEST(0, now - updated) * refill) - :n,
+        updated = GREATEST(updated, now)
+    WHERE key = :key
+      AND LEAST(capacity, tokens + GREATEST(0, now - updated) * refill) >= :n
+
+One row affected means granted. The row lock the UPDATE takes serialises
+concurrent takes on one bucket (SQLite: the database write lock), and the WHERE
+is re-checked on the row version the UPDATE finally locks, so two takes can
+never both spend the last token. Buckets of different tenants are different
+rows and do not wait for each other.
+
+Two engine details shape the statement:
+
+* MySQL evaluates SET assignments left to right, each seeing the columns
+  already assigned. ``tokens`` is therefore assigned before ``updated`` (and,
+  in a reconfiguration, before ``capacity`` and ``refill_per_second``), so
+  its refill uses the old values — hence ``ordered_values``.
+* PostgreSQL's clock (``clock_timestamp()``) moves within a statement. The
+  WHERE clause is evaluated before the SET list, so the SET sees the same or
+  a later time: at least as many tokens as the check saw, never a negative
+  balance. ``GREATEST(updated, now)`` keeps ``updated`` from going backwards
+  when transactions commit out of order or the clock steps back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from quotagate.domain.bucket import BucketConfig, BucketState, Decision, decide, refill
+from quotagate.errors import Conflict, NotFound
+from quotagate.rate.backend import Take, register
+from quotagate.rate.keys import BucketKey
+from quotagate.store import schema
+from quotagate.store.dialect import database_now, run_transaction
+from quotagate.store.engine import create_engine, normalise_url, redact
+
+bucket = schema.rate_bucket
+
+
+def _least(left: Any, right: Any) -> sa.ColumnElement[float]:
+    # CASE rather than LEAST/MIN: the one spelling all three engines share.
+    return sa.case((left < right, left), else_=right)
+
+
+def _greatest(left: Any, right: Any) -> sa.ColumnElement[float]:
+    return sa.case((left > right, left), else_=right)
+
+
+def _available(now: sa.ColumnElement[float]) -> sa.ColumnElement[float]:
+    """Tokens in the row as of ``now``: refilled since ``updated``, capped at capacity."""
+    elapsed = _greatest(sa.literal(0.0, sa.Double), now - bucket.c.updated)
+    return _least(bucket.c.capacity, bucket.c.tokens + elapsed * bucket.c.refill_per_second)
+
+
+def _config(row: Any) -> BucketConfig:
+    return BucketConfig(float(row.capacity), float(row.refill_per_second))
+
+
+def read(connection: sa.Connection, key: BucketKey) -> tuple[BucketConfig, float] | None:
+    """The bucket's shape and the tokens it holds now, or None if it has none."""
+    row = connection.execute(
+        sa.select(
+            bucket.c.capacity, bucket.c.refill_per_second, bucket.c.tokens, bucket.c.updated,
+            database_now(connection).label("now"),
+        ).where(bucket.c.key == key.name)
+    ).first()
+    if row is None:
+        return None
+    config = _config(row)
+    state = refill(config, BucketState(float(row.tokens), float(row.updated)), float(row.now))
+    return config, state.tokens
+
+
+def read_config(connection: sa.Connection, key: BucketKey) -> BucketConfig | None:
+    row = connection.execute(
+        sa.select(bucket.c.capacity, bucket.c.refill_per_second).where(bucket.c.key == key.name)
+    ).first()
+    return None if row is None else _config(row)
+
+
+def _tokens_after(connection: sa.Connection, statement: sa.Update, key: BucketKey) -> float | None:
+    """Run a bucket UPDATE; the row's tokens afterwards, or None if it matched nothing."""
+    if connection.dialect.update_returning:
+        row = connection.execute(statement.returning(bucket.c.tokens)).first()
+        return None if row is None else float(row.tokens)
+    if connection.execute(statement).rowcount != 1:
+        return None
+    # MySQL/MariaDB have no UPDATE … RETURNING; the row is ours until commit.
+    return float(
+        connection.execute(sa.select(bucket.c.tokens).where(bucket.c.key == key.name)).scalar_one()
+    )
+
+
+def take_in(connection: sa.Connection, key: BucketKey, amount: int = 1) -> Decision | None:
+    """Take ``amount`` tokens inside the caller's transaction; None if there is no bucket."""
+    now = database_now(connection)
+    available = _available(now)
+    statement = (
+        bucket.update()
+        .where(bucket.c.key == key.name, available >= amount)
+        .ordered_values(
+            (bucket.c.tokens, available - amount),
+            (bucket.c.updated, _greatest(bucket.c.updated, now)),
+        )
+    )
+    tokens = _tokens_after(connection, statement, key)
+    if tokens is not None:
+        config = read_config(connection, key)
+        assert config is not None  # we just updated the row, inside our transaction
+        return decide(config, tokens, amount, True)
+    current = read(connection, key)
+    if current is None:
+        return None
+    config, left = current
+    return decide(config, left, amount, False)
+
+
+def add_in(connection: sa.Connection, key: BucketKey, amount: int) -> float | None:
+    """Top up inside the caller's transaction; the tokens now, or None if there is no bucket."""
+    now = database_now(connection)
+    statement = (
+        bucket.update()
+        .where(bucket.c.key == key.name)
+        .ordered_values(
+            (bucket.c.tokens, _least(bucket.c.capacity, _available(now) + amount)),
+            (bucket.c.updated, _greatest(bucket.c.updated, now)),
+        )
+    )
+    return _tokens_after(connection, statement, key)
+
+
+def configure_in(
+    connection: sa.Connection, key: BucketKey, config: BucketConfig, *, fresh: bool
+) -> float:
+    """Create or reshape the bucket row inside the caller's transaction; the tokens now."""
+    now = database_now(connection)
+    if not fresh:
+        statement = (
+            bucket.update()
+            .where(bucket.c.key == key.name)
+            .ordered_values(
+                # Refill under the old shape until now, then cap at the new capacity:
+                # assigned first, so MySQL still sees the old columns here.
+                (bucket.c.tokens, _least(sa.literal(config.capacity, sa.Double), _available(now))),
+                (bucket.c.updated, _greatest(bucket.c.updated, now)),
+                (bucket.c.capacity, config.capacity),
+                (bucket.c.refill_per_second, config.refill_per_second),
+            )
+        )
+        tokens = _tokens_after(connection, statement, key)
+        if tokens is not None:
+            return tokens
+    connection.execute(bucket.delete().where(bucket.c.key == key.name))
+    connection.execute(
+        bucket.insert().from_select(
+            ["key", "tenant", "capacity", "refill_per_second", "tokens", "updated"],
+            sa.select(
+                sa.literal(key.name, bucket.c.key.type),
+                sa.literal(key.tenant, bucket.c.tenant.type),
+                sa.literal(config.capacity, sa.Double),
+                sa.literal(config.refill_per_second, sa.Double),
+                sa.literal(config.capacity, sa.Double),
+                now,
+            ),
+        )
+    )
+    return config.capacity
+
+
+def forget_in(connection: sa.Connection, key: BucketKey) -> bool:
+    return connection.execute(bucket.delete().where(bucket.c.key == key.name)).rowcount > 0
+
+
+class SqlRateStore:
+    """Buckets as rows of ``qg_rate_bucket`` in one SQL database.
+
+    On the ledger's own engine the gate calls :func:`take_in` inside the
+    submission's transaction instead, so the token and the request row commit
+    or roll back together; the methods here each run their own transaction.
+    """
+
+    def __init__(self, engine: Engine, *, owns_engine: bool = False) -> None:
+        self.engine = engine
+        self._owns_engine = owns_engine
+
+    @property
+    def description(self) -> str:
+        return redact(self.engine.url.render_as_string(hide_password=False))
+
+    def shares(self, engine: Engine) -> bool:
+        """Whether this store's buckets live in the database ``engine`` writes to."""
+        return self.engine is engine or self.engine.url == engine.url
+
+    def configure(self, key: BucketKey, config: BucketConfig, *, fresh: bool) -> float:
+        for _ in range(3):
+            try:
+                return run_transaction(
+                    self.engine,
+                    lambda connection: configure_in(connection, key, config, fresh=fresh),
+                )
+            except IntegrityError:
+                continue  # created concurrently; run again as a reshape
+        raise Conflict(f"rate bucket {key} is being configured concurrently; retry")
+
+    def take(self, key: BucketKey, config: BucketConfig, amount: int = 1) -> Decision:
+        decision = run_transaction(self.engine, lambda connection: take_in(connection, key, amount))
+        if decision is None:
+            raise NotFound(f"rate bucket {key} is not configured in {self.description}",
+                           code="unknown_rate_bucket")
+        return decision
+
+    def take_many(self, takes: Sequence[Take]) -> list[Decision]:
+        # One transaction per take: a batch would hold every row lock until the end.
+        return [self.take(item.key, item.config, item.amount) for item in takes]
+
+    def add(self, key: BucketKey, config: BucketConfig, amount: int) -> float:
+        tokens = run_transaction(self.engine, lambda connection: add_in(connection, key, amount))
+        if tokens is None:
+            raise NotFound(f"rate bucket {key} is not configured in {self.description}",
+                           code="unknown_rate_bucket")
+        return tokens
+
+    def peek(self, key: BucketKey, config: BucketConfig) -> float:
+        with self.engine.connect() as connection:
+            current = read(connection, key)
+        if current is None:
+            raise NotFound(f"rate bucket {key} is not configured in {self.description}",
+                           code="unknown_rate_bucket")
+        return current[1]
+
+    def forget(self, key: BucketKey) -> None:
+        run_transaction(self.engine, lambda connection: forget_in(connection, key))
+
+    def close(self) -> None:
+        if self._owns_engine:
+            self.engine.dispose()
+
+
+@register("sqlite", "postgresql", "postgres", "mysql", "mariadb")
+def _sql_store(url: str, ledger_engine: Engine | None) -> SqlRateStore:
+    if ledger_engine is not None and normalise_url(url) == ledger_engine.url:
+        return SqlRateStore(ledger_engine)
+    return SqlRateStore(create_engine(url), owns_engine=True)
