@@ -12,6 +12,8 @@ from quotagate.cli.common import (
     render_table,
     reports_errors,
 )
+from quotagate.cli.rate import describe_rate, rate_store_option
+from quotagate.domain.bucket import parse_rate
 from quotagate.store.engine import database_url, redact
 
 
@@ -34,28 +36,44 @@ def tenant() -> None:
 @click.argument("name")
 @click.option("--quota", "quotas", multiple=True, metavar="RESOURCE=CAP",
               help="Cap for one resource; repeat for several.")
+@click.option("--rate", default=None, metavar="capacity=N,refill=R",
+              help="Rate quota: a token bucket of N tokens gaining R per second "
+              "(refill=0: only 'quotagate tokens add' refills it); 'none' removes it.")
 @db_option
+@rate_store_option
 @reports_errors
-def tenant_set(name: str, quotas: tuple[str, ...], db_url: str | None) -> None:
+def tenant_set(
+    name: str, quotas: tuple[str, ...], rate: str | None, db_url: str | None,
+    rate_store: str | None,
+) -> None:
     """Create a tenant or change its quotas."""
-    with open_gate(db_url) as gate:
-        result = gate.set_tenant(name, parse_assignments(quotas, "quota"), actor="cli")
+    # Parse everything before changing anything: a bad --rate leaves the tenant untouched.
+    caps = parse_assignments(quotas, "quota")
+    bucket = parse_rate(rate) if rate is not None else None
+    with open_gate(db_url, rate_store=rate_store) as gate:
+        result = gate.set_tenant(name, caps, actor="cli")
+        status = gate.set_rate(name, bucket, actor="cli") if rate is not None else None
     _print_caps("tenant", name, result)
+    if rate is not None:
+        click.echo(describe_rate(status))
 
 
 @tenant.command("show")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @db_option
+@rate_store_option
 @reports_errors
-def tenant_show(name: str, as_json: bool, db_url: str | None) -> None:
-    """Show a tenant's quotas and use."""
-    with open_gate(db_url) as gate:
+def tenant_show(name: str, as_json: bool, db_url: str | None, rate_store: str | None) -> None:
+    """Show a tenant's quotas and use, and its rate quota's tokens left."""
+    with open_gate(db_url, rate_store=rate_store) as gate:
         described = gate.config.get_tenant(name)
+        described["rate"] = gate.rate_status(name)
     if as_json:
         echo_json(described)
     else:
         _print_caps("tenant", name, described["quota"])
+        click.echo(describe_rate(described["rate"]))
 
 
 @tenant.command("list")

@@ -1,0 +1,81 @@
+"""Rate-quota commands: ``quotagate tokens add``, and what ``tenant set/show`` share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from quotagate.cli.common import db_option, echo_json, open_gate, reports_errors
+from quotagate.rate.backend import ENVIRONMENT_VARIABLE
+from quotagate.rate.gate import format_tokens
+
+rate_store_option = click.option(
+    "--rate-store",
+    "rate_store",
+    envvar=ENVIRONMENT_VARIABLE,
+    default=None,
+    metavar="URL",
+    help="Where token buckets live: redis://HOST:PORT/DB, or a database URL. "
+    f"Default: the ledger database. Also ${ENVIRONMENT_VARIABLE}.",
+)
+
+
+def describe_rate(status: dict[str, Any] | None) -> str:
+    """One line: ``rate: 2 of 5 tokens left, refill 0/s (store …)``."""
+    if status is None:
+        return "rate: no rate quota (submissions are not rate limited)"
+    refill = status["refill_per_second"]
+    refill_text = "no refill: top up with 'quotagate tokens add'" if refill == 0 else (
+        f"refill {refill:g}/s")
+    return (f"rate: {format_tokens(status['tokens'])} of {status['capacity']} tokens left, "
+            f"{refill_text} (store {status['store']})")
+
+
+@click.group()
+def tokens() -> None:
+    """Tokens of a tenant's rate quota (its token bucket)."""
+
+
+@tokens.command("add")
+@click.argument("tenant")
+@click.argument("amount", type=int)
+@click.option("--topic", default=None, help="The tenant's bucket for one topic.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@db_option
+@rate_store_option
+@reports_errors
+def tokens_add(
+    tenant: str, amount: int, topic: str | None, as_json: bool, db_url: str | None,
+    rate_store: str | None,
+) -> None:
+    """Top up TENANT's bucket by AMOUNT tokens (never above its capacity)."""
+    with open_gate(db_url, rate_store=rate_store) as gate:
+        status = gate.add_tokens(tenant, amount, topic=topic, actor="cli")
+    if as_json:
+        echo_json(status)
+    else:
+        click.echo(f"tenant {tenant}: added {amount}")
+        click.echo(describe_rate(status))
+
+
+@tokens.command("show")
+@click.argument("tenant")
+@click.option("--topic", default=None, help="The tenant's bucket for one topic.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@db_option
+@rate_store_option
+@reports_errors
+def tokens_show(
+    tenant: str, topic: str | None, as_json: bool, db_url: str | None, rate_store: str | None
+) -> None:
+    """Show TENANT's bucket: capacity, refill and tokens left."""
+    with open_gate(db_url, rate_store=rate_store) as gate:
+        status = gate.rate_status(tenant, topic=topic)
+    if as_json:
+        echo_json(status)
+    else:
+        click.echo(describe_rate(status))
+
+
+COMMANDS = [tokens]
