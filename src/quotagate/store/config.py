@@ -13,6 +13,7 @@ from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import validate_amounts, validate_name
 from quotagate.errors import Conflict, NotFound
 from quotagate.store import schema
+from quotagate.store.dialect import reading
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.dialect import run_transaction
 from quotagate.store.rows import usage_by_holder
@@ -103,7 +104,7 @@ class Configuration:
     def _get(
         self, holder_table: sa.Table, cap_table: sa.Table, holder: str, name: str
     ) -> dict[str, Any]:
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             row = connection.execute(
                 sa.select(holder_table).where(holder_table.c.name == name)
             ).mappings().first()
@@ -114,9 +115,9 @@ class Configuration:
         return {"name": name, "created": row["created"], key: resources}
 
     def list_tenants(self) -> list[str]:
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             return list(connection.execute(sa.select(schema.tenant.c.name).order_by("name")).scalars())
 
     def list_pools(self) -> list[str]:
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             return list(connection.execute(sa.select(schema.pool.c.name).order_by("name")).scalars())

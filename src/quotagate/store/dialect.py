@@ -7,7 +7,8 @@ the database's clock?) instead of comparing dialect names all over.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 import sqlalchemy as sa
@@ -74,6 +75,38 @@ def is_unreachable(error: DBAPIError) -> bool:
     return False
 
 
+def is_schema_missing(error: DBAPIError) -> bool:
+    message = str(error.orig).lower()
+    return "qg_" in message and any(
+        phrase in message for phrase in ("no such table", "doesn't exist", "does not exist")
+    )
+
+
+def translate(error: DBAPIError) -> Exception:
+    """The domain error for a driver error, or the error itself when none fits."""
+    if is_unreachable(error):
+        return StoreUnavailable("the ledger database cannot be reached; nothing was changed")
+    if is_schema_missing(error):
+        return StoreUnavailable(
+            "the ledger schema is missing in this database; run 'quotagate init' first",
+            code="schema_missing",
+        )
+    return error
+
+
+@contextmanager
+def reading(engine: Engine) -> Iterator[sa.Connection]:
+    """A connection for read-only views, with driver errors translated."""
+    try:
+        with engine.connect() as connection:
+            yield connection
+    except DBAPIError as error:
+        translated = translate(error)
+        if translated is error:
+            raise
+        raise translated from error
+
+
 def run_transaction(
     engine: Engine, work: Callable[[sa.Connection], T], *, attempts: int = 20
 ) -> T:
@@ -88,10 +121,9 @@ def run_transaction(
             with engine.begin() as connection:
                 return work(connection)
         except DBAPIError as error:
-            if is_unreachable(error):
-                raise StoreUnavailable(
-                    "the ledger database cannot be reached; nothing was changed",
-                ) from error
+            translated = translate(error)
+            if translated is not error:
+                raise translated from error
             if attempt + 1 < attempts and is_retryable(error):
                 time.sleep(delay)
                 delay = min(delay * 2, 0.2)

@@ -375,7 +375,7 @@ class Ledger:
         query = sa.select(heads[0]) if len(heads) == 1 else sa.union_all(
             *(sa.select(head) for head in heads)
         )
-        rows = sorted(connection.execute(query).tuples(), key=lambda row: (row[3], row[4], row[0]))
+        rows = sorted(connection.execute(query), key=lambda row: (row[3], row[4], row[0]))
         return [Candidate(row[0], row[1], decode_cost(row[2])) for row in rows]
 
     def _lock_waiting(self, connection: sa.Connection, ids: list[str]) -> set[str]:
@@ -565,7 +565,7 @@ class Ledger:
         )
         if supports_skip_locked(connection):
             query = query.with_for_update(skip_locked=True)
-        rows = connection.execute(query).tuples().all()
+        rows = connection.execute(query).all()
         if not rows:
             return 0
         connection.execute(

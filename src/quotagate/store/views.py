@@ -13,6 +13,7 @@ from quotagate.domain.ordering import effective_priority
 from quotagate.domain.placement import blocking_resources, fits, total_cost
 from quotagate.errors import NotFound
 from quotagate.store import schema
+from quotagate.store.dialect import reading
 from quotagate.store.rows import decode_cost, pool_usage, request_from_row, tenant_usage
 
 
@@ -39,7 +40,7 @@ class LedgerViews:
         self.admission_window = admission_window
 
     def show(self, request_id: str, *, tenant: str | None = None) -> Request:
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             row = connection.execute(
                 sa.select(schema.request).where(schema.request.c.id == request_id)
             ).mappings().first()
@@ -48,7 +49,7 @@ class LedgerViews:
         return request_from_row(row)
 
     def usage(self) -> dict[str, list[dict[str, Any]]]:
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             return {
                 "tenants": _usage_rows(tenant_usage(connection), "tenant"),
                 "pools": _usage_rows(pool_usage(connection), "pool"),
@@ -72,7 +73,7 @@ class LedgerViews:
             .order_by(request.c.created.desc(), request.c.id.desc())
             .limit(limit)
         )
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             requests = [
                 {
                     "id": row.id,
@@ -120,7 +121,7 @@ class LedgerViews:
 
     def explain(self, request_id: str, *, tenant: str | None = None) -> dict[str, Any]:
         """Why a waiting request is not admitted yet."""
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             row = connection.execute(
                 sa.select(schema.request).where(schema.request.c.id == request_id)
             ).mappings().first()
@@ -181,7 +182,7 @@ class LedgerViews:
     def check_invariants(self) -> list[str]:
         """Invariants 1 and 2 over the whole ledger; an empty list means they hold."""
         violations: list[str] = []
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             rows = connection.execute(
                 sa.select(
                     schema.request.c.id, schema.request.c.tenant, schema.request.c.pool,
