@@ -1,0 +1,72 @@
+"""The one authorization decision: may this actor do this operation for this tenant?
+
+Seed 004's control plane hands its pluggable authorizer a ``(tenant, actor,
+operation)`` triple; we keep exactly that shape so a deployment can replace the
+rule (groups from its identity provider, read-only tokens, …) without touching
+the HTTP layer. Authentication (which token is this?) is separate and happens
+before: the authorizer only ever sees an authenticated :class:`Actor`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# Operations, named "<area>.<verb>". The HTTP layer asks about exactly these.
+TENANT_SET = "tenant.set"
+TENANT_READ = "tenant.read"
+POOL_SET = "pool.set"
+POOL_READ = "pool.read"
+USAGE_READ = "usage.read"
+REQUEST_SUBMIT = "request.submit"
+REQUEST_READ = "request.read"
+REQUEST_LIST = "request.list"
+REQUEST_CANCEL = "request.cancel"
+REQUEST_COMPLETE = "request.complete"
+REQUEST_FAIL = "request.fail"
+AUDIT_READ = "audit.read"
+
+ADMIN_OPERATIONS = frozenset({TENANT_SET, POOL_SET, POOL_READ})
+OPERATIONS = frozenset(
+    {
+        TENANT_SET, TENANT_READ, POOL_SET, POOL_READ, USAGE_READ, REQUEST_SUBMIT, REQUEST_READ,
+        REQUEST_LIST, REQUEST_CANCEL, REQUEST_COMPLETE, REQUEST_FAIL, AUDIT_READ,
+    }
+)
+# Operations on one request: refusing them says "not found", so a tenant cannot
+# learn that another tenant's request id exists.
+REQUEST_OPERATIONS = frozenset({REQUEST_READ, REQUEST_CANCEL, REQUEST_COMPLETE, REQUEST_FAIL})
+
+
+@dataclass(frozen=True)
+class Actor:
+    """An authenticated caller: an admin, or a token scoped to one tenant."""
+
+    token_id: str
+    admin: bool
+    tenant: str | None = None
+    label: str | None = None
+
+    @property
+    def name(self) -> str:
+        """How the audit log names this caller (never the secret)."""
+        return f"token:{self.token_id}"
+
+
+# (tenant the operation concerns or None for platform-wide ones, actor, operation) → allowed?
+Authorizer = Callable[[str | None, Actor, str], bool]
+
+
+def default_authorizer(tenant: str | None, actor: Actor, operation: str) -> bool:
+    """Admins may do everything; a tenant token acts on its own tenant only.
+
+    Platform-wide reads (``tenant`` is None, e.g. usage or audit) are allowed to
+    tenant tokens because the HTTP layer narrows them to the actor's tenant.
+    """
+    if actor.admin:
+        return True
+    if operation in ADMIN_OPERATIONS:
+        return False
+    if tenant is None:
+        return operation in (USAGE_READ, AUDIT_READ)
+    return actor.tenant == tenant

@@ -1,0 +1,168 @@
+"""API tokens: shown once at creation, stored only as a hash, revocable.
+
+A token reads ``qg_<id>_<secret>``. The id is public (it names the token in
+listings and the audit log) and finds the row; the secret is 256 random bits of
+which only the SHA-256 is stored. A plain hash is enough here, unlike for
+passwords: the secret is random and long, so there is nothing to guess.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from quotagate.auth.authorizer import Actor
+from quotagate.domain.clock import Clock, SystemClock
+from quotagate.domain.model import validate_name
+from quotagate.errors import InvalidInput, NotFound, Unauthorized
+from quotagate.store import schema
+from quotagate.store.audit import AuditEntry, record
+from quotagate.store.dialect import run_transaction
+
+PREFIX = "qg"
+_ID_BYTES = 8
+_SECRET_BYTES = 32
+_MAX_LABEL = 128
+# Compared against when the id is unknown, so both paths do the same work.
+_TOKEN_ID = re.compile(r"[0-9a-f]{1,32}")
+_DUMMY_HASH = hashlib.sha256(b"no such token").hexdigest()
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def parse_token(text: str) -> tuple[str, str]:
+    """``qg_<id>_<secret>`` → ``(id, secret)``, or Unauthorized."""
+    prefix, _, rest = text.partition("_")
+    token_id, _, secret = rest.partition("_")
+    if (
+        prefix != PREFIX or not secret or len(secret) > 256
+        or not _TOKEN_ID.fullmatch(token_id)
+    ):
+        raise Unauthorized("the token is not a quotagate token", code="invalid_token")
+    return token_id, secret
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    id: str
+    admin: bool
+    tenant: str | None
+    label: str | None
+    created: float
+    revoked: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "admin": self.admin, "tenant": self.tenant, "label": self.label,
+            "created": self.created, "revoked": self.revoked,
+        }
+
+
+@dataclass(frozen=True)
+class CreatedToken:
+    info: TokenInfo
+    # The only time the full token exists outside the caller's hands.
+    token: str
+
+
+def _info(row: Any) -> TokenInfo:
+    return TokenInfo(
+        id=row["id"], admin=bool(row["admin"]), tenant=row["tenant"], label=row["label"],
+        created=row["created"], revoked=row["revoked"],
+    )
+
+
+class TokenStore:
+    def __init__(self, engine: Engine, *, clock: Clock | None = None) -> None:
+        self.engine = engine
+        self.clock: Clock = clock or SystemClock()
+
+    def create(
+        self,
+        *,
+        admin: bool = False,
+        tenant: str | None = None,
+        label: str | None = None,
+        actor: str = "cli",
+    ) -> CreatedToken:
+        """A new admin token, or one scoped to ``tenant`` (exactly one of the two)."""
+        if admin == (tenant is not None):
+            raise InvalidInput(
+                "a token is either an admin token or scoped to one tenant",
+                code="invalid_token_scope",
+            )
+        if tenant is not None:
+            validate_name(tenant, "tenant")
+        if label is not None and len(label) > _MAX_LABEL:
+            raise InvalidInput(f"label is longer than {_MAX_LABEL} characters",
+                               code="invalid_label")
+        token_id = secrets.token_hex(_ID_BYTES)
+        secret = secrets.token_urlsafe(_SECRET_BYTES)
+
+        def work(connection: sa.Connection) -> TokenInfo:
+            now = self.clock.now()
+            row = {
+                "id": token_id, "secret_hash": hash_secret(secret), "tenant": tenant,
+                "admin": admin, "label": label, "created": now, "revoked": None,
+            }
+            connection.execute(schema.api_token.insert().values(**row))
+            scope = "admin" if admin else f"tenant={tenant}"
+            record(connection, now, AuditEntry(actor, "token.create", "ok", tenant,
+                                               f"token/{token_id}", scope))
+            return _info(row)
+
+        info = run_transaction(self.engine, work)
+        return CreatedToken(info, f"{PREFIX}_{token_id}_{secret}")
+
+    def list(self, *, include_revoked: bool = True) -> list[TokenInfo]:
+        query = sa.select(schema.api_token).order_by(schema.api_token.c.created,
+                                                    schema.api_token.c.id)
+        if not include_revoked:
+            query = query.where(schema.api_token.c.revoked.is_(None))
+        with self.engine.connect() as connection:
+            return [_info(row) for row in connection.execute(query).mappings()]
+
+    def revoke(self, token_id: str, *, actor: str = "cli") -> TokenInfo:
+        """Revoke a token; it is refused from the next request on. Revoking twice is a no-op."""
+
+        def work(connection: sa.Connection) -> TokenInfo:
+            table = schema.api_token
+            row = connection.execute(
+                sa.select(table).where(table.c.id == token_id).with_for_update()
+            ).mappings().first()
+            if row is None:
+                raise NotFound(f"token {token_id!r} does not exist", code="unknown_token")
+            if row["revoked"] is not None:
+                return _info(row)
+            now = self.clock.now()
+            connection.execute(table.update().where(table.c.id == token_id).values(revoked=now))
+            record(connection, now, AuditEntry(actor, "token.revoke", "ok", row["tenant"],
+                                               f"token/{token_id}"))
+            return _info({**row, "revoked": now})
+
+        return run_transaction(self.engine, work)
+
+    def authenticate(self, text: str) -> Actor:
+        """The actor a bearer token stands for, or Unauthorized (the same for every failure)."""
+        token_id, secret = parse_token(text)
+        table = schema.api_token
+        with self.engine.connect() as connection:
+            row = connection.execute(
+                sa.select(table).where(table.c.id == token_id)
+            ).mappings().first()
+        stored = row["secret_hash"] if row is not None else _DUMMY_HASH
+        matches = hmac.compare_digest(stored, hash_secret(secret))
+        if row is None or not matches or row["revoked"] is not None:
+            # One answer for unknown, wrong and revoked: a caller learns nothing.
+            raise Unauthorized("the token is unknown, wrong or revoked", code="invalid_token")
+        return Actor(token_id=row["id"], admin=bool(row["admin"]), tenant=row["tenant"],
+                     label=row["label"])

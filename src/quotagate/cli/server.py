@@ -1,0 +1,62 @@
+"""``quotagate serve``: the HTTP API plus admission (and delivery) workers."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+import sqlalchemy as sa
+
+from quotagate.app import Quotagate
+from quotagate.cli.common import db_option, open_gate, reports_errors
+from quotagate.errors import StoreUnavailable
+from quotagate.store import schema
+from quotagate.store.engine import database_url, redact
+
+
+def ensure_schema(gate: Quotagate) -> None:
+    """Create the schema if absent, so the embedded SQLite default needs no `init`."""
+    try:
+        present = sa.inspect(gate.engine).has_table(schema.request.name)
+    except sa.exc.OperationalError as error:
+        raise StoreUnavailable("the ledger database cannot be reached") from error
+    if not present:
+        click.echo("creating the ledger schema", err=True)
+        gate.init()
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; loopback unless you mean to expose it.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--admit-interval", default=0.2, show_default=True, type=click.FloatRange(0.01),
+              help="Seconds between admission polls when nothing fits.")
+@click.option("--admit-batch", default=16, show_default=True, type=click.IntRange(1, 1000),
+              help="Requests admitted per transaction.")
+@click.option("--no-workers", is_flag=True,
+              help="Serve the API only; run admission and delivery elsewhere.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--access-log", is_flag=True, help="Log every HTTP request.")
+@db_option
+@reports_errors
+def serve(
+    host: str, port: int, admit_interval: float, admit_batch: int, no_workers: bool,
+    log_level: str, access_log: bool, db_url: str | None,
+) -> None:
+    """Run the HTTP API, admission and delivery until SIGTERM."""
+    from quotagate.http import service
+
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    gate = open_gate(db_url)
+    ensure_schema(gate)
+    click.echo(f"quotagate serving http://{host}:{port} on {redact(database_url(db_url))}",
+               err=True)
+    sys.exit(service.run(
+        gate, host=host, port=port, admit_interval=admit_interval, admit_batch=admit_batch,
+        workers=not no_workers, log_level=log_level, access_log=access_log,
+    ))
+
+
+COMMANDS = [serve]

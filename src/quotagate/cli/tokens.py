@@ -1,0 +1,96 @@
+"""``quotagate token …`` (API tokens) and ``quotagate audit`` (the audit log)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import click
+
+from quotagate.auth.tokens import TokenStore
+from quotagate.cli.common import db_option, echo_json, open_gate, render_table, reports_errors
+from quotagate.cli.server import ensure_schema
+from quotagate.errors import InvalidInput
+from quotagate.store.listing import MAX_PAGE, list_audit
+
+
+def _when(epoch: float | None) -> str:
+    return "" if epoch is None else datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@click.group()
+def token() -> None:
+    """API tokens for the HTTP API (stored only as hashes)."""
+
+
+@token.command("create")
+@click.option("--admin", is_flag=True, help="A token for every operation on every tenant.")
+@click.option("--tenant", default=None, help="A token that acts on this tenant only.")
+@click.option("--label", default=None, help="A note to recognise the token by.")
+@db_option
+@reports_errors
+def token_create(admin: bool, tenant: str | None, label: str | None, db_url: str | None) -> None:
+    """Create a token and print it once; only its hash is kept."""
+    if admin == (tenant is not None):
+        raise InvalidInput("give exactly one of --admin or --tenant NAME",
+                           code="invalid_token_scope")
+    with open_gate(db_url) as gate:
+        # The first admin token usually comes before the first `serve`.
+        ensure_schema(gate)
+        created = TokenStore(gate.engine, clock=gate.clock).create(
+            admin=admin, tenant=tenant, label=label, actor="cli"
+        )
+    scope = "admin" if admin else f"tenant {tenant}"
+    click.echo(f"created token {created.info.id} ({scope}); it is shown only now:", err=True)
+    click.echo(created.token)
+
+
+@token.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@db_option
+@reports_errors
+def token_list(as_json: bool, db_url: str | None) -> None:
+    """List tokens (ids and scopes; never secrets)."""
+    with open_gate(db_url) as gate:
+        tokens = TokenStore(gate.engine).list()
+    if as_json:
+        echo_json([info.to_dict() for info in tokens])
+        return
+    click.echo(render_table(
+        ["id", "scope", "label", "created", "revoked"],
+        [[info.id, "admin" if info.admin else f"tenant={info.tenant}", info.label,
+          _when(info.created), _when(info.revoked)] for info in tokens],
+    ))
+
+
+@token.command("revoke")
+@click.argument("token_id")
+@db_option
+@reports_errors
+def token_revoke(token_id: str, db_url: str | None) -> None:
+    """Revoke a token: the API refuses it from the next request on."""
+    with open_gate(db_url) as gate:
+        info = TokenStore(gate.engine, clock=gate.clock).revoke(token_id, actor="cli")
+    click.echo(f"revoked token {info.id} at {_when(info.revoked)}")
+
+
+@click.command()
+@click.option("--tenant", default=None, help="Only this tenant's entries.")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, MAX_PAGE))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@db_option
+@reports_errors
+def audit(tenant: str | None, limit: int, as_json: bool, db_url: str | None) -> None:
+    """The audit log, newest first: every decision and admin change."""
+    with open_gate(db_url) as gate:
+        page = list_audit(gate.engine, tenant=tenant, limit=limit)
+    if as_json:
+        echo_json(page.items)
+        return
+    click.echo(render_table(
+        ["id", "at", "actor", "tenant", "operation", "target", "outcome", "reason"],
+        [[entry["id"], _when(entry["at"]), entry["actor"], entry["tenant"], entry["operation"],
+          entry["target"], entry["outcome"], entry["reason"]] for entry in page.items],
+    ))
+
+
+COMMANDS = [token, audit]

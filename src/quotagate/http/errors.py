@@ -1,0 +1,76 @@
+"""The one place where errors become HTTP answers: ``{"code", "message"}`` and a status."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError
+from starlette.exceptions import HTTPException
+
+from quotagate.errors import QuotagateError, RateLimited, StoreUnavailable
+from quotagate.store.dialect import is_unreachable
+
+log = logging.getLogger("quotagate.http")
+
+_CODES_BY_STATUS = {
+    400: "invalid_input", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+    405: "method_not_allowed", 409: "conflict", 413: "body_too_large", 422: "invalid_input",
+}
+
+
+def error_response(error: QuotagateError) -> JSONResponse:
+    headers = {}
+    if isinstance(error, RateLimited):
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
+    if error.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(error.to_dict(), status_code=error.status, headers=headers)
+
+
+async def _quotagate_error(_request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, QuotagateError)
+    return error_response(error)
+
+
+async def _validation_error(_request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, RequestValidationError)
+    problems = []
+    for problem in error.errors()[:5]:
+        where = ".".join(str(part) for part in problem.get("loc", ()))
+        problems.append(f"{where}: {problem.get('msg', 'invalid')}")
+    message = "invalid request: " + "; ".join(problems) if problems else "invalid request"
+    return JSONResponse({"code": "invalid_input", "message": message[:1000]}, status_code=422)
+
+
+async def _http_error(_request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, HTTPException)
+    code = _CODES_BY_STATUS.get(error.status_code, "http_error")
+    return JSONResponse({"code": code, "message": str(error.detail)},
+                        status_code=error.status_code, headers=error.headers)
+
+
+async def _database_error(_request: Request, error: Exception) -> JSONResponse:
+    # Reads go straight to the engine (not through run_transaction), so a
+    # database that went away surfaces here as a driver error.
+    assert isinstance(error, DBAPIError)
+    if is_unreachable(error):
+        return error_response(StoreUnavailable("the ledger database cannot be reached"))
+    log.exception("database error", exc_info=error)
+    return JSONResponse({"code": "internal_error", "message": "internal error"}, status_code=500)
+
+
+async def _unexpected_error(_request: Request, error: Exception) -> JSONResponse:
+    log.exception("unexpected error", exc_info=error)
+    return JSONResponse({"code": "internal_error", "message": "internal error"}, status_code=500)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(QuotagateError, _quotagate_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(DBAPIError, _database_error)
+    app.add_exception_handler(Exception, _unexpected_error)

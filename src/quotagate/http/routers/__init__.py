@@ -1,0 +1,1 @@
+"""One router per area; ``quotagate.http.app.ROUTERS`` lists them."""

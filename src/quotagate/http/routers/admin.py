@@ -1,0 +1,55 @@
+"""Tenants, pools and usage: changes need an admin token."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from quotagate.auth import authorizer as operations
+from quotagate.domain.model import validate_name
+from quotagate.http.context import Context
+from quotagate.http.models import PoolBody, TenantBody
+from quotagate.http.security import CurrentActor, authorize
+
+router = APIRouter(prefix="/v1", tags=["admin"])
+
+
+@router.put("/tenants/{tenant}", summary="Create a tenant or change its quotas (admin)")
+def put_tenant(
+    tenant: str, body: TenantBody, context: Context, actor: CurrentActor
+) -> dict[str, Any]:
+    authorize(context, actor, tenant, operations.TENANT_SET)
+    context.gate.set_tenant(tenant, body.quota, actor=actor.name)
+    return context.gate.config.get_tenant(tenant)
+
+
+@router.get("/tenants/{tenant}", summary="A tenant's quotas and use")
+def get_tenant(tenant: str, context: Context, actor: CurrentActor) -> dict[str, Any]:
+    authorize(context, actor, tenant, operations.TENANT_READ)
+    validate_name(tenant, "tenant")
+    return context.gate.config.get_tenant(tenant)
+
+
+@router.put("/pools/{pool}", summary="Create a pool or change its capacity (admin)")
+def put_pool(pool: str, body: PoolBody, context: Context, actor: CurrentActor) -> dict[str, Any]:
+    authorize(context, actor, None, operations.POOL_SET)
+    context.gate.set_pool(pool, body.capacity, actor=actor.name)
+    return context.gate.config.get_pool(pool)
+
+
+@router.get("/pools/{pool}", summary="A pool's capacity and use (admin)")
+def get_pool(pool: str, context: Context, actor: CurrentActor) -> dict[str, Any]:
+    authorize(context, actor, None, operations.POOL_READ)
+    validate_name(pool, "pool")
+    return context.gate.config.get_pool(pool)
+
+
+@router.get("/usage", summary="Used and cap per tenant and pool resource")
+def get_usage(context: Context, actor: CurrentActor) -> dict[str, list[dict[str, Any]]]:
+    authorize(context, actor, None, operations.USAGE_READ)
+    usage = context.gate.usage()
+    if not actor.admin:
+        # A tenant sees its own quotas, and the pools everyone shares.
+        usage["tenants"] = [row for row in usage["tenants"] if row["tenant"] == actor.tenant]
+    return usage

@@ -1,0 +1,147 @@
+"""A tenant's requests: submit, read, list, cancel, complete, fail."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
+
+from quotagate.auth import authorizer as operations
+from quotagate.auth.authorizer import Actor
+from quotagate.domain.model import RequestState, validate_name, validate_request_id
+from quotagate.errors import Conflict, NotFound, QuotagateError
+from quotagate.http.context import ApiContext, Context
+from quotagate.http.models import ReleaseBody, SubmitBody
+from quotagate.http.security import CurrentActor, authorize
+from quotagate.store.ledger import SubmitResult
+from quotagate.store.listing import MAX_PAGE, list_requests, read_binding
+
+router = APIRouter(prefix="/v1/tenants/{tenant}/requests", tags=["requests"])
+
+
+@router.post(
+    "",
+    status_code=202,
+    summary="Submit a request (202 new, 200 identical replay, 409 changed)",
+    responses={200: {"description": "An identical submission was already recorded"},
+               409: {"description": "The id is in use with different content"}},
+)
+def submit(tenant: str, body: SubmitBody, context: Context, actor: CurrentActor) -> JSONResponse:
+    authorize(context, actor, tenant, operations.REQUEST_SUBMIT)
+    try:
+        result = _submit(context, actor, tenant, body)
+    except QuotagateError as error:
+        context.metrics.rejections.labels(tenant, error.code).inc()
+        raise
+    context.metrics.submissions.labels(tenant, "created" if result.created else "replayed").inc()
+    return JSONResponse(result.request.to_dict(), status_code=202 if result.created else 200)
+
+
+def _submit(context: ApiContext, actor: Actor, tenant: str, body: SubmitBody) -> SubmitResult:
+    try:
+        return context.gate.submit(
+            body.id, tenant, body.cost, priority=body.priority, payload=body.payload,
+            target=body.target, actor=actor.name,
+        )
+    except Conflict as conflict:
+        # Request ids are global. If another tenant holds this one, say only
+        # that it is taken: neither who holds it nor what it contains.
+        try:
+            owner = context.gate.show(body.id).tenant
+        except NotFound:
+            raise conflict from None
+        if owner != tenant:
+            raise Conflict(
+                f"request id {body.id!r} is already in use; choose another id",
+                code="request_id_taken",
+            ) from None
+        raise
+
+
+@router.get("", summary="The tenant's requests, newest first, with cursor pagination")
+def list_tenant_requests(
+    tenant: str,
+    context: Context,
+    actor: CurrentActor,
+    state: RequestState | None = None,
+    cursor: Annotated[str | None, Query(max_length=512)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+) -> dict[str, Any]:
+    authorize(context, actor, tenant, operations.REQUEST_LIST)
+    validate_name(tenant, "tenant")
+    page = list_requests(context.gate.engine, tenant, state=state, cursor=cursor, limit=limit)
+    return {"requests": page.items, "next_cursor": page.next_cursor}
+
+
+@router.get("/{request_id}", summary="One request, its binding, and for a waiting one its queue")
+def get_request(
+    tenant: str, request_id: str, context: Context, actor: CurrentActor
+) -> dict[str, Any]:
+    authorize(context, actor, tenant, operations.REQUEST_READ, request_id=request_id)
+    _check(tenant, request_id)
+    gate = context.gate
+    request = gate.views.show(request_id, tenant=tenant)
+    data = request.to_dict()
+    data["binding"] = read_binding(gate.engine, request_id)
+    data["queue"] = None
+    if request.state == RequestState.WAITING:
+        explained = gate.views.explain(request_id, tenant=tenant)
+        if explained.get("waiting"):
+            data["queue"] = {
+                "position": explained["position"],
+                "tenant_position": explained["tenant_position"],
+                "effective_priority": explained["effective_priority"],
+                "waited_seconds": explained["waited_seconds"],
+                # Others' usage stays hidden: a tenant sees its own quota
+                # blocks and only the names of pools that lack room.
+                "tenant_blocked_by": explained["tenant_blocked_by"],
+                "pools_blocked": explained["pools_blocked"],
+                "fitting_pools": explained["fitting_pools"],
+                "reason": explained["reason"],
+            }
+    return data
+
+
+def _release(
+    context: ApiContext, actor: Actor, tenant: str, request_id: str, operation: str,
+    to_state: RequestState, reason: str | None,
+) -> dict[str, Any]:
+    authorize(context, actor, tenant, operation, request_id=request_id)
+    _check(tenant, request_id)
+    result = context.gate.ledger.release(
+        request_id, to_state, reason=reason, actor=actor.name, tenant=tenant
+    )
+    return {**result.request.to_dict(), "released": result.released}
+
+
+@router.post("/{request_id}/cancel", summary="Cancel a request; a reserved one returns its cost")
+def cancel(
+    tenant: str, request_id: str, context: Context, actor: CurrentActor,
+    body: ReleaseBody | None = None,
+) -> dict[str, Any]:
+    return _release(context, actor, tenant, request_id, operations.REQUEST_CANCEL,
+                    RequestState.CANCELLED, body.reason if body else None)
+
+
+@router.post("/{request_id}/complete", summary="Mark a request completed (executors)")
+def complete(
+    tenant: str, request_id: str, context: Context, actor: CurrentActor,
+    body: ReleaseBody | None = None,
+) -> dict[str, Any]:
+    return _release(context, actor, tenant, request_id, operations.REQUEST_COMPLETE,
+                    RequestState.COMPLETED, body.reason if body else None)
+
+
+@router.post("/{request_id}/fail", summary="Mark a request failed (executors)")
+def fail(
+    tenant: str, request_id: str, context: Context, actor: CurrentActor,
+    body: ReleaseBody | None = None,
+) -> dict[str, Any]:
+    return _release(context, actor, tenant, request_id, operations.REQUEST_FAIL,
+                    RequestState.FAILED, body.reason if body else None)
+
+
+def _check(tenant: str, request_id: str) -> None:
+    validate_name(tenant, "tenant")
+    validate_request_id(request_id)

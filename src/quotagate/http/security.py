@@ -1,0 +1,70 @@
+"""Authentication (which token?) and the call into the authorizer hook (may it?)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+from fastapi import Depends
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.exc import SQLAlchemyError
+
+from quotagate.auth.authorizer import REQUEST_OPERATIONS, Actor
+from quotagate.errors import Forbidden, NotFound, QuotagateError, Unauthorized
+from quotagate.http.context import ApiContext, Context
+from quotagate.store.audit import AuditEntry, record
+from quotagate.store.dialect import run_transaction
+
+log = logging.getLogger("quotagate.http")
+
+_bearer = HTTPBearer(auto_error=False, description="An API token: `quotagate token create`")
+
+
+def current_actor(
+    context: Context,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Actor:
+    if credentials is None:
+        context.metrics.auth_refusals.labels("unauthenticated").inc()
+        raise Unauthorized("send an API token as 'Authorization: Bearer <token>'",
+                           code="missing_token")
+    try:
+        return context.tokens.authenticate(credentials.credentials)
+    except Unauthorized:
+        # Not audited: an unauthenticated caller must not be able to make us write.
+        context.metrics.auth_refusals.labels("unauthenticated").inc()
+        raise
+
+
+CurrentActor = Annotated[Actor, Depends(current_actor)]
+
+
+def authorize(
+    context: ApiContext,
+    actor: Actor,
+    tenant: str | None,
+    operation: str,
+    *,
+    request_id: str | None = None,
+) -> None:
+    """Ask the authorizer; refuse with 404 for single requests (hides existence), else 403."""
+    if context.authorizer(tenant, actor, operation):
+        return
+    context.metrics.auth_refusals.labels("forbidden").inc()
+    target = f"{tenant}/{request_id}" if request_id else (f"tenant/{tenant}" if tenant else None)
+    _audit_refusal(context, actor, operation, target)
+    if operation in REQUEST_OPERATIONS:
+        raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
+    scope = f"tenant {tenant!r}" if tenant else "the whole platform"
+    raise Forbidden(f"this token may not {operation} for {scope}", code="forbidden")
+
+
+def _audit_refusal(context: ApiContext, actor: Actor, operation: str, target: str | None) -> None:
+    # Recorded under the actor's own tenant, so a tenant sees its own refused
+    # attempts and the tenant it aimed at learns nothing.
+    entry = AuditEntry(actor.name, operation, "refused", actor.tenant, target, "not authorized")
+    now = context.gate.clock.now()
+    try:
+        run_transaction(context.gate.engine, lambda connection: record(connection, now, entry))
+    except (QuotagateError, SQLAlchemyError):
+        log.warning("could not record an authorization refusal in the audit log")

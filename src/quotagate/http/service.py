@@ -1,0 +1,149 @@
+"""One ``serve`` process: the API, an admission loop and (when installed) the dispatcher.
+
+Shutdown order on SIGTERM/SIGINT: uvicorn stops accepting connections and
+lets in-flight requests (each one transaction) finish; then the worker threads
+are told to stop and joined, so an admission pass in progress commits or rolls
+back whole and a dispatcher can give up its lease before the process exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+
+from quotagate.app import Quotagate
+from quotagate.errors import StoreUnavailable
+from quotagate.observability.metrics import Metrics
+from quotagate.store import schema
+
+log = logging.getLogger("quotagate.serve")
+
+_MAX_BACKOFF = 5.0
+
+
+class Worker(Protocol):
+    def run(self, stop: threading.Event) -> None: ...
+
+
+class AdmissionLoop:
+    """Admit in batches while work fits; poll every ``interval`` seconds when idle."""
+
+    def __init__(
+        self, gate: Quotagate, metrics: Metrics, *, batch: int = 16, interval: float = 0.2
+    ) -> None:
+        self.gate = gate
+        self.metrics = metrics
+        self.batch = batch
+        self.interval = interval
+
+    def run(self, stop: threading.Event) -> None:
+        backoff = self.interval
+        while not stop.is_set():
+            try:
+                started = time.perf_counter()
+                admitted = self.gate.admit(self.batch)
+                self.metrics.admission_pass.observe(time.perf_counter() - started)
+                if admitted:
+                    self._observe(admitted)
+                backoff = self.interval
+            except StoreUnavailable:
+                log.warning("admission: the ledger database cannot be reached; retrying")
+                stop.wait(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF)
+                continue
+            except Exception:
+                # Keep the loop alive: one bad pass must not stop admissions for good.
+                log.exception("admission pass failed")
+                stop.wait(self.interval)
+                continue
+            if not admitted:
+                stop.wait(self.interval)
+
+    def _observe(self, admitted: list[Any]) -> None:
+        try:
+            with self.gate.engine.connect() as connection:
+                created = dict(
+                    connection.execute(
+                        sa.select(schema.request.c.id, schema.request.c.created).where(
+                            schema.request.c.id.in_([placement.id for placement in admitted])
+                        )
+                    ).tuples().all()
+                )
+        except sa.exc.SQLAlchemyError:
+            created = {}
+        self.metrics.record_admissions(admitted, created, self.gate.clock.now())
+
+
+def load_dispatcher(gate: Quotagate) -> Worker | None:
+    """The delivery dispatcher, if this installation has it."""
+    try:
+        from quotagate.delivery.dispatcher import Dispatcher  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        log.info("no delivery dispatcher installed; serving API and admission only")
+        return None
+    worker_name = f"{socket.gethostname()}-{os.getpid()}"
+    dispatcher: Worker = Dispatcher(gate, worker_name=worker_name)
+    return dispatcher
+
+
+def run(
+    gate: Quotagate,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    admit_interval: float = 0.2,
+    admit_batch: int = 16,
+    workers: bool = True,
+    log_level: str = "info",
+    access_log: bool = False,
+    app_factory: Callable[..., Any] | None = None,
+) -> int:
+    """Serve until SIGTERM/SIGINT; return the exit status."""
+    try:
+        import uvicorn
+    except ModuleNotFoundError as exc:  # pragma: no cover - depends on extras installed
+        raise ModuleNotFoundError("serve needs uvicorn: pip install 'quotagate[server]'") from exc
+    from quotagate.http.app import create_app
+
+    metrics = Metrics(gate.engine, clock=gate.clock)
+    app = (app_factory or create_app)(gate, metrics=metrics)
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    if workers:
+        loops: list[tuple[str, Worker]] = [
+            ("admission", AdmissionLoop(gate, metrics, batch=admit_batch, interval=admit_interval))
+        ]
+        dispatcher = load_dispatcher(gate)
+        if dispatcher is not None:
+            loops.append(("dispatcher", dispatcher))
+        threads = [threading.Thread(target=worker.run, args=(stop,), name=name)
+                   for name, worker in loops]
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, access_log=access_log, lifespan="off",
+        timeout_graceful_shutdown=30,
+    )
+    server = uvicorn.Server(config)
+    # uvicorn handles SIGTERM/SIGINT itself and raises the signal again once it
+    # has shut down; these handlers make that second delivery a no-op so we
+    # get to stop the threads and exit 0 instead of dying mid-join.
+    for signal_number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signal_number, lambda *_: None)
+    for thread in threads:
+        thread.start()
+    try:
+        server.run()
+    finally:
+        log.info("stopping workers")
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+        gate.close()
+    return 0 if server.started else 1

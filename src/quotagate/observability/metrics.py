@@ -1,0 +1,191 @@
+"""Per-tenant metrics: in-process counters plus gauges read from the ledger at scrape time.
+
+What happens inside this process (admissions it made, submissions it refused,
+stale-generation refusals it saw) is counted here; Prometheus sums the
+counters of all processes. What the database knows (usage, queue, outbox,
+leases) is read at scrape time by :class:`LedgerCollector`, so every process
+reports the same cluster-wide truth and nothing depends on which process did
+the work. Each :class:`Metrics` has its own registry: two apps in one process
+(tests) never collide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+try:
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+    from prometheus_client.registry import Collector
+except ModuleNotFoundError as exc:  # pragma: no cover - depends on extras installed
+    raise ModuleNotFoundError(
+        "metrics need prometheus-client: pip install 'quotagate[server]'"
+    ) from exc
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from quotagate.domain.clock import Clock, SystemClock
+from quotagate.domain.model import RequestState
+from quotagate.store import schema
+from quotagate.store.rows import pool_usage, tenant_usage
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Waits from seconds (an idle gate) to hours (a tenant at its cap).
+_WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400)
+
+
+class LedgerCollector(Collector):
+    """Gauges computed from the ledger tables on every scrape."""
+
+    def __init__(self, engine: Engine, clock: Clock) -> None:
+        self.engine = engine
+        self.clock = clock
+
+    def describe(self) -> Iterable[Metric]:
+        # Describing would run the queries at registration; the families are dynamic.
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        up = GaugeMetricFamily("quotagate_store_up", "1 if the ledger database answered the scrape")
+        try:
+            families = self._families()
+        except sa.exc.SQLAlchemyError:
+            # A scrape must not fail because the store is down: say so instead.
+            up.add_metric([], 0)
+            return [up]
+        up.add_metric([], 1)
+        return [up, *families]
+
+    def _families(self) -> list[Metric]:
+        with self.engine.connect() as connection:
+            tenants = tenant_usage(connection)
+            pools = pool_usage(connection)
+            waiting = connection.execute(
+                sa.select(
+                    schema.request.c.tenant, sa.func.count(), sa.func.min(schema.request.c.created)
+                )
+                .where(schema.request.c.state == RequestState.WAITING.value)
+                .group_by(schema.request.c.tenant)
+            ).all()
+            ended = connection.execute(
+                sa.select(schema.request.c.tenant, schema.request.c.state, sa.func.count())
+                .where(schema.request.c.state.in_(
+                    [RequestState.EXPIRED.value, RequestState.REJECTED.value]
+                ))
+                .group_by(schema.request.c.tenant, schema.request.c.state)
+            ).all()
+            outbox = schema.outbox
+            pending = sa.and_(outbox.c.delivered == sa.false())
+            deliveries = connection.execute(
+                sa.select(
+                    outbox.c.tenant,
+                    sa.func.sum(sa.case((pending, 1), else_=0)),
+                    sa.func.sum(outbox.c.attempts),
+                    sa.func.sum(sa.case((sa.and_(pending, outbox.c.last_error.is_not(None)), 1),
+                                        else_=0)),
+                ).group_by(outbox.c.tenant)
+            ).all()
+            leases = connection.execute(
+                sa.select(schema.lease.c.name, schema.lease.c.generation)
+            ).all()
+        now = self.clock.now()
+        families: list[Metric] = []
+        for holder, usage in (("tenant", tenants), ("pool", pools)):
+            used = GaugeMetricFamily(f"quotagate_{holder}_used", f"Charged amount per {holder} "
+                                     "and resource", labels=[holder, "resource"])
+            cap = GaugeMetricFamily(f"quotagate_{holder}_cap", f"Cap per {holder} and resource",
+                                    labels=[holder, "resource"])
+            for name, resources in usage.items():
+                for resource, (used_amount, cap_amount) in resources.items():
+                    used.add_metric([name, resource], used_amount)
+                    cap.add_metric([name, resource], cap_amount)
+            families += [used, cap]
+        waiting_count = GaugeMetricFamily("quotagate_waiting_requests",
+                                          "Requests waiting for admission", labels=["tenant"])
+        oldest = GaugeMetricFamily("quotagate_oldest_waiting_seconds",
+                                   "Age of the oldest waiting request", labels=["tenant"])
+        for tenant, count, first_created in waiting:
+            waiting_count.add_metric([tenant], int(count))
+            oldest.add_metric([tenant], max(0.0, now - float(first_created)))
+        families += [waiting_count, oldest]
+        expired = CounterMetricFamily("quotagate_expired_requests",
+                                      "Requests that expired waiting (ledger-wide)",
+                                      labels=["tenant"])
+        rejected = CounterMetricFamily("quotagate_rejected_requests",
+                                       "Requests recorded as rejected (ledger-wide)",
+                                       labels=["tenant"])
+        for tenant, state, count in ended:
+            family = expired if state == RequestState.EXPIRED.value else rejected
+            family.add_metric([tenant], int(count))
+        families += [expired, rejected]
+        backlog = GaugeMetricFamily("quotagate_outbox_backlog", "Undelivered outbox rows",
+                                    labels=["tenant"])
+        attempts = GaugeMetricFamily("quotagate_outbox_delivery_attempts",
+                                     "Delivery attempts recorded on outbox rows", labels=["tenant"])
+        failing = GaugeMetricFamily("quotagate_outbox_delivery_failing",
+                                    "Undelivered outbox rows whose last attempt failed",
+                                    labels=["tenant"])
+        for tenant, pending_count, attempt_count, failing_count in deliveries:
+            backlog.add_metric([tenant], int(pending_count or 0))
+            attempts.add_metric([tenant], int(attempt_count or 0))
+            failing.add_metric([tenant], int(failing_count or 0))
+        families += [backlog, attempts, failing]
+        generation = GaugeMetricFamily("quotagate_lease_generation",
+                                       "Current generation (fencing token) of each lease",
+                                       labels=["lease"])
+        for name, lease_generation in leases:
+            generation.add_metric([name], int(lease_generation))
+        families.append(generation)
+        return families
+
+
+class Metrics:
+    """Everything one process exports on ``/metrics``."""
+
+    def __init__(self, engine: Engine, *, clock: Clock | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.admissions = Counter(
+            "quotagate_admissions", "Requests admitted by this process",
+            ["tenant", "pool"], registry=self.registry,
+        )
+        self.submissions = Counter(
+            "quotagate_submissions", "Submissions answered by this process",
+            ["tenant", "outcome"], registry=self.registry,
+        )
+        self.rejections = Counter(
+            "quotagate_rejections", "Submissions this process refused, by error code",
+            ["tenant", "code"], registry=self.registry,
+        )
+        self.admission_wait = Histogram(
+            "quotagate_admission_wait_seconds", "Time from submission to admission",
+            ["tenant"], buckets=_WAIT_BUCKETS, registry=self.registry,
+        )
+        self.admission_pass = Histogram(
+            "quotagate_admission_pass_seconds", "Duration of one admission transaction",
+            registry=self.registry,
+        )
+        self.stale_generation = Counter(
+            "quotagate_stale_generation_rejections",
+            "Writes refused because a newer lease generation exists", ["worker"],
+            registry=self.registry,
+        )
+        self.auth_refusals = Counter(
+            "quotagate_auth_refusals", "Requests refused by authentication or authorization",
+            ["reason"], registry=self.registry,
+        )
+        self.registry.register(LedgerCollector(engine, clock or SystemClock()))
+
+    def record_admissions(
+        self, admitted: Sequence[Any], created_by_id: dict[str, float], now: float
+    ) -> None:
+        """Count placements (objects with id, tenant, pool) and observe their waits."""
+        for placement in admitted:
+            self.admissions.labels(placement.tenant, placement.pool).inc()
+            created = created_by_id.get(placement.id)
+            if created is not None:
+                self.admission_wait.labels(placement.tenant).observe(max(0.0, now - created))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

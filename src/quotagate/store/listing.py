@@ -1,0 +1,126 @@
+"""Keyset-paginated listings: a tenant's requests and the audit log.
+
+A cursor is the sort key of the last row a page returned, made opaque
+(base64 of JSON). Keyset pagination, unlike OFFSET, costs the same on page 100
+as on page 1 and neither skips nor repeats rows when new ones arrive meanwhile.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from quotagate.domain.model import Request, RequestState
+from quotagate.errors import InvalidInput
+from quotagate.store import schema
+from quotagate.store.rows import request_from_row
+
+MAX_PAGE = 500
+
+
+@dataclass(frozen=True)
+class Page:
+    items: list[dict[str, Any]]
+    next_cursor: str | None
+
+
+def encode_cursor(key: list[Any]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(key, separators=(",", ":")).encode()).decode()
+
+
+def decode_cursor(text: str, shape: tuple[type, ...]) -> list[Any]:
+    """The key inside a cursor, checked against the types it must have."""
+    try:
+        key = json.loads(base64.urlsafe_b64decode(text.encode("ascii")))
+    except (ValueError, UnicodeError, binascii.Error):
+        key = None
+    valid = isinstance(key, list) and len(key) == len(shape) and all(
+        isinstance(part, kind) and not isinstance(part, bool)
+        for part, kind in zip(key, shape, strict=False)
+    )
+    if not valid:
+        raise InvalidInput("cursor is not one this API returned", code="invalid_cursor")
+    assert isinstance(key, list)
+    return key
+
+
+def _check_limit(limit: int) -> None:
+    if not 1 <= limit <= MAX_PAGE:
+        raise InvalidInput(f"limit must be between 1 and {MAX_PAGE}", code="invalid_limit")
+
+
+def list_requests(
+    engine: Engine,
+    tenant: str,
+    *,
+    state: RequestState | None = None,
+    cursor: str | None = None,
+    limit: int = 50,
+) -> Page:
+    """A tenant's requests, newest first (by created, then id)."""
+    _check_limit(limit)
+    request = schema.request
+    query = sa.select(request).where(request.c.tenant == tenant)
+    if state is not None:
+        query = query.where(request.c.state == state.value)
+    if cursor is not None:
+        created, request_id = decode_cursor(cursor, (float, str))
+        query = query.where(
+            sa.or_(
+                request.c.created < created,
+                sa.and_(request.c.created == created, request.c.id < request_id),
+            )
+        )
+    query = query.order_by(request.c.created.desc(), request.c.id.desc()).limit(limit + 1)
+    with engine.connect() as connection:
+        rows = connection.execute(query).mappings().all()
+    requests: list[Request] = [request_from_row(dict(row)) for row in rows[:limit]]
+    next_cursor = None
+    if len(rows) > limit:
+        last = requests[-1]
+        next_cursor = encode_cursor([float(last.created), last.id])
+    return Page([item.to_dict() for item in requests], next_cursor)
+
+
+def list_audit(
+    engine: Engine,
+    *,
+    tenant: str | None = None,
+    cursor: str | None = None,
+    limit: int = 100,
+) -> Page:
+    """Audit entries, newest first; only ``tenant``'s when given."""
+    _check_limit(limit)
+    audit = schema.audit
+    query = sa.select(audit)
+    if tenant is not None:
+        query = query.where(audit.c.tenant == tenant)
+    if cursor is not None:
+        (before,) = decode_cursor(cursor, (int,))
+        query = query.where(audit.c.id < before)
+    query = query.order_by(audit.c.id.desc()).limit(limit + 1)
+    with engine.connect() as connection:
+        rows = [dict(row) for row in connection.execute(query).mappings()]
+    next_cursor = encode_cursor([int(rows[limit - 1]["id"])]) if len(rows) > limit else None
+    return Page(rows[:limit], next_cursor)
+
+
+def read_binding(engine: Engine, request_id: str) -> dict[str, Any] | None:
+    """The external object a delivered request is bound to, if any."""
+    binding = schema.binding
+    with engine.connect() as connection:
+        row = connection.execute(
+            sa.select(binding).where(binding.c.request_id == request_id)
+        ).mappings().first()
+    if row is None:
+        return None
+    return {
+        "target": row["target"], "external_name": row["external_name"], "uid": row["uid"],
+        "fencing_token": row["fencing_token"], "created": row["created"],
+    }
