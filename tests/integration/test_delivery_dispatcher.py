@@ -1,0 +1,254 @@
+"""The outbox dispatcher over SQLite, PostgreSQL and MariaDB, with the process target.
+
+Fencing: a worker generation replaced by a takeover (even under the same name)
+and a worker whose claim expired and was taken over both have their writes
+refused, counted, and without effect.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import sqlalchemy as sa
+
+from quotagate import ManualClock, Quotagate, RequestState, StaleGeneration
+from quotagate.delivery import stats
+from quotagate.delivery.dispatcher import Dispatcher
+from quotagate.delivery.naming import external_name
+from quotagate.delivery.outbox import Claim
+from quotagate.delivery.registry import TargetStore
+from quotagate.delivery.targets.base import ExternalObject
+from quotagate.store import schema
+
+T = TypeVar("T")
+
+# Appends one line per run to a shared log; a payload containing "fail" exits 3.
+COMMAND = (
+    'echo "$QUOTAGATE_REQUEST_ID $QUOTAGATE_TENANT $QUOTAGATE_FENCING_TOKEN '
+    '$QUOTAGATE_PAYLOAD" >> "$LOG"; case "$QUOTAGATE_PAYLOAD" in *fail*) exit 3;; esac'
+)
+
+
+def wait_for(condition: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def ledger(gate: Quotagate, tmp_path: Path) -> Quotagate:
+    gate.set_tenant("team-a", {"gpu": 4})
+    gate.set_pool("pool-1", {"gpu": 8})
+    log = tmp_path / "runs.log"
+    TargetStore(gate.engine, clock=gate.clock).set(
+        "local", "process",
+        {"command": ["sh", "-c", COMMAND.replace("$LOG", str(log))],
+         "run_dir": str(tmp_path / "runs")},
+        default=True,
+    )
+    return gate
+
+
+def runs_log(tmp_path: Path) -> list[list[str]]:
+    path = tmp_path / "runs.log"
+    return [line.split(" ", 3) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def rows(gate: Quotagate, table: sa.Table) -> list[Any]:
+    with gate.engine.connect() as connection:
+        return list(connection.execute(sa.select(table)).mappings())
+
+
+def state(gate: Quotagate, request_id: str) -> RequestState:
+    return gate.show(request_id).state
+
+
+def settle(dispatcher: Dispatcher, gate: Quotagate, ids: list[str]) -> None:
+    """Run passes until every request has ended (the commands run asynchronously)."""
+
+    def ended() -> bool:
+        dispatcher.run_once()
+        return all(state(gate, i) in (RequestState.COMPLETED, RequestState.FAILED) for i in ids)
+
+    wait_for(ended, "every request to end")
+
+
+def test_process_target_runs_each_request_once_and_its_exit_releases_the_cost(
+    ledger: Quotagate, tmp_path: Path
+) -> None:
+    ledger.submit("job-1", "team-a", {"gpu": 1}, payload={"model": "m1"})
+    ledger.submit("job-2", "team-a", {"gpu": 2}, payload={"model": "fail"})
+    assert len(ledger.admit(10)) == 2
+    dispatcher = Dispatcher(ledger, worker_name="w1", lease_ttl=30)
+    assert dispatcher.run_once() >= 2
+    # Delivered, bound, charged: the commands may still be running.
+    for request_id in ("job-1", "job-2"):
+        assert state(ledger, request_id) in (RequestState.DELIVERED, RequestState.COMPLETED,
+                                             RequestState.FAILED)
+    settle(dispatcher, ledger, ["job-1", "job-2"])
+    assert state(ledger, "job-1") == RequestState.COMPLETED
+    failed = ledger.show("job-2")
+    assert failed.state == RequestState.FAILED and failed.reason == "command exited with status 3"
+    assert ledger.usage()["tenants"][0]["used"] == 0
+    assert ledger.check_invariants() == []
+
+    bindings = {row["request_id"]: row for row in rows(ledger, schema.binding)}
+    assert set(bindings) == {"job-1", "job-2"}
+    assert bindings["job-1"]["external_name"] == external_name("team-a", "job-1")
+    assert bindings["job-1"]["fencing_token"] == 1 and bindings["job-1"]["uid"]
+    log = runs_log(tmp_path)
+    assert sorted(entry[0] for entry in log) == ["job-1", "job-2"]  # each ran exactly once
+    assert {entry[0]: (entry[1], entry[2], json.loads(entry[3])) for entry in log}["job-1"] == (
+        "team-a", "1", {"model": "m1"}
+    )
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(
+        b["external_name"] for b in bindings.values()
+    )
+    # Running again does nothing more: no second run, no second release.
+    dispatcher.run_once()
+    assert len(runs_log(tmp_path)) == 2
+    dispatcher.release()
+    assert dispatcher.leases.get("worker/w1").owner is None
+
+
+def test_a_request_names_its_target_and_one_without_a_default_waits_with_the_error(
+    ledger: Quotagate, tmp_path: Path, clock: ManualClock
+) -> None:
+    targets = TargetStore(ledger.engine, clock=ledger.clock)
+    targets.set("other", "process", {"command": ["true"], "run_dir": str(tmp_path / "other")})
+    ledger.submit("named", "team-a", {"gpu": 1}, target="other")
+    with ledger.engine.begin() as connection:
+        connection.execute(schema.delivery_target.update().values(is_default=False))
+    ledger.submit("unnamed", "team-a", {"gpu": 1})
+    ledger.admit(10)
+    dispatcher = Dispatcher(ledger, worker_name="w1", max_attempts=3)
+    dispatcher.run_once()
+    assert (tmp_path / "other" / external_name("team-a", "named")).is_dir()
+    assert state(ledger, "named") in (RequestState.DELIVERED, RequestState.COMPLETED)
+    outbox = {row["request_id"]: row for row in rows(ledger, schema.outbox)}
+    assert outbox["unnamed"]["attempts"] == 1
+    assert "no_default_target" in outbox["unnamed"]["last_error"]
+    assert outbox["unnamed"]["next_attempt_at"] == clock.now() + 1.0
+    assert state(ledger, "unnamed") == RequestState.RESERVED  # still charged, still promised
+    assert ledger.check_invariants() == []
+
+
+def test_after_the_last_attempt_the_request_fails_and_its_cost_returns_once(
+    ledger: Quotagate, clock: ManualClock
+) -> None:
+    with ledger.engine.begin() as connection:
+        connection.execute(schema.delivery_target.update().values(is_default=False))
+    ledger.submit("job-1", "team-a", {"gpu": 3})
+    ledger.admit()
+    dispatcher = Dispatcher(ledger, worker_name="w1", max_attempts=3, retry_base=2.0)
+    attempts = []
+    for advance in (0.0, 0.0, 2.0, 4.0):  # backoff 2 s, then 4 s; the 2nd pass is too early
+        clock.advance(advance)
+        dispatcher.run_once()
+        attempts.append([row["attempts"] for row in rows(ledger, schema.outbox)])
+        assert ledger.usage()["tenants"][0]["used"] in (0, 3)  # never charged twice
+    assert attempts == [[1], [1], [2], []]
+    failed = ledger.show("job-1")
+    assert failed.state == RequestState.FAILED
+    assert failed.reason is not None and "after 3 attempts" in failed.reason
+    assert "no_default_target" in failed.reason  # the last error is kept
+    assert ledger.usage()["tenants"][0]["used"] == 0
+    assert ledger.check_invariants() == []
+
+
+def test_an_object_of_another_request_under_our_name_fails_the_request_loudly(
+    ledger: Quotagate, tmp_path: Path
+) -> None:
+    squatter = tmp_path / "runs" / external_name("team-a", "job-1")
+    squatter.mkdir(parents=True)
+    (squatter / "request.json").write_text(json.dumps({"request_id": "someone-else", "uid": "x"}))
+    ledger.submit("job-1", "team-a", {"gpu": 1})
+    ledger.admit()
+    Dispatcher(ledger, worker_name="w1").run_once()
+    failed = ledger.show("job-1")
+    assert failed.state == RequestState.FAILED
+    assert failed.reason is not None and "someone-else" in failed.reason
+    assert rows(ledger, schema.binding) == []
+    assert ledger.usage()["tenants"][0]["used"] == 0
+
+
+def _snapshot(gate: Quotagate) -> list[list[Any]]:
+    return [sorted(map(tuple, (r.values() for r in rows(gate, table))))
+            for table in (schema.request, schema.outbox, schema.binding, schema.lease)]
+
+
+def test_a_takeover_by_the_same_name_fences_every_write_of_the_old_generation(
+    ledger: Quotagate, tmp_path: Path
+) -> None:
+    ledger.submit("job-1", "team-a", {"gpu": 1})
+    ledger.admit()
+    old = Dispatcher(ledger, worker_name="w1", lease_ttl=0.3)
+    assert old._hold_lease()
+    assert old.lease is not None and old.lease.generation == 1
+    [claim] = old.outbox.claim(old.lease, 10, claim_ttl=600)
+    # The old process stalls; its lease runs out; a new process of the same name starts.
+    new = Dispatcher(ledger, worker_name="w1", lease_ttl=30)
+    wait_for(new._hold_lease, "the takeover")
+    assert new.lease is not None and new.lease.generation == 2
+
+    before = _snapshot(ledger)
+    stale_before = stats.snapshot()["stale_writes"]
+    obtained = ExternalObject(external_name("team-a", "job-1"), "uid-1", "job-1")
+    for late_write in (
+        lambda: old.outbox.record_binding(claim, "local", obtained),
+        lambda: old.outbox.mark_delivered(claim, actor="test"),
+        lambda: old.outbox.record_failure(claim, "late", 0.0),
+        lambda: old.outbox.claim(claim.lease, 10, 600),
+        lambda: ledger.ledger.release("job-1", RequestState.FAILED, fence=old.outbox.fence(claim)),
+    ):
+        with pytest.raises(StaleGeneration) as error:
+            late_write()
+        assert error.value.code == "stale_generation"
+    assert stats.snapshot()["stale_writes"] == stale_before + 5
+    assert _snapshot(ledger) == before  # the old generation changed nothing
+
+    # The new generation reclaims its predecessor's row at once (no claim expiry wait).
+    assert new.run_once() >= 1
+    assert state(ledger, "job-1") in (RequestState.DELIVERED, RequestState.COMPLETED)
+    [binding] = rows(ledger, schema.binding)
+    assert binding["fencing_token"] == 2  # a later attempt carries a larger token
+
+
+def test_a_claim_taken_over_after_expiry_fences_the_slow_worker(ledger: Quotagate) -> None:
+    ledger.submit("job-1", "team-a", {"gpu": 1})
+    ledger.admit()
+    slow = Dispatcher(ledger, worker_name="slow", claim_ttl=0.3)
+    assert slow._hold_lease() and slow.lease is not None
+    [claim] = slow.outbox.claim(slow.lease, 10, claim_ttl=0.3)
+    fast = Dispatcher(ledger, worker_name="fast")
+    assert fast._hold_lease() and fast.lease is not None
+    lease = fast.lease
+    taken: list[Claim] = wait_for(lambda: fast.outbox.claim(lease, 10, 600), "claim expiry")
+    assert taken[0].token == claim.token + 1
+
+    before = _snapshot(ledger)
+    with pytest.raises(StaleGeneration) as error:
+        slow.outbox.mark_delivered(claim, actor="test")
+    assert error.value.code == "claim_lost"
+    assert _snapshot(ledger) == before
+    fast.outbox.mark_delivered(taken[0], actor="test")
+    assert state(ledger, "job-1") == RequestState.DELIVERED
+    assert ledger.check_invariants() == []
+
+
+def test_a_cancelled_request_is_not_delivered(ledger: Quotagate, tmp_path: Path) -> None:
+    ledger.submit("job-1", "team-a", {"gpu": 1})
+    ledger.admit()
+    ledger.cancel("job-1")
+    Dispatcher(ledger, worker_name="w1").run_once()
+    assert not (tmp_path / "runs").exists()
+    assert rows(ledger, schema.outbox) == [] and rows(ledger, schema.binding) == []

@@ -1,0 +1,199 @@
+"""Generational leases on SQLite, PostgreSQL and MariaDB, with real processes.
+
+Seed 000's scenario: worker-a holds generation 1 and is SIGKILLed; after
+expiry a new worker *of the same name* takes over with generation 2; the owner
+name alone no longer tells them apart; the old generation's late write
+affects nothing and is reported as stale.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+import sqlalchemy as sa
+
+from quotagate import StaleGeneration
+from quotagate.delivery import stats
+from quotagate.domain.lease import Lease
+from quotagate.store import schema
+from quotagate.store.dialect import run_transaction
+from quotagate.store.engine import create_engine
+from quotagate.store.lease import LeaseStore
+
+T = TypeVar("T")
+
+# Holds the lease and keeps renewing it, as a live worker does, until killed.
+HOLDER = """
+import sys, time
+from quotagate.store.engine import create_engine
+from quotagate.store.lease import LeaseStore
+store = LeaseStore(create_engine(sys.argv[1]))
+lease = None
+while lease is None:
+    lease = store.acquire("seed-000", "worker-a", 1.0)
+print(lease.generation, flush=True)
+while True:
+    lease = store.renew(lease, 1.0)
+    time.sleep(0.05)
+"""
+
+# Waits for the start file, then tries once to acquire; prints the generation or "none".
+CONTENDER = """
+import os, sys, time
+from quotagate.store.engine import create_engine
+from quotagate.store.lease import LeaseStore
+store = LeaseStore(create_engine(sys.argv[1]))
+store.engine.connect().close()
+print("ready", flush=True)
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.005)
+lease = store.acquire("contested", sys.argv[3], 30.0)
+print("none" if lease is None else lease.generation, flush=True)
+"""
+
+
+def wait_for(condition: Callable[[], T | None], what: str, timeout: float = 20.0) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def leases(db_url: str) -> LeaseStore:
+    store = LeaseStore(create_engine(db_url))
+    yield store  # type: ignore[misc]
+    store.engine.dispose()
+
+
+def lease_row(store: LeaseStore, name: str) -> tuple[str | None, int, float]:
+    with store.engine.connect() as connection:
+        row = connection.execute(
+            sa.select(schema.lease.c.owner, schema.lease.c.generation, schema.lease.c.expires_at)
+            .where(schema.lease.c.name == name)
+        ).one()
+    return row.owner, int(row.generation), float(row.expires_at)
+
+
+def test_seed_000_takeover_by_the_same_name_fences_the_killed_generation(
+    leases: LeaseStore, db_url: str
+) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, db_url], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "1"  # leaseAcquire holder=worker-a generation=1
+        # While the holder lives (and renews), nobody takes over, not even its own name.
+        assert leases.acquire("seed-000", "worker-a", 1.0) is None
+        holder.send_signal(signal.SIGKILL)  # leaseHolderKilled signal=SIGKILL
+        holder.wait(timeout=10)
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
+    assert holder.returncode == -signal.SIGKILL
+
+    # After expiry (by the database's clock) the restarted worker-a takes over.
+    takeover = wait_for(lambda: leases.acquire("seed-000", "worker-a", 30.0), "the takeover")
+    assert (takeover.owner, takeover.generation) == ("worker-a", 2)  # affected=1, generation=2
+
+    with leases.engine.connect() as connection:
+        owner_only = connection.execute(
+            sa.select(sa.func.count()).select_from(schema.lease).where(
+                schema.lease.c.name == "seed-000", schema.lease.c.owner == "worker-a"
+            )
+        ).scalar_one()
+    assert owner_only == 1  # leaseOwnerOnlyMatches: the name cannot tell old from new
+
+    before = lease_row(leases, "seed-000")
+    stale_before = stats.snapshot()["stale_writes"]
+    old = Lease("seed-000", "worker-a", 1, 0.0)
+    with pytest.raises(StaleGeneration) as error:
+        leases.renew(old, 60.0)  # leaseStaleWrite generation=1
+    assert error.value.fields["generation"] == 1
+    with pytest.raises(StaleGeneration):
+        run_transaction(leases.engine, lambda connection: leases.fence(connection, old))
+    assert leases.release(old) is False
+    assert stats.snapshot()["stale_writes"] == stale_before + 3
+    # The seed's raw late write, conditioned on the old generation: 0 rows.
+    with leases.engine.begin() as connection:
+        affected = connection.execute(
+            schema.lease.update()
+            .where(schema.lease.c.name == "seed-000", schema.lease.c.owner == "worker-a",
+                   schema.lease.c.generation == 1)
+            .values(expires_at=schema.lease.c.expires_at + 60)
+        ).rowcount
+    assert affected == 0
+    assert lease_row(leases, "seed-000") == before  # leaseFinal owner=worker-a generation=2
+
+
+def test_acquire_creates_the_row_and_refuses_while_held(leases: LeaseStore) -> None:
+    first = leases.acquire("solo", "worker-a", 30.0)
+    assert first is not None and first.generation == 1
+    assert leases.acquire("solo", "worker-b", 30.0) is None
+    assert leases.acquire("solo", "worker-a", 30.0) is None  # no silent re-entry
+    assert lease_row(leases, "solo")[:2] == ("worker-a", 1)
+
+
+def test_renew_extends_and_release_frees_without_resetting_the_generation(
+    leases: LeaseStore,
+) -> None:
+    first = leases.acquire("solo", "worker-a", 30.0)
+    assert first is not None
+    renewed = leases.renew(first, 120.0)
+    assert renewed.generation == 1 and renewed.expires_at > first.expires_at
+    assert leases.release(renewed) is True
+    assert lease_row(leases, "solo")[:2] == (None, 1)
+    second = leases.acquire("solo", "worker-b", 30.0)
+    assert second is not None and second.generation == 2
+
+
+def test_expiry_is_judged_by_the_database_clock(leases: LeaseStore) -> None:
+    first = leases.acquire("short", "worker-a", 0.3)
+    assert first is not None
+    with leases.engine.connect() as connection:
+        database_clock = connection.execute(
+            sa.select(schema.lease.c.expires_at).where(schema.lease.c.name == "short")
+        ).scalar_one()
+    # expires_at came from the database (now + ttl), not from this process.
+    assert abs(database_clock - (time.time() + 0.3)) < 5
+    taken = wait_for(lambda: leases.acquire("short", "worker-b", 30.0), "expiry")
+    assert taken.generation == 2
+    with pytest.raises(StaleGeneration):
+        leases.renew(first, 30.0)
+
+
+def test_concurrent_processes_racing_for_a_free_lease_yield_one_holder(
+    leases: LeaseStore, db_url: str, tmp_path: Path
+) -> None:
+    start = tmp_path / "go"
+    contenders = [
+        subprocess.Popen([sys.executable, "-c", CONTENDER, db_url, str(start), f"worker-{n}"],
+                         stdout=subprocess.PIPE, text=True)
+        for n in range(4)
+    ]
+    for contender in contenders:  # all connected and waiting: then the race starts
+        assert contender.stdout is not None
+        assert contender.stdout.readline().strip() == "ready"
+    start.touch()
+    answers = []
+    for contender in contenders:
+        out, _ = contender.communicate(timeout=60)
+        assert contender.returncode == 0
+        answers.append(out.strip())
+    assert sorted(answers) == ["1", "none", "none", "none"]
+    owner, generation, _ = lease_row(leases, "contested")
+    assert generation == 1 and owner is not None
+    os.remove(start)
