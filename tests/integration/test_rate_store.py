@@ -1,0 +1,262 @@
+"""One behavioural suite for every rate store: SQLite, PostgreSQL, MariaDB and Redis.
+
+Redis runs as a throwaway ``redis-server`` of these tests' own, on a free
+port, so flushing and restarting it disturbs nobody else's Redis.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from quotagate.domain.bucket import BucketConfig
+from quotagate.rate.backend import RateStore, Take, rate_store_from_url
+from quotagate.rate.keys import BucketKey
+from quotagate.rate.redis import SCRIPT_SHA, RedisRateStore
+from quotagate.rate.sql import SqlRateStore
+from support.databases import fresh_database, unavailable
+
+STORES = ("sqlite", "postgresql", "mysql", "redis")
+
+
+class RedisServer:
+    """A redis-server process of our own: no persistence, killable, restartable on its port."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        try:
+            self.process = subprocess.Popen(
+                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                 "--save", "", "--appendonly", "no", "--dir", str(self.directory)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+        except FileNotFoundError as error:
+            unavailable("redis-server", error)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.02)
+        raise RuntimeError(f"redis-server on port {self.port} did not start")
+
+    def kill(self) -> None:
+        """SIGKILL: the state it held is gone, as in a crash without persistence."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(params=STORES)
+def store(
+    request: pytest.FixtureRequest, tmp_path: Path, redis_server: RedisServer
+) -> Iterator[RateStore]:
+    if request.param == "redis":
+        redis_store = rate_store_from_url(redis_server.url)
+        assert isinstance(redis_store, RedisRateStore)
+        redis_store.client.flushall()
+        yield redis_store
+        redis_store.close()
+        return
+    with fresh_database(request.param, tmp_path) as url:
+        sql_store = rate_store_from_url(url)
+        assert isinstance(sql_store, SqlRateStore)
+        yield sql_store
+        sql_store.close()
+
+
+COUNTING = BucketConfig(5, 0)
+
+
+def test_every_store_implements_the_whole_port(store: RateStore) -> None:
+    assert isinstance(store, RateStore)
+    assert store.description
+
+
+def test_seed_000_six_threads_two_tenants_three_requests_five_tokens(store: RateStore) -> None:
+    """Seed 000: exactly 3 grants per tenant, 2 tokens left each, no interference."""
+    tenants = [BucketKey("tenant-a"), BucketKey("tenant-b")]
+    for key in tenants:
+        store.configure(key, COUNTING, fresh=True)
+    barrier = threading.Barrier(6)
+    granted: dict[str, int] = {"tenant-a": 0, "tenant-b": 0}
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def request(key: BucketKey) -> None:
+        try:
+            barrier.wait(timeout=30)
+            decision = store.take(key, COUNTING)
+            with lock:
+                granted[key.tenant] += decision.granted
+        except BaseException as error:  # reported below, not lost in the thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=request, args=(key,)) for key in tenants for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors
+    assert granted == {"tenant-a": 3, "tenant-b": 3}
+    assert [store.peek(key, COUNTING) for key in tenants] == [2, 2]
+
+
+def test_concurrent_takes_never_spend_a_token_twice(store: RateStore) -> None:
+    key = BucketKey("team-a")
+    store.configure(key, BucketConfig(10, 0), fresh=True)
+    results: list[bool] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        for _ in range(5):
+            decision = store.take(key, BucketConfig(10, 0))
+            with lock:
+                results.append(decision.granted)
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(results) == 30
+    assert sum(results) == 10
+    assert store.peek(key, BucketConfig(10, 0)) == 0
+
+
+def test_take_is_all_or_nothing_and_says_when_to_come_back(store: RateStore) -> None:
+    key = BucketKey("team-a")
+    config = BucketConfig(5, 0)
+    store.configure(key, config, fresh=True)
+    assert store.take(key, config, 3).granted
+    refused = store.take(key, config, 3)
+    assert not refused.granted
+    assert refused.remaining == 2
+    assert refused.retry_after is None  # no refill: only a top-up helps
+    assert store.peek(key, config) == 2
+    assert store.add(key, config, 1) == 3
+    assert store.take(key, config, 3).granted
+
+
+def test_top_up_never_exceeds_capacity(store: RateStore) -> None:
+    key = BucketKey("team-a")
+    store.configure(key, COUNTING, fresh=True)
+    assert store.take(key, COUNTING).granted
+    assert store.add(key, COUNTING, 100) == 5
+
+
+def test_refill_uses_the_stores_clock(store: RateStore) -> None:
+    key = BucketKey("team-a")
+    config = BucketConfig(3, 50)
+    store.configure(key, config, fresh=True)
+    assert store.take(key, config, 3).granted
+    refused = store.take(key, config, 3)
+    assert not refused.granted
+    assert refused.retry_after is not None and 0 < refused.retry_after <= 3 / 50
+    deadline = time.monotonic() + 10
+    while not store.take(key, config, 3).granted:
+        assert time.monotonic() < deadline, "the bucket never refilled"
+        time.sleep(0.01)
+
+
+def test_reshaping_keeps_tokens_and_caps_them_at_the_new_capacity(store: RateStore) -> None:
+    key = BucketKey("team-a")
+    store.configure(key, BucketConfig(10, 0), fresh=True)
+    assert store.take(key, BucketConfig(10, 0), 4).granted
+    # Re-applying a shape must not hand out a fresh bucket.
+    assert store.configure(key, BucketConfig(10, 0), fresh=False) == 6
+    assert store.configure(key, BucketConfig(3, 0), fresh=False) == 3
+    assert store.configure(key, BucketConfig(8, 0), fresh=False) == 3
+    assert store.configure(key, BucketConfig(8, 0), fresh=True) == 8
+
+
+def test_take_many_decides_each_take_on_its_own(store: RateStore) -> None:
+    first, second = BucketKey("team-a"), BucketKey("default", "orders")
+    store.configure(first, BucketConfig(2, 0), fresh=True)
+    store.configure(second, BucketConfig(5, 0), fresh=True)
+    decisions = store.take_many([
+        Take(first, BucketConfig(2, 0), 1),
+        Take(second, BucketConfig(5, 0), 4),
+        Take(first, BucketConfig(2, 0), 1),
+        Take(first, BucketConfig(2, 0), 1),
+        Take(second, BucketConfig(5, 0), 2),
+    ])
+    assert [decision.granted for decision in decisions] == [True, True, True, False, False]
+    assert [decision.remaining for decision in decisions] == [1, 1, 0, 0, 1]
+
+
+def test_buckets_of_different_tenants_and_topics_are_independent(store: RateStore) -> None:
+    keys = [BucketKey("team-a"), BucketKey("team-a", "orders"), BucketKey("team-b"),
+            BucketKey("default")]
+    for key in keys:
+        store.configure(key, COUNTING, fresh=True)
+    assert store.take(keys[0], COUNTING, 5).granted
+    assert [store.peek(key, COUNTING) for key in keys] == [0, 5, 5, 5]
+    store.forget(keys[1])
+    assert [store.peek(key, COUNTING) for key in (keys[0], keys[2], keys[3])] == [0, 5, 5]
+
+
+def test_redis_keys_are_namespaced_per_tenant(redis_server: RedisServer) -> None:
+    store = rate_store_from_url(redis_server.url)
+    assert isinstance(store, RedisRateStore)
+    store.client.flushall()
+    for key in (BucketKey("default"), BucketKey("default", "orders"), BucketKey("team-a"),
+                BucketKey("team-a", "orders")):
+        store.configure(key, COUNTING, fresh=True)
+    assert sorted(name.decode() for name in store.client.keys("*")) == [
+        "quotagate:rate:bucket",
+        "quotagate:rate:bucket:orders",
+        "tenant:{team-a}:quotagate:rate:bucket",
+        "tenant:{team-a}:quotagate:rate:bucket:orders",
+    ]
+    store.close()
+
+
+def test_redis_script_is_loaded_once_and_reloaded_after_a_flush(
+    redis_server: RedisServer,
+) -> None:
+    store = rate_store_from_url(redis_server.url)
+    assert isinstance(store, RedisRateStore)
+    store.client.flushall()
+    store.client.script_flush()
+    key = BucketKey("team-a")
+    store.configure(key, COUNTING, fresh=True)
+    assert store.client.script_exists(SCRIPT_SHA) == [True]
+    assert store.take(key, COUNTING).granted
+    store.client.script_flush()  # as a restarted or failed-over server would have it
+    assert store.take(key, COUNTING).granted
+    assert store.client.script_exists(SCRIPT_SHA) == [True]
+    store.close()
