@@ -1,0 +1,189 @@
+"""The webhook target against a real HTTP server on 127.0.0.1 (not a mock).
+
+The server behaves like an idempotent receiver: objects keyed by name, 409 on
+a second POST of a name, ``GET /hooks/<name>`` to read back, and it can drop
+a reply after acting on the request (the lost reply of seed 001).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quotagate import Quotagate, RequestState
+from quotagate.delivery.dispatcher import Dispatcher
+from quotagate.delivery.registry import TargetStore
+from quotagate.delivery.targets.base import DeliveryFailed, DeliverySpec, IdentityMismatch
+from quotagate.delivery.targets.webhook import WebhookTarget
+from quotagate.store import schema
+
+
+class Receiver(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.posts: list[dict[str, Any]] = []
+        self.fail_posts = 0
+        self.drop_replies = 0
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/hooks"
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Receiver
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+    def _reply(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with self.server.lock:
+            self.server.posts.append({"body": body, "headers": dict(self.headers)})
+            if self.server.fail_posts:
+                self.server.fail_posts -= 1
+                self._reply(500, {"error": "busy"})
+                return
+            name = body["name"]
+            if name in self.server.objects:
+                self._reply(409, {"error": "exists"})
+                return
+            stored = {"id": uuid.uuid4().hex, "name": name, "request_id": body["request_id"],
+                      "fencing_token": body["fencing_token"], "state": "running"}
+            self.server.objects[name] = stored
+            if self.server.drop_replies:
+                self.server.drop_replies -= 1
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)  # acted, but the reply is lost
+                return
+        self._reply(201, stored)
+
+    def do_GET(self) -> None:
+        name = self.path.rsplit("/", 1)[-1]
+        with self.server.lock:
+            found = self.server.objects.get(name)
+        if found is None:
+            self._reply(404, {"error": "not found"})
+        else:
+            self._reply(200, found)
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    server = Receiver()
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def spec(request_id: str = "job-1", token: int = 1, name: str = "team-a-job-1-0") -> DeliverySpec:
+    return DeliverySpec(request_id=request_id, tenant="team-a", cost={"gpu": 1},
+                        payload={"model": "m"}, fencing_token=token, external_name=name)
+
+
+def test_create_sends_idempotency_key_and_fencing_token(receiver: Receiver) -> None:
+    target = WebhookTarget({"url": receiver.url})
+    created = target.create_if_absent(spec(token=7))
+    [post] = receiver.posts
+    assert post["headers"]["Idempotency-Key"] == "job-1"
+    assert post["headers"]["Quotagate-Fencing-Token"] == "7"
+    assert post["body"]["payload"] == {"model": "m"} and post["body"]["tenant"] == "team-a"
+    assert created.uid == receiver.objects["team-a-job-1-0"]["id"] and created.created_now
+    assert target.read("team-a-job-1-0") == created.__class__(created.name, created.uid, "job-1")
+    assert target.read("absent") is None
+
+
+def test_a_lost_reply_is_resolved_by_reading_back_not_by_creating_again(
+    receiver: Receiver,
+) -> None:
+    target = WebhookTarget({"url": receiver.url, "timeout": 5})
+    receiver.drop_replies = 1
+    with pytest.raises(DeliveryFailed):
+        target.create_if_absent(spec())
+    again = target.create_if_absent(spec(token=2))  # the retry: 409, then GET
+    assert len(receiver.objects) == 1
+    assert again.uid == receiver.objects["team-a-job-1-0"]["id"]
+    assert not again.created_now
+
+
+def test_an_object_of_another_request_under_the_name_is_refused(receiver: Receiver) -> None:
+    target = WebhookTarget({"url": receiver.url})
+    target.create_if_absent(spec(request_id="other"))
+    with pytest.raises(IdentityMismatch) as error:
+        target.create_if_absent(spec(request_id="job-1"))
+    assert "other" in error.value.message
+
+
+def test_outcome_follows_the_state_the_receiver_reports(receiver: Receiver) -> None:
+    target = WebhookTarget({"url": receiver.url})
+    created = target.create_if_absent(spec())
+    assert target.outcome(created) is None
+    receiver.objects[created.name]["state"] = "failed"
+    receiver.objects[created.name]["reason"] = "out of memory"
+    outcome = target.outcome(created)
+    assert outcome is not None and not outcome.completed and outcome.reason == "out of memory"
+
+
+def test_an_unreachable_receiver_is_a_retryable_failure() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    target = WebhookTarget({"url": f"http://127.0.0.1:{port}/hooks", "timeout": 2})
+    with pytest.raises(DeliveryFailed):
+        target.create_if_absent(spec())
+
+
+def test_dispatcher_delivers_through_the_webhook_and_retries_after_a_500(
+    receiver: Receiver, tmp_path: Path
+) -> None:
+    with Quotagate.connect(f"sqlite:///{tmp_path / 'ledger.db'}") as gate:
+        gate.init()
+        gate.set_tenant("team-a", {"gpu": 2})
+        gate.set_pool("pool-1", {"gpu": 2})
+        TargetStore(gate.engine).set("hook", "webhook", {"url": receiver.url}, default=True)
+        gate.submit("job-1", "team-a", {"gpu": 1})
+        gate.admit()
+        receiver.fail_posts = 1
+        dispatcher = Dispatcher(gate, worker_name="w1", retry_base=0.2)
+        dispatcher.run_once()
+        assert gate.show("job-1").state == RequestState.RESERVED
+        deadline = time.monotonic() + 20
+        while gate.show("job-1").state == RequestState.RESERVED and time.monotonic() < deadline:
+            dispatcher.run_once()
+            time.sleep(0.05)
+        assert gate.show("job-1").state == RequestState.DELIVERED
+        stored = next(iter(receiver.objects.values()))
+        with gate.engine.connect() as connection:
+            binding = connection.execute(schema.binding.select()).mappings().one()
+        assert binding["uid"] == stored["id"]
+        assert binding["fencing_token"] == stored["fencing_token"] == 2  # second claim
+        stored["state"] = "completed"
+        dispatcher.run_once()
+        assert gate.show("job-1").state == RequestState.COMPLETED
+        assert len(receiver.posts) == 2 and len(receiver.objects) == 1
+        assert gate.check_invariants() == []
+        dispatcher.release()
