@@ -15,10 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
-from support.databases import BACKENDS, fresh_database
 from test_http_support import Server, bearer, make_token, running_server
 
 from quotagate import Quotagate
+from support.databases import BACKENDS, fresh_database
 
 DEADLINE = 30.0
 
@@ -44,13 +44,13 @@ class Api:
 def api(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     tmp_path = tmp_path_factory.mktemp(f"http-{request.param}")
     with fresh_database(str(request.param), tmp_path) as db_url:
-        with running_server(db_url, tmp_path) as server:
-            admin = httpx.Client(base_url=server.url, headers=bearer(make_token(db_url)),
-                                 timeout=30)
+        admin_token = make_token(db_url)
+        with running_server(db_url, tmp_path) as server, httpx.Client(
+            base_url=server.url, headers=bearer(admin_token), timeout=30
+        ) as admin:
             response = admin.put("/v1/pools/shared", json={"capacity": {"gpu": 1000, "cpu": 1000}})
             assert response.status_code == 200, response.text
             yield Api(server, db_url, admin)
-            admin.close()
 
 
 def new_id() -> str:

@@ -24,7 +24,7 @@ from quotagate.domain.model import validate_name
 from quotagate.errors import InvalidInput, NotFound, Unauthorized
 from quotagate.store import schema
 from quotagate.store.audit import AuditEntry, record
-from quotagate.store.dialect import run_transaction
+from quotagate.store.dialect import reading, run_transaction
 
 PREFIX = "qg"
 _ID_BYTES = 8
@@ -128,7 +128,7 @@ class TokenStore:
                                                     schema.api_token.c.id)
         if not include_revoked:
             query = query.where(schema.api_token.c.revoked.is_(None))
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             return [_info(row) for row in connection.execute(query).mappings()]
 
     def revoke(self, token_id: str, *, actor: str = "cli") -> TokenInfo:
@@ -155,7 +155,7 @@ class TokenStore:
         """The actor a bearer token stands for, or Unauthorized (the same for every failure)."""
         token_id, secret = parse_token(text)
         table = schema.api_token
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             row = connection.execute(
                 sa.select(table).where(table.c.id == token_id)
             ).mappings().first()

@@ -11,8 +11,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException
 
-from quotagate.errors import QuotagateError, RateLimited, StoreUnavailable
-from quotagate.store.dialect import is_unreachable
+from quotagate.errors import QuotagateError, RateLimited
+from quotagate.store.dialect import translate
 
 log = logging.getLogger("quotagate.http")
 
@@ -57,8 +57,9 @@ async def _database_error(_request: Request, error: Exception) -> JSONResponse:
     # Reads go straight to the engine (not through run_transaction), so a
     # database that went away surfaces here as a driver error.
     assert isinstance(error, DBAPIError)
-    if is_unreachable(error):
-        return error_response(StoreUnavailable("the ledger database cannot be reached"))
+    translated = translate(error)
+    if isinstance(translated, QuotagateError):
+        return error_response(translated)
     log.exception("database error", exc_info=error)
     return JSONResponse({"code": "internal_error", "message": "internal error"}, status_code=500)
 

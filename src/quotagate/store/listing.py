@@ -19,6 +19,7 @@ from sqlalchemy.engine import Engine
 from quotagate.domain.model import Request, RequestState
 from quotagate.errors import InvalidInput
 from quotagate.store import schema
+from quotagate.store.dialect import reading
 from quotagate.store.rows import request_from_row
 
 MAX_PAGE = 500
@@ -78,7 +79,7 @@ def list_requests(
             )
         )
     query = query.order_by(request.c.created.desc(), request.c.id.desc()).limit(limit + 1)
-    with engine.connect() as connection:
+    with reading(engine) as connection:
         rows = connection.execute(query).mappings().all()
     requests: list[Request] = [request_from_row(dict(row)) for row in rows[:limit]]
     next_cursor = None
@@ -105,7 +106,7 @@ def list_audit(
         (before,) = decode_cursor(cursor, (int,))
         query = query.where(audit.c.id < before)
     query = query.order_by(audit.c.id.desc()).limit(limit + 1)
-    with engine.connect() as connection:
+    with reading(engine) as connection:
         rows = [dict(row) for row in connection.execute(query).mappings()]
     next_cursor = encode_cursor([int(rows[limit - 1]["id"])]) if len(rows) > limit else None
     return Page(rows[:limit], next_cursor)
@@ -114,7 +115,7 @@ def list_audit(
 def read_binding(engine: Engine, request_id: str) -> dict[str, Any] | None:
     """The external object a delivered request is bound to, if any."""
     binding = schema.binding
-    with engine.connect() as connection:
+    with reading(engine) as connection:
         row = connection.execute(
             sa.select(binding).where(binding.c.request_id == request_id)
         ).mappings().first()
