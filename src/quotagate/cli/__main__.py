@@ -1,0 +1,3 @@
+from quotagate.cli.main import main
+
+main()
