@@ -1,0 +1,109 @@
+"""Two `serve` processes on one PostgreSQL, hammered by concurrent client processes.
+
+Pairs of clients submit the same ids with the same content (idempotent
+replays, through different servers) and race to complete the same requests;
+both servers run admission at the same time. At the end invariants 1-3 hold:
+nothing oversold, promise ⇔ outbox, one row per id, everything returned.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from test_http_support import bearer, make_token, running_server
+
+from quotagate import Quotagate
+from support.databases import fresh_database
+
+CLIENTS = 4
+REQUESTS_PER_CLIENT = 30
+DEADLINE = 120.0
+TENANT_QUOTAS = {"team-a": {"gpu": 3}, "team-b": {"gpu": 4}}
+POOLS = {"pool-1": {"gpu": 4}, "pool-2": {"gpu": 2}}
+
+
+def run_client(urls: list[str], token: str, tenant: str, ids: list[str]) -> dict[str, Any]:
+    """Submit every id, then complete each one once it is admitted; alternate servers."""
+    statuses: dict[str, int] = {}
+    released_total = 0
+    clients = [httpx.Client(base_url=url, headers=bearer(token), timeout=60) for url in urls]
+    try:
+        for index, request_id in enumerate(ids):
+            client = clients[index % len(clients)]
+            response = client.post(f"/v1/tenants/{tenant}/requests",
+                                   json={"id": request_id, "cost": {"gpu": 1 + index % 2},
+                                         "payload": {"n": index}})
+            statuses[str(response.status_code)] = statuses.get(str(response.status_code), 0) + 1
+        remaining = list(ids)
+        until = time.monotonic() + DEADLINE
+        turn = 0
+        while remaining and time.monotonic() < until:
+            still = []
+            for request_id in remaining:
+                turn += 1
+                client = clients[turn % len(clients)]
+                state = client.get(f"/v1/tenants/{tenant}/requests/{request_id}").json()["state"]
+                if state in ("reserved", "delivered"):
+                    done = client.post(f"/v1/tenants/{tenant}/requests/{request_id}/complete")
+                    assert done.status_code == 200, done.text
+                    released_total += sum(done.json()["released"].values())
+                elif state != "completed":
+                    still.append(request_id)
+            remaining = still
+            if remaining:
+                time.sleep(0.05)
+        return {"statuses": statuses, "released": released_total, "left": remaining}
+    finally:
+        for client in clients:
+            client.close()
+
+
+@pytest.mark.slow
+def test_two_servers_and_concurrent_clients_keep_the_invariants(tmp_path: Path) -> None:
+    with fresh_database("postgresql", tmp_path) as db_url:
+        admin = make_token(db_url)
+        with running_server(db_url, tmp_path) as first, running_server(db_url, tmp_path) as second:
+            for pool, capacity in POOLS.items():
+                httpx.put(f"{first.url}/v1/pools/{pool}", json={"capacity": capacity},
+                          headers=bearer(admin)).raise_for_status()
+            for tenant, quota in TENANT_QUOTAS.items():
+                httpx.put(f"{second.url}/v1/tenants/{tenant}", json={"quota": quota},
+                          headers=bearer(admin)).raise_for_status()
+            tokens = {tenant: make_token(db_url, tenant=tenant) for tenant in TENANT_QUOTAS}
+            tenants = list(TENANT_QUOTAS)
+            # Clients 0 and 1 share ids (team-a), clients 2 and 3 share ids (team-b).
+            jobs = []
+            for client in range(CLIENTS):
+                tenant = tenants[client // 2]
+                ids = [f"{tenant}-{n}" for n in range(REQUESTS_PER_CLIENT)]
+                urls = [first.url, second.url] if client % 2 else [second.url, first.url]
+                jobs.append((urls, tokens[tenant], tenant, ids))
+            context = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(CLIENTS, mp_context=context) as pool:
+                results = list(pool.map(run_client, *zip(*jobs, strict=True)))
+            first_status, second_status = first.stop(), second.stop()
+        assert first_status == second_status == 0
+
+        assert all(not result["left"] for result in results), results
+        for pair in (results[0:2], results[2:4]):
+            statuses: dict[str, int] = {}
+            for result in pair:
+                for status, count in result["statuses"].items():
+                    statuses[status] = statuses.get(status, 0) + count
+            # Each id is new exactly once; its twin submission is a replay.
+            assert statuses == {"202": REQUESTS_PER_CLIENT, "200": REQUESTS_PER_CLIENT}, statuses
+            # Racing completes return each request's cost exactly once.
+            expected = sum(1 + n % 2 for n in range(REQUESTS_PER_CLIENT))
+            assert sum(result["released"] for result in pair) == expected
+        with Quotagate.connect(db_url) as gate:
+            assert gate.check_invariants() == []
+            rows = gate.inspect(limit=1000)
+            assert len(rows["requests"]) == len(TENANT_QUOTAS) * REQUESTS_PER_CLIENT
+            assert {row["state"] for row in rows["requests"]} == {"completed"}
+            assert all(row["used"] == 0 for row in rows["tenants"] + rows["pools"])
