@@ -1,0 +1,68 @@
+"""API tokens in the ledger database, on every backend."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from quotagate import Quotagate
+from quotagate.auth.tokens import TokenStore
+from quotagate.errors import InvalidInput, NotFound, Unauthorized
+from quotagate.store import schema
+
+
+def test_a_token_is_shown_once_and_only_its_hash_is_stored(gate: Quotagate) -> None:
+    tokens = TokenStore(gate.engine, clock=gate.clock)
+    created = tokens.create(tenant="team-a", label="ci")
+    secret = created.token.split("_", 2)[2]
+    with gate.engine.connect() as connection:
+        stored = connection.execute(sa.select(schema.api_token)).mappings().one()
+    assert secret not in str(dict(stored).values())
+    assert stored["secret_hash"] != secret and len(stored["secret_hash"]) == 64
+    actor = tokens.authenticate(created.token)
+    assert (actor.token_id, actor.admin, actor.tenant) == (created.info.id, False, "team-a")
+    assert [info.id for info in tokens.list()] == [created.info.id]
+
+
+def test_wrong_unknown_and_revoked_tokens_get_the_same_refusal(gate: Quotagate) -> None:
+    tokens = TokenStore(gate.engine, clock=gate.clock)
+    created = tokens.create(admin=True)
+    token_id = created.info.id
+    refusals = []
+    for text in (f"qg_{token_id}_wrong", f"qg_{'f' * 16}_whatever"):
+        with pytest.raises(Unauthorized) as refused:
+            tokens.authenticate(text)
+        refusals.append(refused.value.to_dict())
+    revoked = tokens.revoke(token_id)
+    assert revoked.revoked is not None
+    assert tokens.revoke(token_id).revoked == revoked.revoked, "revoking twice changes nothing"
+    with pytest.raises(Unauthorized) as refused:
+        tokens.authenticate(created.token)
+    refusals.append(refused.value.to_dict())
+    assert refusals[0] == refusals[1] == refusals[2]
+    with pytest.raises(NotFound):
+        tokens.revoke("0" * 16)
+
+
+def test_a_token_is_admin_or_scoped_never_both(gate: Quotagate) -> None:
+    tokens = TokenStore(gate.engine)
+    for arguments in ({}, {"admin": True, "tenant": "team-a"}):
+        with pytest.raises(InvalidInput):
+            tokens.create(**arguments)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput):
+        tokens.create(tenant="Not A Name")
+
+
+def test_token_changes_are_audited(gate: Quotagate) -> None:
+    tokens = TokenStore(gate.engine, clock=gate.clock)
+    created = tokens.create(tenant="team-a", actor="ops")
+    tokens.revoke(created.info.id, actor="ops")
+    with gate.engine.connect() as connection:
+        rows = connection.execute(
+            sa.select(schema.audit.c.operation, schema.audit.c.actor, schema.audit.c.tenant,
+                      schema.audit.c.target).order_by(schema.audit.c.id)
+        ).all()
+    target = f"token/{created.info.id}"
+    assert [tuple(row) for row in rows] == [
+        ("token.create", "ops", "team-a", target), ("token.revoke", "ops", "team-a", target)
+    ]
