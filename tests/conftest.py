@@ -8,9 +8,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from support.databases import BACKENDS, fresh_database  # noqa: E402
-
-from quotagate import ManualClock, Quotagate  # noqa: E402
+from quotagate import ManualClock, Quotagate
+from support.databases import BACKENDS, fresh_database
 
 
 @pytest.fixture(params=BACKENDS)

@@ -9,11 +9,10 @@ from collections import defaultdict
 import pytest
 import sqlalchemy as sa
 
-from support import workers
-from support.ledger_state import count
-
 from quotagate import Quotagate
 from quotagate.store import schema
+from support import workers
+from support.ledger_state import count
 
 ADMITTERS = 8
 SUBMITTERS = 2

@@ -6,10 +6,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from support.ledger_state import count, snapshot
-
 from quotagate import Conflict, InvalidInput, ManualClock, NotFound, Quotagate, RequestState
 from quotagate.store import schema
+from support.ledger_state import count, snapshot
 
 
 @pytest.fixture

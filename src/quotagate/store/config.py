@@ -13,9 +13,8 @@ from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import validate_amounts, validate_name
 from quotagate.errors import Conflict, NotFound
 from quotagate.store import schema
-from quotagate.store.dialect import reading
 from quotagate.store.audit import AuditEntry, record
-from quotagate.store.dialect import run_transaction
+from quotagate.store.dialect import reading, run_transaction
 from quotagate.store.rows import usage_by_holder
 
 

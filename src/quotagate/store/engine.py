@@ -51,7 +51,7 @@ def normalise_url(text: str) -> URL:
             "use sqlite, postgresql or mysql",
             code="invalid_database_url",
         )
-    wanted, extra = _DRIVERS[backend]
+    wanted, _extra = _DRIVERS[backend]
     if driver and f"{wanted.split('+')[0]}+{driver}" != wanted:
         raise InvalidInput(
             f"driver {driver!r} is not supported; quotagate uses {wanted}",

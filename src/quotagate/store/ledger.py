@@ -36,11 +36,11 @@ from quotagate.store import schema
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.dialect import run_transaction, supports_skip_locked
 from quotagate.store.rows import (
+    adjust_usage,
+    all_usage,
     decode_cost,
     encode_cost,
-    pool_usage,
     request_from_row,
-    tenant_usage,
 )
 
 DEFAULT_TTL = 3600.0
@@ -279,8 +279,7 @@ class Ledger:
         return []
 
     def _admit(self, connection: sa.Connection, limit: int, actor: str) -> list[Placement]:
-        tenants = tenant_usage(connection)
-        pools = pool_usage(connection)
+        tenants, pools = all_usage(connection)
         open_tenants = sorted(
             name for name, usage in tenants.items() if any(cap > used for used, cap in usage.values())
         )
@@ -288,7 +287,7 @@ class Ledger:
             cap > used for usage in pools.values() for used, cap in usage.values()
         ):
             return []
-        candidates = self._candidates(connection, open_tenants)
+        candidates, targets = self._candidates(connection, open_tenants)
         skipped: set[str] = set()
         locked: list[Placement] = []
         # Another admitter may hold some of our picks; skip them and plan again
@@ -309,25 +308,16 @@ class Ledger:
             return []
         self._charge(connection, locked)
         now = self.clock.now()
-        for placement in locked:
-            result = connection.execute(
-                schema.request.update()
-                .where(
-                    schema.request.c.id == placement.id,
-                    schema.request.c.state == RequestState.WAITING.value,
-                )
-                .values(state=RequestState.RESERVED.value, pool=placement.pool, updated=now)
-            )
-            if result.rowcount != 1:
-                raise CapacityChanged(placement.id)
-        targets: dict[str, str | None] = {
-            request_id: target
-            for request_id, target in connection.execute(
-                sa.select(schema.request.c.id, schema.request.c.target).where(
-                    schema.request.c.id.in_([placement.id for placement in locked])
-                )
-            )
-        }
+        request = schema.request
+        ids = [placement.id for placement in locked]
+        pool_of = sa.case({p.id: p.pool for p in locked}, value=request.c.id)
+        result = connection.execute(
+            request.update()
+            .where(request.c.id.in_(ids), request.c.state == RequestState.WAITING.value)
+            .values(state=RequestState.RESERVED.value, pool=pool_of, updated=now)
+        )
+        if result.rowcount != len(locked):
+            raise CapacityChanged(",".join(ids))
         connection.execute(
             schema.outbox.insert(),
             [
@@ -353,8 +343,10 @@ class Ledger:
         )
         return locked
 
-    def _candidates(self, connection: sa.Connection, tenants: Sequence[str]) -> list[Candidate]:
-        """The head of each open tenant's queue, merged into queue order.
+    def _candidates(
+        self, connection: sa.Connection, tenants: Sequence[str]
+    ) -> tuple[list[Candidate], dict[str, str | None]]:
+        """The head of each open tenant's queue, merged into queue order, and their targets.
 
         One bounded index range scan per tenant: the cost does not grow with
         the length of the waiting queue.
@@ -363,7 +355,7 @@ class Ledger:
         heads = [
             sa.select(
                 request.c.id, request.c.tenant, request.c.cost, request.c.queue_key,
-                request.c.created,
+                request.c.created, request.c.target,
             )
             .where(request.c.tenant == tenant, request.c.state == RequestState.WAITING.value)
             .order_by(request.c.queue_key, request.c.created, request.c.id)
@@ -376,9 +368,14 @@ class Ledger:
             *(sa.select(head) for head in heads)
         )
         rows = sorted(connection.execute(query), key=lambda row: (row[3], row[4], row[0]))
-        return [Candidate(row[0], row[1], decode_cost(row[2])) for row in rows]
+        candidates = [Candidate(row[0], row[1], decode_cost(row[2])) for row in rows]
+        return candidates, {row[0]: row[5] for row in rows}
 
     def _lock_waiting(self, connection: sa.Connection, ids: list[str]) -> set[str]:
+        if not supports_skip_locked(connection):
+            # SQLite: this transaction began IMMEDIATE and holds the only write
+            # lock, so the rows it just read as waiting are still waiting.
+            return set(ids)
         query = (
             sa.select(schema.request.c.id)
             .where(
@@ -386,36 +383,26 @@ class Ledger:
                 schema.request.c.state == RequestState.WAITING.value,
             )
             .order_by(schema.request.c.id)
+            .with_for_update(skip_locked=True)
         )
-        if supports_skip_locked(connection):
-            query = query.with_for_update(skip_locked=True)
         return set(connection.execute(query).scalars())
 
     def _charge(self, connection: sa.Connection, placements: Sequence[Placement]) -> None:
-        tenant_totals: dict[tuple[str, str], int] = {}
-        pool_totals: dict[tuple[str, str], int] = {}
+        tenant_totals: dict[str, dict[str, int]] = {}
+        pool_totals: dict[str, dict[str, int]] = {}
         for placement in placements:
             for resource, amount in placement.cost.items():
-                key = (placement.tenant, resource)
-                tenant_totals[key] = tenant_totals.get(key, 0) + amount
-                key = (placement.pool, resource)
-                pool_totals[key] = pool_totals.get(key, 0) + amount
+                by_tenant = tenant_totals.setdefault(placement.tenant, {})
+                by_tenant[resource] = by_tenant.get(resource, 0) + amount
+                by_pool = pool_totals.setdefault(placement.pool, {})
+                by_pool[resource] = by_pool.get(resource, 0) + amount
         for table, holder, totals in (
             (schema.tenant_quota, "tenant", tenant_totals),
             (schema.pool_capacity, "pool", pool_totals),
         ):
-            for (name, resource), amount in sorted(totals.items()):
-                result = connection.execute(
-                    table.update()
-                    .where(
-                        table.c[holder] == name,
-                        table.c.resource == resource,
-                        table.c.used + amount <= table.c.cap,
-                    )
-                    .values(used=table.c.used + amount)
-                )
-                if result.rowcount != 1:
-                    raise CapacityChanged(f"{holder} {name} {resource}")
+            for name, amounts in sorted(totals.items()):
+                if not adjust_usage(connection, table, holder, name, amounts, charge=True):
+                    raise CapacityChanged(f"{holder} {name}")
 
     # -- release ---------------------------------------------------------------
 
@@ -520,20 +507,8 @@ class Ledger:
             (schema.tenant_quota, "tenant", tenant),
             (schema.pool_capacity, "pool", pool),
         ):
-            for resource, amount in sorted(cost.items()):
-                result = connection.execute(
-                    table.update()
-                    .where(
-                        table.c[holder] == name,
-                        table.c.resource == resource,
-                        table.c.used >= amount,
-                    )
-                    .values(used=table.c.used - amount)
-                )
-                if result.rowcount != 1:
-                    raise RuntimeError(
-                        f"ledger inconsistent: cannot return {amount} {resource} to {holder} {name}"
-                    )
+            if not adjust_usage(connection, table, holder, name, cost, charge=False):
+                raise RuntimeError(f"ledger inconsistent: cannot return {cost} to {holder} {name}")
 
     # -- expire ----------------------------------------------------------------
 

@@ -21,7 +21,7 @@ def decode_cost(text: str) -> Cost:
     return decoded
 
 
-def request_from_row(row: Mapping[str, Any]) -> Request:
+def request_from_row(row: Mapping[Any, Any]) -> Request:
     return Request(
         id=row["id"],
         tenant=row["tenant"],
@@ -57,3 +57,47 @@ def tenant_usage(connection: sa.Connection) -> dict[str, dict[str, tuple[int, in
 
 def pool_usage(connection: sa.Connection) -> dict[str, dict[str, tuple[int, int]]]:
     return usage_by_holder(connection, schema.pool_capacity, "pool")
+
+
+def all_usage(
+    connection: sa.Connection,
+) -> tuple[dict[str, dict[str, tuple[int, int]]], dict[str, dict[str, tuple[int, int]]]]:
+    """Tenant and pool usage in one round trip (the admission hot path)."""
+    quota, capacity = schema.tenant_quota, schema.pool_capacity
+    query = sa.union_all(
+        sa.select(sa.literal("t").label("kind"), quota.c.tenant.label("holder"), quota.c.resource,
+                  quota.c.used, quota.c.cap),
+        sa.select(sa.literal("p").label("kind"), capacity.c.pool.label("holder"),
+                  capacity.c.resource, capacity.c.used, capacity.c.cap),
+    )
+    tenants: dict[str, dict[str, tuple[int, int]]] = {}
+    pools: dict[str, dict[str, tuple[int, int]]] = {}
+    for kind, holder, resource, used, cap in connection.execute(query):
+        (tenants if kind == "t" else pools).setdefault(holder, {})[resource] = (
+            int(used), int(cap))
+    return tenants, pools
+
+
+def adjust_usage(
+    connection: sa.Connection,
+    table: sa.Table,
+    holder_column: str,
+    holder: str,
+    amounts: Mapping[str, int],
+    *,
+    charge: bool,
+) -> bool:
+    """Charge (or return) ``amounts`` on one holder's rows in one conditional UPDATE.
+
+    A charge only applies where ``used + amount <= cap`` and a return only where
+    ``used >= amount``; the update counts only if it hit one row per resource,
+    so the caller rolls back when it did not.
+    """
+    amount = sa.case(dict(amounts), value=table.c.resource)
+    condition = table.c.used + amount <= table.c.cap if charge else table.c.used >= amount
+    result = connection.execute(
+        table.update()
+        .where(table.c[holder_column] == holder, table.c.resource.in_(list(amounts)), condition)
+        .values(used=table.c.used + amount if charge else table.c.used - amount)
+    )
+    return result.rowcount == len(amounts)

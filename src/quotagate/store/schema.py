@@ -23,7 +23,7 @@ metadata = sa.MetaData(
 NAME = sa.String(63)
 REQUEST_ID = sa.String(128)
 RESOURCE = sa.String(32)
-TIME = sa.Double()
+TIME: sa.Double[float] = sa.Double()
 
 tenant = sa.Table(
     "qg_tenant",

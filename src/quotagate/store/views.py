@@ -135,7 +135,7 @@ class LedgerViews:
             pools = pool_usage(connection)
             position = self.queue_position(connection, row, same_tenant=False)
             tenant_position = self.queue_position(connection, row, same_tenant=True)
-        tenant_blocks = [
+        tenant_blocks: list[dict[str, Any]] = [
             {"resource": resource, "need": cost[resource],
              "used": tenants.get(row["tenant"], {}).get(resource, (0, 0))[0],
              "cap": tenants.get(row["tenant"], {}).get(resource, (0, 0))[1]}
