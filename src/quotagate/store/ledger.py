@@ -51,6 +51,25 @@ DEFAULT_ADMISSION_WINDOW = 32
 _MAX_EXPIRED_PER_PASS = 1000
 
 
+def head_of_queues(tenants: Sequence[str], window: int) -> sa.Select[Any] | sa.CompoundSelect[Any]:
+    """The first ``window`` waiting requests of each tenant, one index range scan each."""
+    request = schema.request
+    heads = [
+        sa.select(
+            request.c.id, request.c.tenant, request.c.cost, request.c.queue_key,
+            request.c.created, request.c.target,
+        )
+        .where(request.c.tenant == tenant, request.c.state == RequestState.WAITING.value)
+        .order_by(request.c.queue_key, request.c.created, request.c.id)
+        .limit(window)
+        .subquery(f"head_{index}")
+        for index, tenant in enumerate(tenants)
+    ]
+    if len(heads) == 1:
+        return sa.select(heads[0])
+    return sa.union_all(*(sa.select(head) for head in heads))
+
+
 class CapacityChanged(Exception):
     """A conditional charge missed: the snapshot was stale. The transaction is rerun."""
 
@@ -351,22 +370,7 @@ class Ledger:
         One bounded index range scan per tenant: the cost does not grow with
         the length of the waiting queue.
         """
-        request = schema.request
-        heads = [
-            sa.select(
-                request.c.id, request.c.tenant, request.c.cost, request.c.queue_key,
-                request.c.created, request.c.target,
-            )
-            .where(request.c.tenant == tenant, request.c.state == RequestState.WAITING.value)
-            .order_by(request.c.queue_key, request.c.created, request.c.id)
-            .limit(self.admission_window)
-            .subquery(f"head_{index}")
-            for index, tenant in enumerate(tenants)
-        ]
-        query: sa.Select[Any] | sa.CompoundSelect[Any]
-        query = sa.select(heads[0]) if len(heads) == 1 else sa.union_all(
-            *(sa.select(head) for head in heads)
-        )
+        query = head_of_queues(tenants, self.admission_window)
         rows = sorted(connection.execute(query), key=lambda row: (row[3], row[4], row[0]))
         candidates = [Candidate(row[0], row[1], decode_cost(row[2])) for row in rows]
         return candidates, {row[0]: row[5] for row in rows}

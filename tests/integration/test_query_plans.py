@@ -1,0 +1,60 @@
+"""The admission hot query reads the queue through its index on every engine.
+
+If the index stops being used, admission cost grows with the waiting queue:
+that must be a failing test, not a slow night.
+"""
+
+from __future__ import annotations
+
+import json
+
+from quotagate import Quotagate
+from quotagate.domain.ordering import queue_key
+from quotagate.store import schema
+from quotagate.store.ledger import head_of_queues
+
+QUEUE_INDEX = "ix_qg_request_tenant_state_queue_key_created_id"
+
+
+def _fill_queue(gate: Quotagate, count: int) -> None:
+    rows = [
+        {
+            "id": f"r{index}", "tenant": f"team-{index % 3}", "state": "waiting" if index % 5 else
+            "completed", "cost": json.dumps({"gpu": 1}), "priority": index % 4, "payload": "null",
+            "target": None, "pool": None, "queue_key": queue_key(index % 4, 1000.0 + index, 30.0),
+            "created": 1000.0 + index, "updated": 1000.0 + index, "reason": None,
+        }
+        for index in range(count)
+    ]
+    with gate.engine.begin() as connection:
+        connection.execute(schema.request.insert(), rows)
+        name = gate.engine.dialect.name
+        if name == "postgresql":
+            connection.exec_driver_sql("ANALYZE qg_request")
+        elif name == "mysql":
+            connection.exec_driver_sql("ANALYZE TABLE qg_request")
+        else:
+            connection.exec_driver_sql("ANALYZE")
+
+
+def test_admission_reads_each_tenant_queue_through_the_index(gate: Quotagate) -> None:
+    _fill_queue(gate, 6000)
+    query = head_of_queues(["team-0", "team-1", "team-2"], 32)
+    compiled = query.compile(gate.engine, compile_kwargs={"literal_binds": True})
+    name = gate.engine.dialect.name
+    with gate.engine.connect() as connection:
+        if name == "postgresql":
+            plan = "\n".join(row[0] for row in connection.exec_driver_sql(f"EXPLAIN {compiled}"))
+            assert QUEUE_INDEX in plan, plan
+            assert "Seq Scan" not in plan and "Sort" not in plan, plan
+        elif name == "mysql":
+            rows = connection.exec_driver_sql(f"EXPLAIN {compiled}").mappings().all()
+            tables = [row for row in rows if row["table"] == "qg_request"]
+            assert tables and all(row["key"] == QUEUE_INDEX for row in tables), rows
+            assert not any("filesort" in (row["Extra"] or "") for row in tables), rows
+        else:
+            plan = "\n".join(
+                str(row[-1]) for row in connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}")
+            )
+            assert f"USING INDEX {QUEUE_INDEX}" in plan, plan
+            assert "TEMP B-TREE FOR ORDER BY" not in plan.split("COMPOUND")[0], plan
