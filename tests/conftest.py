@@ -12,7 +12,7 @@ from quotagate import ManualClock, Quotagate
 from support.databases import BACKENDS, fresh_database
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=[pytest.param(name, marks=getattr(pytest.mark, name)) for name in BACKENDS])
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
