@@ -267,6 +267,23 @@ def test_error_bodies_have_a_code_and_a_message(api: Api) -> None:
     assert client.get(path).json()["requests"] == [], "bad input changed nothing"
 
 
+def test_an_exhausted_rate_quota_answers_429_with_retry_after(api: Api) -> None:
+    name, client = api.tenant()
+    with Quotagate.connect(api.db_url) as gate:
+        gate.set_rate(name, "capacity=1,refill=0.01", actor="test")
+    path = f"/v1/tenants/{name}/requests"
+    assert client.post(path, json={"id": new_id(), "cost": {"gpu": 1}}).status_code == 202
+    refused_id = new_id()
+    refused = client.post(path, json={"id": refused_id, "cost": {"gpu": 1}})
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["code"] == "rate_quota_exhausted"
+    assert 1 <= int(refused.headers["Retry-After"]) <= 101
+    shown = client.get(f"{path}/{refused_id}").json()
+    assert shown["state"] == "rejected", "refused work leaves a visible trace"
+    text = httpx.get(f"{api.server.url}/metrics").text
+    assert f'quotagate_rejections_total{{code="rate_quota_exhausted",tenant="{name}"}} 1.0' in text
+
+
 def test_audit_log_records_who_did_what(api: Api) -> None:
     name, client = api.tenant()
     request_id = new_id()

@@ -25,7 +25,9 @@ _CODES_BY_STATUS = {
 def error_response(error: QuotagateError) -> JSONResponse:
     headers = {}
     if isinstance(error, RateLimited):
-        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
+        # Whole seconds, rounded up; a bucket that never refills still gets a number.
+        seconds = error.retry_after if math.isfinite(error.retry_after) else 86400
+        headers["Retry-After"] = str(max(1, math.ceil(seconds)))
     if error.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse(error.to_dict(), status_code=error.status, headers=headers)
