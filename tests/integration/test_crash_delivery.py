@@ -34,7 +34,7 @@ from quotagate.delivery.registry import TargetStore
 from quotagate.store import schema
 
 WORKER = "from quotagate.cli.main import main; main()"
-WORKER_OPTIONS = ["--lease-ttl", "1", "--poll", "0.05", "--retry-base", "0.2"]
+WORKER_OPTIONS = ["--lease-ttl", "0.5", "--poll", "0.05", "--retry-base", "0.2"]
 
 
 @pytest.fixture
@@ -124,6 +124,21 @@ def wait_for_generation(gate: Quotagate, worker: str, above: int, timeout: float
     raise AssertionError(f"worker {worker} never took its lease")
 
 
+def wait_until_ended(gate: Quotagate, ids: list[str], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with gate.engine.connect() as connection:
+            pending = connection.execute(
+                sa.select(sa.func.count()).select_from(schema.request).where(
+                    schema.request.c.state.in_(["reserved", "delivered"])
+                )
+            ).scalar_one()
+        if pending == 0:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{pending} of {len(ids)} requests never ended")
+
+
 def run_dirs(tmp_path: Path) -> list[Path]:
     runs = tmp_path / "runs"
     return [p for p in runs.iterdir() if not p.name.startswith(".")] if runs.exists() else []
@@ -177,13 +192,13 @@ def test_workers_killed_at_random_moments_still_deliver_each_request_once(
             assert finish(workers[name]) == -signal.SIGKILL
             kills += 1
             workers[name] = start_worker(db_url, name, "--batch", "2")
-        for worker in workers.values():
-            # A clean stop releases the lease (a worker still starting up dies of it).
+        # The last two workers finish the work, then stop cleanly.
+        wait_until_ended(gate, ids)
+        for name, worker in workers.items():
+            wait_for_generation(gate, name, above=generations[name])  # running, not importing
             worker.send_signal(signal.SIGTERM)
-            finish(worker, allowed=(0, -signal.SIGTERM))
-        finals = [start_worker(db_url, name, "--until-idle") for name in ("w1", "w2")]
-        for worker in finals:
-            assert finish(worker) == 0
+            assert finish(worker, allowed=(0,)) == 0
+        assert [row["owner"] for row in table(gate, schema.lease)] == [None, None]  # released
     finally:
         for worker in workers.values():
             if worker.poll() is None:
