@@ -20,6 +20,7 @@ requests are put back to waiting and the usage to zero between runs).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import queue
 import statistics
@@ -358,74 +359,86 @@ def _timed(admitters: Sequence[Callable[[], int]], samples: int) -> list[tuple[f
     ]
 
 
-def latency(
-    backend: str, settings: Settings, waiting: int, *, capped_head: bool
-) -> tuple[float, float, float, float]:
-    """(median, p95) of ``admit(1)`` and of the raw transaction, in ms, on a fresh queue.
+def _admit_one(ledger: Ledger) -> Callable[[], int]:
+    return lambda: len(ledger.admit(1))
 
-    The queue starts with as many extra requests as the timed admissions take
-    away, so that ``waiting`` are still there at the last sample.
+
+def fill_queue(url: str, settings: Settings, waiting: int, *, capped_head: bool) -> list[str]:
+    """Configure a fresh ledger with ``waiting`` requests; return the tenant names.
+
+    The queue gets as many extra requests as the timed admissions take away, so
+    that ``waiting`` are still there at the last sample.
     """
-    consumed = 2 * (settings.samples + 5)
-    with throwaway_database(backend) as url:
-        engine = create_engine(url)
-        try:
-            quotas = {tenant: {"gpu": ROOMY, "cpu": ROOMY} for tenant in TENANTS}
-            now = time.time()
-            if capped_head:
-                # "hog" holds 99% of the queue, all of it ahead of everyone else
-                # (older and higher priority), and is at its gpu cap: every
-                # admission must look past its head to find the others.
-                hog_count = waiting - waiting // 100
-                quotas["hog"] = {"gpu": HOG_GPU_CAP, "cpu": ROOMY}
-                configure(engine, quotas)
-                bulk_insert(engine, waiting_rows(hog_count, ["hog"], prefix="hog",
-                                                 start=now - 900, span=300, priority=5,
-                                                 costs=(HOG_COST,)))
-                bulk_insert(engine, waiting_rows(waiting // 100 + consumed, TENANTS, prefix="lat",
-                                                 start=now - 600, span=300, priority=0))
-                filler = Ledger(engine)
-                for _ in range(HOG_GPU_CAP):  # the hog's requests come first: fill it to its cap
-                    filler.admit(1)
-                with engine.connect() as connection:
-                    hog_used = connection.execute(
-                        sa.select(schema.tenant_quota.c.used).where(
-                            schema.tenant_quota.c.tenant == "hog",
-                            schema.tenant_quota.c.resource == "gpu",
-                        )
-                    ).scalar_one()
-                if hog_used != HOG_GPU_CAP:
-                    raise RuntimeError(f"the hog should be at its cap, it uses {hog_used}")
-                tenants = [*TENANTS, "hog"]
-            else:
-                configure(engine, quotas)
-                bulk_insert(engine, waiting_rows(waiting + consumed, TENANTS, prefix="lat",
-                                                 start=now - 600, span=300, priority=0))
-                tenants = list(TENANTS)
-            ledger = Ledger(engine)
-            raw = RawAdmission(url, tenants)
-            try:
-                ours, theirs = _timed([lambda: len(ledger.admit(1)), raw.admit_one],
-                                      settings.samples)
-            finally:
-                raw.close()
-            check_balanced(engine)
-            return (*ours, *theirs)
-        finally:
-            engine.dispose()
+    extra = 2 * (settings.samples + 5)
+    quotas = {tenant: {"gpu": ROOMY, "cpu": ROOMY} for tenant in TENANTS}
+    now = time.time()
+    engine = create_engine(url)
+    try:
+        if not capped_head:
+            configure(engine, quotas)
+            bulk_insert(engine, waiting_rows(waiting + extra, TENANTS, prefix="lat",
+                                             start=now - 600, span=300, priority=0))
+            return list(TENANTS)
+        # "hog" holds 99% of the queue, all of it ahead of everyone else (older
+        # and higher priority), and is at its gpu cap: every admission must
+        # look past its head to find the requests of the others.
+        quotas["hog"] = {"gpu": HOG_GPU_CAP, "cpu": ROOMY}
+        configure(engine, quotas)
+        bulk_insert(engine, waiting_rows(waiting - waiting // 100, ["hog"], prefix="hog",
+                                         start=now - 900, span=300, priority=5,
+                                         costs=(HOG_COST,)))
+        bulk_insert(engine, waiting_rows(waiting // 100 + extra, TENANTS, prefix="lat",
+                                         start=now - 600, span=300, priority=0))
+        filler = Ledger(engine)
+        for _ in range(HOG_GPU_CAP):  # the hog's requests come first: fill it to its cap
+            filler.admit(1)
+        with engine.connect() as connection:
+            hog_used = connection.execute(
+                sa.select(schema.tenant_quota.c.used).where(
+                    schema.tenant_quota.c.tenant == "hog",
+                    schema.tenant_quota.c.resource == "gpu",
+                )
+            ).scalar_one()
+        if hog_used != HOG_GPU_CAP:
+            raise RuntimeError(f"the hog should be at its cap, it uses {hog_used}")
+        return [*TENANTS, "hog"]
+    finally:
+        engine.dispose()
 
 
 def measure_latency(
     backend: str, settings: Settings, log: Callable[[str], None]
 ) -> list[list[str]]:
-    rows: list[list[str]] = []
-    for waiting, capped_head, label in (
+    """Latency of ``admit(1)`` and of the raw transaction on three queues at once.
+
+    All three databases exist together and the samples go round all of them
+    (ours and raw on each), so a burst of other load on the machine cannot make
+    one queue size look slower than another.
+    """
+    scenarios = (
         (1_000, False, "1,000 waiting"),
         (settings.big_queue, False, f"{settings.big_queue:,} waiting"),
         (settings.big_queue, True, f"{settings.big_queue:,} waiting, head at cap"),
-    ):
-        median, p95, raw_median, raw_p95 = latency(backend, settings, waiting,
-                                                   capped_head=capped_head)
+    )
+    with contextlib.ExitStack() as stack:
+        admitters: list[Callable[[], int]] = []
+        engines: list[Engine] = []
+        for waiting, capped_head, _label in scenarios:
+            url = stack.enter_context(throwaway_database(backend))
+            tenants = fill_queue(url, settings, waiting, capped_head=capped_head)
+            engine = create_engine(url)
+            stack.callback(engine.dispose)
+            engines.append(engine)
+            ledger = Ledger(engine)
+            raw = RawAdmission(url, tenants)
+            stack.callback(raw.close)
+            admitters += [_admit_one(ledger), raw.admit_one]
+        timings = _timed(admitters, settings.samples)
+        for engine in engines:
+            check_balanced(engine)
+    rows: list[list[str]] = []
+    for index, (_waiting, _capped, label) in enumerate(scenarios):
+        (median, p95), (raw_median, raw_p95) = timings[2 * index], timings[2 * index + 1]
         log(f"  {backend}: {label}: median {median:.2f} ms, p95 {p95:.2f} ms")
         rows.append([backend, label, f"{median:.2f}", f"{p95:.2f}", f"{raw_median:.2f}",
                      f"{raw_p95:.2f}"])
