@@ -252,3 +252,16 @@ def test_a_cancelled_request_is_not_delivered(ledger: Quotagate, tmp_path: Path)
     Dispatcher(ledger, worker_name="w1").run_once()
     assert not (tmp_path / "runs").exists()
     assert rows(ledger, schema.outbox) == [] and rows(ledger, schema.binding) == []
+
+
+def test_outcomes_are_watched_page_by_page_until_every_request_ended(
+    ledger: Quotagate, tmp_path: Path
+) -> None:
+    ids = [f"job-{n}" for n in range(3)]
+    for request_id in ids:
+        ledger.submit(request_id, "team-a", {"gpu": 1})
+    ledger.admit(10)
+    dispatcher = Dispatcher(ledger, worker_name="w1", observe_limit=1)
+    settle(dispatcher, ledger, ids)
+    assert {state(ledger, i) for i in ids} == {RequestState.COMPLETED}
+    assert ledger.check_invariants() == []

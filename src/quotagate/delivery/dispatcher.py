@@ -89,6 +89,7 @@ class Dispatcher:
         self._lease: Lease | None = None
         self._renewed_at = 0.0
         self._built: dict[str, tuple[TargetConfig, Target]] = {}
+        self._observed_up_to = ""
         crash_at = os.environ.get(CRASH_ENVIRONMENT_VARIABLE) or None
         if crash_at is not None and crash_at not in CRASH_POINTS:
             raise InvalidInput(
@@ -113,6 +114,11 @@ class Dispatcher:
                 except QuotagateError as error:
                     # The store is down or similar: say so, wait, try again.
                     logger.warning("worker %s: pass failed: %s", self.worker_name, error.message)
+                    done = 0
+                except Exception:
+                    # Keep the loop (often a thread of ``serve``) alive; the
+                    # next pass starts from what the database holds.
+                    logger.exception("worker %s: pass failed", self.worker_name)
                     done = 0
                 if done == 0:
                     stop.wait(self.poll_interval)
@@ -260,7 +266,12 @@ class Dispatcher:
     def _observe(self) -> int:
         """Release delivered requests whose executor reports an end (fenced by the lease)."""
         ended = 0
-        for _tenant, target_name, obtained in self.outbox.delivered_bindings(self.observe_limit):
+        watched = self.outbox.delivered_bindings(self.observe_limit, after=self._observed_up_to)
+        # Next pass goes on from here; a short page means we reached the end: wrap around.
+        self._observed_up_to = (
+            watched[-1][2].request_id if len(watched) == self.observe_limit else ""
+        )
+        for _tenant, target_name, obtained in watched:
             lease = self._lease
             if lease is None:
                 break

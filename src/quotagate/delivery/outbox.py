@@ -126,7 +126,13 @@ class OutboxStore:
 
         def check(connection: sa.Connection) -> None:
             self.leases.fence(connection, claim.lease)
-            self._hold(connection, claim, missing_ok=False)
+            # The release locks the request row next; take it before the outbox
+            # row so the lock order stays lease, request, outbox.
+            connection.execute(
+                sa.select(_request.c.id).where(_request.c.id == claim.request_id)
+                .with_for_update()
+            ).first()
+            self._hold(connection, claim)
 
         return check
 
@@ -137,7 +143,7 @@ class OutboxStore:
 
         def work(connection: sa.Connection) -> None:
             self.leases.fence(connection, claim.lease)
-            self._hold(connection, claim, missing_ok=False)
+            self._hold(connection, claim)
             existing = connection.execute(
                 sa.select(_binding).where(_binding.c.request_id == claim.request_id)
             ).first()
@@ -170,7 +176,7 @@ class OutboxStore:
             ).scalar()
             if state != RequestState.RESERVED.value:
                 raise RequestGone(claim.request_id)
-            self._hold(connection, claim, missing_ok=False)
+            self._hold(connection, claim)
             now = self.clock.now()
             connection.execute(
                 _outbox.update().where(_outbox.c.request_id == claim.request_id)
@@ -197,7 +203,7 @@ class OutboxStore:
 
         def work(connection: sa.Connection) -> None:
             self.leases.fence(connection, claim.lease)
-            self._hold(connection, claim, missing_ok=False)
+            self._hold(connection, claim)
             connection.execute(
                 _outbox.update().where(_outbox.c.request_id == claim.request_id).values(
                     attempts=_outbox.c.attempts + 1, last_error=error[:_ERROR_LENGTH],
@@ -211,14 +217,20 @@ class OutboxStore:
 
     # -- reads -----------------------------------------------------------------
 
-    def delivered_bindings(self, limit: int) -> list[tuple[str, str, ExternalObject]]:
-        """(tenant, target, object) of delivered requests still charged: outcomes to watch."""
+    def delivered_bindings(
+        self, limit: int, after: str = ""
+    ) -> list[tuple[str, str, ExternalObject]]:
+        """(tenant, target, object) of delivered requests still charged: outcomes to watch.
+
+        Paged by request id after ``after``, so a worker watching more running
+        requests than one page still gets round to every one of them.
+        """
         query = (
             sa.select(_request.c.tenant, _binding.c.target, _binding.c.external_name,
                       _binding.c.uid, _binding.c.request_id)
             .select_from(_request.join(_binding, _binding.c.request_id == _request.c.id))
-            .where(_request.c.state == RequestState.DELIVERED.value)
-            .order_by(_request.c.updated, _request.c.id)
+            .where(_request.c.state == RequestState.DELIVERED.value, _request.c.id > after)
+            .order_by(_request.c.id)
             .limit(limit)
         )
         with self.engine.connect() as connection:
@@ -231,7 +243,7 @@ class OutboxStore:
     # -- helpers ---------------------------------------------------------------
 
     @staticmethod
-    def _hold(connection: sa.Connection, claim: Claim, *, missing_ok: bool) -> bool:
+    def _hold(connection: sa.Connection, claim: Claim) -> None:
         """Lock the outbox row and check the claim is still this one."""
         row = connection.execute(
             sa.select(_outbox.c.claimed_by, _outbox.c.claim_generation, _outbox.c.claim_token,
@@ -239,9 +251,7 @@ class OutboxStore:
             .where(_outbox.c.request_id == claim.request_id)
             .with_for_update()
         ).first()
-        if row is None:
-            if missing_ok:
-                return False
+        if row is None:  # released (cancelled, say): its outbox row went with it
             raise RequestGone(claim.request_id)
         if (row.claimed_by, row.claim_generation, row.claim_token, bool(row.delivered)) != (
             claim.lease.owner, claim.lease.generation, claim.token, False,
@@ -252,4 +262,3 @@ class OutboxStore:
                 f"generation {claim.lease.generation} was taken over; write refused",
                 code="claim_lost", request_id=claim.request_id,
             )
-        return True
