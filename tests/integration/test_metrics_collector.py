@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from quotagate import ManualClock, Quotagate
 from quotagate.observability.metrics import Metrics
 from quotagate.store import schema
@@ -70,3 +74,17 @@ def test_a_scrape_says_the_store_is_down_instead_of_failing() -> None:
         engine.dispose()
     assert "quotagate_store_up 0.0" in text
     assert "quotagate_tenant_used" not in text
+
+
+def test_the_dispatchers_process_counters_are_exported(tmp_path: Path) -> None:
+    stats = pytest.importorskip("quotagate.delivery.stats")
+    engine = create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
+    metrics = Metrics(engine)
+    value = metrics.registry.get_sample_value
+    before = value("quotagate_stale_generation_rejections_total") or 0
+    failures = value("quotagate_delivery_failures_total") or 0
+    stats.increment("stale_writes")
+    stats.increment("delivery_errors", 2)
+    assert value("quotagate_stale_generation_rejections_total") == before + 1
+    assert value("quotagate_delivery_failures_total") == failures + 2
+    engine.dispose()

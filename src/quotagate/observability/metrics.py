@@ -1,7 +1,8 @@
 """Per-tenant metrics: in-process counters plus gauges read from the ledger at scrape time.
 
 What happens inside this process (admissions it made, submissions it refused,
-stale-generation refusals it saw) is counted here; Prometheus sums the
+and the dispatcher's counters: attempts, failures, stale-generation refusals)
+is counted here; Prometheus sums the
 counters of all processes. What the database knows (usage, queue, outbox,
 leases) is read at scrape time by :class:`LedgerCollector`, so every process
 reports the same cluster-wide truth and nothing depends on which process did
@@ -141,6 +142,43 @@ class LedgerCollector(Collector):
         return families
 
 
+# Delivery's own process-wide counters (quotagate.delivery.stats) and the
+# names they are exported under.
+_DELIVERY_COUNTERS = {
+    "claimed": ("quotagate_delivery_claims", "Outbox rows claimed for delivery"),
+    "delivered": ("quotagate_deliveries", "Deliveries that reached their target"),
+    "delivery_errors": ("quotagate_delivery_failures", "Delivery attempts that failed"),
+    "retried": ("quotagate_delivery_retries", "Deliveries scheduled for another attempt"),
+    "failed": ("quotagate_delivery_given_up", "Requests failed after their last attempt"),
+    "completed": ("quotagate_delivery_outcomes", "Executor outcomes read back"),
+    "stale_writes": ("quotagate_stale_generation_rejections",
+                     "Writes refused because a newer lease generation exists"),
+    "leases_acquired": ("quotagate_leases_acquired", "Leases this process acquired"),
+    "leases_lost": ("quotagate_leases_lost", "Leases this process lost to a newer generation"),
+}
+
+
+class DeliveryStatsCollector(Collector):
+    """Exports the dispatcher's process-wide counters, when delivery is installed."""
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            from quotagate.delivery import stats  # type: ignore[attr-defined,unused-ignore]
+        except ImportError:
+            return []
+        values = stats.snapshot()
+        families: list[Metric] = []
+        for key, (name, documentation) in _DELIVERY_COUNTERS.items():
+            if key in values:
+                family = CounterMetricFamily(name, documentation + " (this process)")
+                family.add_metric([], values[key])
+                families.append(family)
+        return families
+
+
 class Metrics:
     """Everything one process exports on ``/metrics``."""
 
@@ -166,16 +204,12 @@ class Metrics:
             "quotagate_admission_pass_seconds", "Duration of one admission transaction",
             registry=self.registry,
         )
-        self.stale_generation = Counter(
-            "quotagate_stale_generation_rejections",
-            "Writes refused because a newer lease generation exists", ["worker"],
-            registry=self.registry,
-        )
         self.auth_refusals = Counter(
             "quotagate_auth_refusals", "Requests refused by authentication or authorization",
             ["reason"], registry=self.registry,
         )
         self.registry.register(LedgerCollector(engine, clock or SystemClock()))
+        self.registry.register(DeliveryStatsCollector())
 
     def record_admissions(
         self, admitted: Sequence[Any], created_by_id: dict[str, float], now: float
