@@ -89,17 +89,22 @@ def read_config(connection: sa.Connection, key: BucketKey) -> BucketConfig | Non
     return None if row is None else _config(row)
 
 
-def _tokens_after(connection: sa.Connection, statement: sa.Update, key: BucketKey) -> float | None:
-    """Run a bucket UPDATE; the row's tokens afterwards, or None if it matched nothing."""
+_AFTER = (bucket.c.tokens, bucket.c.capacity, bucket.c.refill_per_second)
+
+
+def _updated_row(connection: sa.Connection, statement: sa.Update, key: BucketKey) -> Any:
+    """Run a bucket UPDATE; the row's tokens and shape afterwards, or None if it matched nothing."""
     if connection.dialect.update_returning:
-        row = connection.execute(statement.returning(bucket.c.tokens)).first()
-        return None if row is None else float(row.tokens)
+        return connection.execute(statement.returning(*_AFTER)).first()
     if connection.execute(statement).rowcount != 1:
         return None
     # MySQL/MariaDB have no UPDATE … RETURNING; the row is ours until commit.
-    return float(
-        connection.execute(sa.select(bucket.c.tokens).where(bucket.c.key == key.name)).scalar_one()
-    )
+    return connection.execute(sa.select(*_AFTER).where(bucket.c.key == key.name)).one()
+
+
+def _tokens_after(connection: sa.Connection, statement: sa.Update, key: BucketKey) -> float | None:
+    row = _updated_row(connection, statement, key)
+    return None if row is None else float(row.tokens)
 
 
 def take_in(connection: sa.Connection, key: BucketKey, amount: int = 1) -> Decision | None:
@@ -114,11 +119,9 @@ def take_in(connection: sa.Connection, key: BucketKey, amount: int = 1) -> Decis
             (bucket.c.updated, _greatest(bucket.c.updated, now)),
         )
     )
-    tokens = _tokens_after(connection, statement, key)
-    if tokens is not None:
-        config = read_config(connection, key)
-        assert config is not None  # we just updated the row, inside our transaction
-        return decide(config, tokens, amount, True)
+    row = _updated_row(connection, statement, key)
+    if row is not None:
+        return decide(_config(row), float(row.tokens), amount, True)
     current = read(connection, key)
     if current is None:
         return None
