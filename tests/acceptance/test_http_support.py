@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ import pytest
 
 from quotagate import Quotagate
 from quotagate.auth.tokens import TokenStore
+from support.databases import fresh_database
 
 QUOTAGATE = str(Path(sys.executable).with_name("quotagate"))
 STARTUP_DEADLINE = 60.0
@@ -158,3 +160,38 @@ def _listening_addresses(port: int) -> set[str]:
         if state == "0A" and int(port_hex, 16) == port:
             addresses.add(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
     return addresses
+
+
+def test_sigterm_under_traffic_loses_no_acknowledged_request(tmp_path: Path) -> None:
+    with fresh_database("sqlite", tmp_path) as db_url:
+        token = make_token(db_url)
+        server = start_server(db_url, tmp_path)
+        acknowledged: list[str] = []
+        with httpx.Client(base_url=server.url, headers=bearer(token), timeout=30) as client:
+            client.put("/v1/pools/main", json={"capacity": {"gpu": 100}}).raise_for_status()
+            client.put("/v1/tenants/team-a", json={"quota": {"gpu": 5}}).raise_for_status()
+
+            def submit_until_refused() -> None:
+                for n in range(100_000):
+                    try:
+                        response = client.post("/v1/tenants/team-a/requests",
+                                               json={"id": f"job-{n}", "cost": {"gpu": 1}})
+                    except httpx.TransportError:
+                        return
+                    if response.status_code != 202:
+                        return
+                    acknowledged.append(f"job-{n}")
+
+            sender = threading.Thread(target=submit_until_refused)
+            sender.start()
+            until = time.monotonic() + 30
+            while len(acknowledged) < 20:
+                assert time.monotonic() < until and sender.is_alive(), server.log()
+                time.sleep(0.01)
+            status = server.stop()
+            sender.join(30)
+        assert status == 0, server.log()
+        with Quotagate.connect(db_url) as gate:
+            for request_id in acknowledged:
+                assert gate.show(request_id).tenant == "team-a"
+            assert gate.check_invariants() == []
