@@ -1,0 +1,101 @@
+"""Delivery commands as a user runs them: target set/list, worker, lease show.
+
+SQLite only: the same worker process runs on PostgreSQL and MariaDB in
+tests/integration/test_crash_delivery.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+QUOTAGATE = [sys.executable, "-c", "from quotagate.cli.main import main; main()"]
+
+
+def run(*args: str, db: str, cwd: Path, expect: int = 0) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "QUOTAGATE_DB": db}
+    result = subprocess.run([*QUOTAGATE, *args], capture_output=True, text=True, cwd=cwd,
+                            env=environment, timeout=120)
+    assert result.returncode == expect, (result.stdout, result.stderr)
+    return result
+
+
+def test_process_delivery_tour(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    run("init", db=db, cwd=tmp_path)
+    run("tenant", "set", "team-a", "--quota", "gpu=2", db=db, cwd=tmp_path)
+    run("pool", "set", "pool-1", "--capacity", "gpu=2", db=db, cwd=tmp_path)
+    shown = run("target", "set", "local", "--kind", "process", "--default",
+                "--command", 'sh -c "echo ran $QUOTAGATE_REQUEST_ID"', "--run-dir", "runs",
+                db=db, cwd=tmp_path)
+    assert shown.stdout.strip() == "target local: process (default)"
+    [listed] = json.loads(run("target", "list", "--json", db=db, cwd=tmp_path).stdout)
+    assert listed["config"] == {"command": ["sh", "-c", "echo ran $QUOTAGATE_REQUEST_ID"],
+                                "run_dir": str(tmp_path / "runs")}  # made absolute
+    run("submit", "--id", "job-1", "--tenant", "team-a", "--cost", "gpu=1", db=db, cwd=tmp_path)
+    run("submit", "--id", "job-2", "--tenant", "team-a", "--cost", "gpu=1", "--target", "local",
+        db=db, cwd=tmp_path)
+
+    moved = run("worker", "--name", "w1", "--admit", "--once", db=db, cwd=tmp_path)
+    assert moved.stdout.strip().startswith("moved ")
+    lease = json.loads(run("lease", "show", "worker/w1", "--json", db=db, cwd=tmp_path).stdout)
+    assert lease == [{**lease[0], "owner": None, "generation": 1, "held": False}]  # released
+
+    run("worker", "--name", "w1", "--until-idle", "--poll", "0.05", db=db, cwd=tmp_path)
+    inspected = json.loads(run("inspect", "--json", db=db, cwd=tmp_path).stdout)
+    assert {r["id"]: r["state"] for r in inspected["requests"]} == {
+        "job-1": "completed", "job-2": "completed"
+    }
+    assert all(r["binding"] and r["uid"] for r in inspected["requests"])
+    outputs = sorted((tmp_path / "runs").glob("*/output.log"))
+    assert [p.read_text().strip() for p in outputs] == ["ran job-1", "ran job-2"]
+    assert "worker/w1  -      2" in run("lease", "show", db=db, cwd=tmp_path).stdout
+
+
+def test_bad_target_settings_are_refused_and_change_nothing(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    run("init", db=db, cwd=tmp_path)
+    no_command = run("target", "set", "local", "--kind", "process", db=db, cwd=tmp_path,
+                     expect=2)
+    assert "invalid_target_config" in no_command.stderr
+    bad_url = run("target", "set", "hook", "--kind", "webhook", "--url", "ftp://x", db=db,
+                  cwd=tmp_path, expect=2)
+    assert "--url" in bad_url.stderr
+    bad_name = run("target", "set", "Bad_Name", "--kind", "process", "--command", "true",
+                   db=db, cwd=tmp_path, expect=2)
+    assert "invalid_target_name" in bad_name.stderr
+    assert json.loads(run("target", "list", "--json", db=db, cwd=tmp_path).stdout) == []
+    missing = run("lease", "show", "worker/none", db=db, cwd=tmp_path, expect=4)
+    assert "unknown_lease" in missing.stderr
+    run("worker", "--name", "bad/name", "--once", db=db, cwd=tmp_path, expect=2)
+
+
+def test_sigterm_stops_a_worker_cleanly_and_releases_its_lease(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    run("init", db=db, cwd=tmp_path)
+    worker = subprocess.Popen([*QUOTAGATE, "worker", "--name", "w1", "--poll", "0.05",
+                               "--db", db], cwd=tmp_path, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            shown = run("lease", "show", "--json", db=db, cwd=tmp_path).stdout
+            if json.loads(shown) and json.loads(shown)[0]["held"]:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the worker never took its lease")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        if worker.stderr is not None:
+            worker.stderr.close()
+    [lease] = json.loads(run("lease", "show", "--json", db=db, cwd=tmp_path).stdout)
+    assert (lease["owner"], lease["generation"], lease["held"]) == (None, 1, False)
