@@ -10,7 +10,7 @@ from quotagate.auth.tokens import TokenStore
 from quotagate.http.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from quotagate.http.context import ApiContext
 from quotagate.http.errors import install_error_handlers
-from quotagate.http.routers import admin, audit, health, requests
+from quotagate.http.routers import admin, audit, health, rate, requests
 from quotagate.observability.metrics import Metrics
 
 # Every router the API serves. A new area adds one line here.
@@ -19,6 +19,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     admin.router,
     requests.router,
     audit.router,
+    rate.router,
 )
 
 
