@@ -10,7 +10,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -39,11 +39,11 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> None:
+    def start(self, options: Sequence[str] = ()) -> None:
         try:
             self.process = subprocess.Popen(
                 ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                 "--save", "", "--appendonly", "no", "--dir", str(self.directory)],
+                 "--save", "", "--appendonly", "no", "--dir", str(self.directory), *options],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
         except FileNotFoundError as error:
@@ -260,3 +260,60 @@ def test_redis_script_is_loaded_once_and_reloaded_after_a_flush(
     assert store.take(key, COUNTING).granted
     assert store.client.script_exists(SCRIPT_SHA) == [True]
     store.close()
+
+
+class RedisCluster:
+    """Three redis-server primaries of our own joined into a Redis Cluster."""
+
+    def __init__(self, directory: Path) -> None:
+        self.nodes = [RedisServer(directory / f"node-{index}") for index in range(3)]
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}/0"
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.directory.mkdir(parents=True, exist_ok=True)
+            node.start(["--cluster-enabled", "yes", "--cluster-config-file",
+                        str(node.directory / "nodes.conf")])
+        subprocess.run(
+            ["redis-cli", "--cluster", "create",
+             *(f"127.0.0.1:{node.port}" for node in self.nodes),
+             "--cluster-replicas", "0", "--cluster-yes"],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60,
+        )
+        deadline = time.monotonic() + 30
+        for node in self.nodes:
+            while b"cluster_state:ok" not in subprocess.run(
+                ["redis-cli", "-p", str(node.port), "cluster", "info"],
+                capture_output=True, timeout=10,
+            ).stdout:
+                assert time.monotonic() < deadline, "the cluster never became ready"
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        for node in self.nodes:
+            node.kill()
+
+
+def test_redis_cluster_takes_and_batches_across_slots(tmp_path: Path) -> None:
+    cluster = RedisCluster(tmp_path)
+    try:
+        cluster.start()
+        store = rate_store_from_url(cluster.url)
+        assert isinstance(store, RedisRateStore) and store.cluster
+        keys = [BucketKey(tenant, topic) for tenant in ("default", "team-a", "team-b", "team-c")
+                for topic in (None, "orders")]
+        for key in keys:
+            store.configure(key, COUNTING, fresh=True)
+        # Three rounds of 2 tokens from every bucket, in one call: 2, 2, then refused.
+        decisions = store.take_many([Take(key, COUNTING, 2) for key in keys] * 3)
+        assert [decision.granted for decision in decisions] == [True] * 16 + [False] * 8
+        assert [store.peek(key, COUNTING) for key in keys] == [1] * 8
+        slots = {store.client.keyslot(name.decode()) for name in store.client.keys(
+            "tenant:{team-a}:*", target_nodes=store.client.ALL_NODES)}
+        assert len(slots) == 1
+        store.close()
+    finally:
+        cluster.kill()
