@@ -71,7 +71,7 @@ class Settings:
 
 
 FULL = Settings(seconds=3.0, rounds=2, queue=30_000, samples=300, big_queue=100_000)
-QUICK = Settings(seconds=1.5, rounds=1, queue=10_000, samples=100, big_queue=20_000)
+QUICK = Settings(seconds=1.0, rounds=1, queue=8_000, samples=60, big_queue=20_000)
 
 
 # -- the queue ---------------------------------------------------------------
