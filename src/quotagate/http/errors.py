@@ -9,9 +9,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException
 
-from quotagate.errors import QuotagateError, RateLimited
+from quotagate.errors import QuotagateError, RateLimited, StoreUnavailable
 from quotagate.store.dialect import translate
 
 log = logging.getLogger("quotagate.http")
@@ -66,6 +67,14 @@ async def _database_error(_request: Request, error: Exception) -> JSONResponse:
     return JSONResponse({"code": "internal_error", "message": "internal error"}, status_code=500)
 
 
+async def _pool_exhausted(_request: Request, error: Exception) -> JSONResponse:
+    # Every pooled connection stayed busy for the pool timeout: overload, not a bug.
+    log.warning("no database connection free within the pool timeout")
+    return error_response(StoreUnavailable(
+        "the ledger database is too busy to take this request; retry", code="store_busy"
+    ))
+
+
 async def _unexpected_error(_request: Request, error: Exception) -> JSONResponse:
     log.exception("unexpected error", exc_info=error)
     return JSONResponse({"code": "internal_error", "message": "internal error"}, status_code=500)
@@ -76,4 +85,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(DBAPIError, _database_error)
+    app.add_exception_handler(PoolTimeout, _pool_exhausted)
     app.add_exception_handler(Exception, _unexpected_error)

@@ -14,7 +14,6 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import sqlalchemy as sa
@@ -104,7 +103,6 @@ def run(
     workers: bool = True,
     log_level: str = "info",
     access_log: bool = False,
-    app_factory: Callable[..., Any] | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT; return the exit status."""
     try:
@@ -114,7 +112,7 @@ def run(
     from quotagate.http.app import create_app
 
     metrics = Metrics(gate.engine, clock=gate.clock)
-    app = (app_factory or create_app)(gate, metrics=metrics)
+    app = create_app(gate, metrics=metrics)
     stop = threading.Event()
     threads: list[threading.Thread] = []
     if workers:
