@@ -467,6 +467,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     throughput_rows: list[list[str]] = []
     latency_rows: list[list[str]] = []
+    skipped: list[str] = []
     pool = WorkerPool(4)
     try:
         for backend in backends:
@@ -476,6 +477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 latency_rows += measure_latency(backend, settings, log)
             except ServerUnavailable as error:
                 log(f"  skipped: {error}")
+                skipped.append(f"{backend} skipped: {error}")
     finally:
         pool.close()
     print()
@@ -491,6 +493,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(render_table(
         ["backend", "queue", "median", "p95", "raw median", "raw p95"], latency_rows,
     ))
+    for line in skipped:
+        print(line)
     print(f"\ntotal time {time.monotonic() - began:.0f} s")
     return 0
 
