@@ -76,3 +76,12 @@ def test_counters_count_and_refuse_unknown_names() -> None:
     assert stats.snapshot()["stale_writes"] == before + 1
     with pytest.raises(KeyError):
         stats.increment("no_such_counter")
+
+
+def test_webhook_urls_lose_their_credentials_in_messages() -> None:
+    from quotagate.delivery.targets.webhook import redact
+
+    assert redact("https://user:secret@hooks.example:8443/x?y=1") == (
+        "https://hooks.example:8443/x?y=1"
+    )
+    assert redact("http://127.0.0.1:9/hooks") == "http://127.0.0.1:9/hooks"

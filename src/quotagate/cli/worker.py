@@ -152,7 +152,15 @@ def target_list(as_json: bool, db_url: str | None) -> None:
     with open_gate(db_url) as gate:
         targets = TargetStore(gate.engine, clock=gate.clock).list()
     if as_json:
-        echo_json([stored.to_dict() for stored in targets])
+        from quotagate.delivery.targets.webhook import redact
+
+        echo_json([
+            {**stored.to_dict(), "config": {
+                key: redact(value) if key == "url" else value
+                for key, value in stored.config.items()
+            }}
+            for stored in targets
+        ])
         return
     click.echo(render_table(
         ["name", "kind", "default", "config"],
@@ -161,10 +169,14 @@ def target_list(as_json: bool, db_url: str | None) -> None:
 
 
 def _summary(config: dict[str, Any]) -> str:
-    return " ".join(
-        f"{key}={' '.join(value) if isinstance(value, list) else value}"
-        for key, value in sorted(config.items())
-    )
+    from quotagate.delivery.targets.webhook import redact
+
+    def shown(key: str, value: Any) -> str:
+        if isinstance(value, list):
+            return " ".join(value)
+        return redact(value) if key == "url" else str(value)
+
+    return " ".join(f"{key}={shown(key, value)}" for key, value in sorted(config.items()))
 
 
 @click.group()

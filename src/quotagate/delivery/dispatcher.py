@@ -75,8 +75,10 @@ class Dispatcher:
         self.lease_name = lease_name(worker_name)
         self.lease_ttl = validate_ttl(lease_ttl)
         self.claim_ttl = validate_ttl(claim_ttl)
-        if batch < 1 or observe_limit < 0:
+        if batch < 1:
             raise InvalidInput("batch must be at least 1", code="invalid_batch")
+        if observe_limit < 0:
+            raise InvalidInput("observe limit must be 0 or more", code="invalid_observe_limit")
         self.batch = batch
         self.poll_interval = poll_interval
         self.admit = admit
@@ -90,6 +92,7 @@ class Dispatcher:
         self._renewed_at = 0.0
         self._built: dict[str, tuple[TargetConfig, Target]] = {}
         self._observed_up_to = ""
+        self._waiting_logged = False
         crash_at = os.environ.get(CRASH_ENVIRONMENT_VARIABLE) or None
         if crash_at is not None and crash_at not in CRASH_POINTS:
             raise InvalidInput(
@@ -158,7 +161,15 @@ class Dispatcher:
         if self._lease is None:
             self._lease = self.leases.acquire(self.lease_name, self.worker_name, self.lease_ttl)
             if self._lease is None:
+                if not self._waiting_logged:
+                    # Normal for a restart (the dead predecessor's lease must
+                    # expire first); endless for two live workers sharing a name.
+                    logger.warning("worker %s: lease %s is held; waiting for it to expire "
+                                   "(each live worker needs its own --name)",
+                                   self.worker_name, self.lease_name)
+                    self._waiting_logged = True
                 return False
+            self._waiting_logged = False
             self._renewed_at = now
             logger.info("worker %s: lease %s generation %d", self.worker_name, self.lease_name,
                         self._lease.generation)

@@ -33,7 +33,9 @@ def run(run_directory: Path) -> int:
     os.write(descriptor, str(os.getpid()).encode())
     os.close(descriptor)
     spec = json.loads((run_directory / REQUEST).read_text())
-    environment = dict(os.environ)
+    # The worker's own test hook must not leak into the command's environment.
+    environment = {key: value for key, value in os.environ.items()
+                   if key != "QUOTAGATE_CRASH_AT"}
     environment.update(
         QUOTAGATE_REQUEST_ID=spec["request_id"],
         QUOTAGATE_TENANT=spec["tenant"],

@@ -41,6 +41,17 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return {"url": url.rstrip("/"), "timeout": float(timeout)}
 
 
+def redact(url: str) -> str:
+    """The URL without user and password, safe for logs and error messages."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return parts._replace(netloc=host).geturl()
+
+
 def _httpx() -> Any:
     try:
         import httpx
@@ -122,7 +133,10 @@ class WebhookTarget:
         try:
             return self._httpx.request(method, url, timeout=self.timeout, **options)
         except self._httpx.HTTPError as error:
-            raise DeliveryFailed(f"webhook {method} {url} failed: {error}") from error
+            raise DeliveryFailed(
+                f"webhook {method} {redact(url)} failed: {type(error).__name__}: "
+                f"{str(error).replace(url, redact(url))}"
+            ) from error
 
     @staticmethod
     def _json(response: Any) -> dict[str, Any]:
