@@ -12,6 +12,7 @@ then tenant quota rows (by tenant, resource), then pool rows (by pool, resource)
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,7 @@ from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL, queue_key
 from quotagate.domain.placement import Candidate, Placement, plan_admissions
 from quotagate.errors import Conflict, InvalidInput, NotFound
 from quotagate.rate.gate import RateGate, rate_limited, rejection_reason
-from quotagate.store import schema
+from quotagate.store import schema, statements
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.dialect import run_transaction, supports_skip_locked
 from quotagate.store.rows import (
@@ -52,22 +53,9 @@ _MAX_EXPIRED_PER_PASS = 1000
 
 
 def head_of_queues(tenants: Sequence[str], window: int) -> sa.Select[Any] | sa.CompoundSelect[Any]:
-    """The first ``window`` waiting requests of each tenant, one index range scan each."""
-    request = schema.request
-    heads = [
-        sa.select(
-            request.c.id, request.c.tenant, request.c.cost, request.c.queue_key,
-            request.c.created, request.c.target,
-        )
-        .where(request.c.tenant == tenant, request.c.state == RequestState.WAITING.value)
-        .order_by(request.c.queue_key, request.c.created, request.c.id)
-        .limit(window)
-        .subquery(f"head_{index}")
-        for index, tenant in enumerate(tenants)
-    ]
-    if len(heads) == 1:
-        return sa.select(heads[0])
-    return sa.union_all(*(sa.select(head) for head in heads))
+    """The first ``window`` waiting requests of each tenant, as a statement with its values."""
+    query = statements.head_query(len(tenants), window)
+    return query.params({f"tenant_{index}": tenant for index, tenant in enumerate(tenants)})
 
 
 class CapacityChanged(Exception):
@@ -306,35 +294,28 @@ class Ledger:
             cap > used for usage in pools.values() for used, cap in usage.values()
         ):
             return []
-        candidates, targets = self._candidates(connection, open_tenants)
-        skipped: set[str] = set()
-        locked: list[Placement] = []
-        # Another admitter may hold some of our picks; skip them and plan again
-        # with what is left, a few rounds at most.
-        for _ in range(4):
-            plan = plan_admissions(
-                (c for c in candidates if c.id not in skipped), tenants, pools, limit
-            )
-            if not plan:
+        # Most admissions are decided by the first few requests of each queue;
+        # read the whole window only when those do not fill the batch.
+        window = min(self.admission_window, max(4, 2 * limit))
+        while True:
+            candidates, targets = self._candidates(connection, open_tenants, window)
+            locked = self._plan_and_lock(connection, candidates, tenants, pools, limit)
+            if len(locked) == limit or window >= self.admission_window:
                 break
-            got = self._lock_waiting(connection, [placement.id for placement in plan])
-            missing = {placement.id for placement in plan} - got
-            if not missing:
-                locked = plan
-                break
-            skipped |= missing
+            per_tenant = Counter(candidate.tenant for candidate in candidates)
+            if not any(count == window for count in per_tenant.values()):
+                break  # every queue was read to its end already
+            window = self.admission_window
         if not locked:
             return []
         self._charge(connection, locked)
         now = self.clock.now()
-        request = schema.request
         ids = [placement.id for placement in locked]
-        pool_of = sa.case({p.id: p.pool for p in locked}, value=request.c.id)
-        result = connection.execute(
-            request.update()
-            .where(request.c.id.in_(ids), request.c.state == RequestState.WAITING.value)
-            .values(state=RequestState.RESERVED.value, pool=pool_of, updated=now)
-        )
+        parameters: dict[str, Any] = {"ids": ids, "now": now}
+        for index, placement in enumerate(locked):
+            parameters[f"id_{index}"] = placement.id
+            parameters[f"pool_{index}"] = placement.pool
+        result = connection.execute(statements.reserve_statement(len(locked)), parameters)
         if result.rowcount != len(locked):
             raise CapacityChanged(",".join(ids))
         connection.execute(
@@ -362,16 +343,44 @@ class Ledger:
         )
         return locked
 
+    def _plan_and_lock(
+        self,
+        connection: sa.Connection,
+        candidates: list[Candidate],
+        tenants: dict[str, dict[str, tuple[int, int]]],
+        pools: dict[str, dict[str, tuple[int, int]]],
+        limit: int,
+    ) -> list[Placement]:
+        """Plan on the snapshot and lock what was planned.
+
+        Another admitter may hold some of our picks; skip them and plan again
+        with what is left, a few rounds at most.
+        """
+        skipped: set[str] = set()
+        for _ in range(4):
+            plan = plan_admissions(
+                (c for c in candidates if c.id not in skipped), tenants, pools, limit
+            )
+            if not plan:
+                return []
+            got = self._lock_waiting(connection, [placement.id for placement in plan])
+            missing = {placement.id for placement in plan} - got
+            if not missing:
+                return plan
+            skipped |= missing
+        return []
+
     def _candidates(
-        self, connection: sa.Connection, tenants: Sequence[str]
+        self, connection: sa.Connection, tenants: Sequence[str], window: int
     ) -> tuple[list[Candidate], dict[str, str | None]]:
         """The head of each open tenant's queue, merged into queue order, and their targets.
 
         One bounded index range scan per tenant: the cost does not grow with
         the length of the waiting queue.
         """
-        query = head_of_queues(tenants, self.admission_window)
-        rows = sorted(connection.execute(query), key=lambda row: (row[3], row[4], row[0]))
+        parameters = {f"tenant_{index}": tenant for index, tenant in enumerate(tenants)}
+        rows = list(connection.execute(statements.head_query(len(tenants), window), parameters))
+        rows.sort(key=lambda row: (row[3], row[4], row[0]))
         candidates = [Candidate(row[0], row[1], decode_cost(row[2])) for row in rows]
         return candidates, {row[0]: row[5] for row in rows}
 
@@ -380,16 +389,7 @@ class Ledger:
             # SQLite: this transaction began IMMEDIATE and holds the only write
             # lock, so the rows it just read as waiting are still waiting.
             return set(ids)
-        query = (
-            sa.select(schema.request.c.id)
-            .where(
-                schema.request.c.id.in_(ids),
-                schema.request.c.state == RequestState.WAITING.value,
-            )
-            .order_by(schema.request.c.id)
-            .with_for_update(skip_locked=True)
-        )
-        return set(connection.execute(query).scalars())
+        return set(connection.execute(statements.lock_waiting_query(), {"ids": ids}).scalars())
 
     def _charge(self, connection: sa.Connection, placements: Sequence[Placement]) -> None:
         tenant_totals: dict[str, dict[str, int]] = {}

@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from quotagate.domain.model import Cost, Request, RequestState
-from quotagate.store import schema
+from quotagate.store import schema, statements
 
 
 def encode_cost(cost: Cost) -> str:
@@ -63,16 +63,9 @@ def all_usage(
     connection: sa.Connection,
 ) -> tuple[dict[str, dict[str, tuple[int, int]]], dict[str, dict[str, tuple[int, int]]]]:
     """Tenant and pool usage in one round trip (the admission hot path)."""
-    quota, capacity = schema.tenant_quota, schema.pool_capacity
-    query = sa.union_all(
-        sa.select(sa.literal("t").label("kind"), quota.c.tenant.label("holder"), quota.c.resource,
-                  quota.c.used, quota.c.cap),
-        sa.select(sa.literal("p").label("kind"), capacity.c.pool.label("holder"),
-                  capacity.c.resource, capacity.c.used, capacity.c.cap),
-    )
     tenants: dict[str, dict[str, tuple[int, int]]] = {}
     pools: dict[str, dict[str, tuple[int, int]]] = {}
-    for kind, holder, resource, used, cap in connection.execute(query):
+    for kind, holder, resource, used, cap in connection.execute(statements.usage_query()):
         (tenants if kind == "t" else pools).setdefault(holder, {})[resource] = (
             int(used), int(cap))
     return tenants, pools
@@ -89,15 +82,12 @@ def adjust_usage(
 ) -> bool:
     """Charge (or return) ``amounts`` on one holder's rows in one conditional UPDATE.
 
-    A charge only applies where ``used + amount <= cap`` and a return only where
-    ``used >= amount``; the update counts only if it hit one row per resource,
-    so the caller rolls back when it did not.
+    True when it hit one row per resource; otherwise the caller must roll back.
     """
-    amount = sa.case(dict(amounts), value=table.c.resource)
-    condition = table.c.used + amount <= table.c.cap if charge else table.c.used >= amount
+    resources = tuple(sorted(amounts))
+    parameters: dict[str, Any] = {f"amount_{i}": amounts[r] for i, r in enumerate(resources)}
+    parameters["holder"] = holder
     result = connection.execute(
-        table.update()
-        .where(table.c[holder_column] == holder, table.c.resource.in_(list(amounts)), condition)
-        .values(used=table.c.used + amount if charge else table.c.used - amount)
+        statements.adjust_statement(table, holder_column, resources, charge), parameters
     )
-    return result.rowcount == len(amounts)
+    return result.rowcount == len(resources)
