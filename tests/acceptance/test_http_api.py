@@ -278,6 +278,8 @@ def test_an_exhausted_rate_quota_answers_429_with_retry_after(api: Api) -> None:
     assert refused.status_code == 429, refused.text
     assert refused.json()["code"] == "rate_quota_exhausted"
     assert 1 <= int(refused.headers["Retry-After"]) <= 101
+    assert refused.headers["RateLimit-Limit"] == "1"
+    assert refused.headers["RateLimit-Remaining"] == "0"
     shown = client.get(f"{path}/{refused_id}").json()
     assert shown["state"] == "rejected", "refused work leaves a visible trace"
     text = httpx.get(f"{api.server.url}/metrics").text

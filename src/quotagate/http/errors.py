@@ -13,6 +13,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException
 
 from quotagate.errors import QuotagateError, RateLimited, StoreUnavailable
+from quotagate.http.routers.rate import rate_limit_headers
 from quotagate.store.dialect import translate
 
 log = logging.getLogger("quotagate.http")
@@ -29,6 +30,7 @@ def error_response(error: QuotagateError) -> JSONResponse:
         # Whole seconds, rounded up; a bucket that never refills still gets a number.
         seconds = error.retry_after if math.isfinite(error.retry_after) else 86400
         headers["Retry-After"] = str(max(1, math.ceil(seconds)))
+        headers.update(rate_limit_headers(error))
     if error.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse(error.to_dict(), status_code=error.status, headers=headers)
