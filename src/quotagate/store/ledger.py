@@ -135,9 +135,11 @@ class Ledger:
                 self.rate_gate.refund(submission.tenant)
             raise
         decision = token.decision
-        if decision is not None and not decision.granted:
+        if decision is None:
+            return result
+        if not decision.granted and result.request.state == RequestState.REJECTED:
             raise rate_limited(decision, submission.tenant, submission.id)
-        if decision is not None and not result.created and self.rate_gate:
+        if decision.granted and not result.created and self.rate_gate:
             # A rerun found the request recorded by a concurrent submit: unused token.
             self.rate_gate.refund(submission.tenant)
         return result
