@@ -39,11 +39,14 @@ def ensure_schema(gate: Quotagate) -> None:
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--access-log", is_flag=True, help="Log every HTTP request.")
+@click.option("--tour", is_flag=True,
+              help="Once up, walk through a short guided tour against this server "
+              "(creates an admin token, tenants, pools, a process target and requests).")
 @db_option
 @reports_errors
 def serve(
     host: str, port: int, admit_interval: float, admit_batch: int, no_workers: bool,
-    log_level: str, access_log: bool, db_url: str | None,
+    log_level: str, access_log: bool, tour: bool, db_url: str | None,
 ) -> None:
     """Run the HTTP API, admission and delivery until SIGTERM."""
     from quotagate.http import service
@@ -53,9 +56,23 @@ def serve(
     ensure_schema(gate)
     click.echo(f"quotagate serving http://{host}:{port} on {redact(database_url(db_url))}",
                err=True)
+    on_started = None
+    if tour:
+        from quotagate.tour import run_tour
+
+        local = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        base_url = f"http://[{local}]:{port}" if ":" in local else f"http://{local}:{port}"
+
+        def on_started() -> None:
+            try:
+                run_tour(base_url, gate, lambda line: click.echo(line, err=True))
+            except Exception as error:
+                click.echo(f"tour stopped: {error}", err=True)
+
     sys.exit(service.run(
         gate, host=host, port=port, admit_interval=admit_interval, admit_batch=admit_batch,
         workers=not no_workers, log_level=log_level, access_log=access_log,
+        on_started=on_started,
     ))
 
 

@@ -14,6 +14,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import sqlalchemy as sa
@@ -103,8 +104,12 @@ def run(
     workers: bool = True,
     log_level: str = "info",
     access_log: bool = False,
+    on_started: Callable[[], None] | None = None,
 ) -> int:
-    """Serve until SIGTERM/SIGINT; return the exit status."""
+    """Serve until SIGTERM/SIGINT; return the exit status.
+
+    ``on_started`` runs in a daemon thread next to the server (``serve --tour``).
+    """
     try:
         import uvicorn
     except ModuleNotFoundError as exc:  # pragma: no cover - depends on extras installed
@@ -136,6 +141,8 @@ def run(
         signal.signal(signal_number, lambda *_: None)
     for thread in threads:
         thread.start()
+    if on_started is not None:
+        threading.Thread(target=on_started, name="tour", daemon=True).start()
     try:
         server.run()
     finally:
