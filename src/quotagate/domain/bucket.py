@@ -104,10 +104,6 @@ class Decision:
         """The tenant has no bucket: nothing is counted, everything is granted."""
         return cls(True, math.inf, math.inf, 0.0, 0.0)
 
-    @property
-    def limited(self) -> bool:
-        return math.isfinite(self.capacity)
-
 
 def validate_amount(value: object, what: str = "amount") -> int:
     """A whole number of tokens, at least 1 (a take or a top-up)."""

@@ -88,11 +88,6 @@ def register(*schemes: str) -> Callable[[StoreFactory], StoreFactory]:
     return decorator
 
 
-def registered_schemes() -> list[str]:
-    _load_builtin_stores()
-    return sorted(_REGISTRY)
-
-
 def rate_store_from_url(url: str | None, ledger_engine: Engine | None = None) -> RateStore:
     """The store named by ``url``; without one, the ledger database itself.
 

@@ -31,6 +31,7 @@ from quotagate.domain.bucket import BucketConfig, Decision, decide
 from quotagate.errors import InvalidInput, StoreUnavailable
 from quotagate.rate.backend import Take, register
 from quotagate.rate.keys import BucketKey, redis_key
+from quotagate.store.engine import redact
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class RedisRateStore:
         except ValueError as exc:
             raise InvalidInput(f"rate store URL is not a Redis URL: {exc}",
                                code="invalid_rate_store_url") from exc
-        return cls(client, description=_redact(url), cluster=cluster)
+        return cls(client, description=redact(url), cluster=cluster)
 
     @property
     def description(self) -> str:
@@ -147,15 +148,6 @@ class RedisRateStore:
 
     def close(self) -> None:
         self.client.close()
-
-
-def _redact(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    if sep and "@" in rest:
-        credentials, _, host = rest.rpartition("@")
-        if ":" in credentials:
-            rest = f"{credentials.partition(':')[0]}:***@{host}"
-    return f"{scheme}{sep}{rest}"
 
 
 @register("redis", "rediss", "unix", "redis+cluster")
