@@ -16,6 +16,7 @@ from other processes on the machine hits both alike.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -83,7 +84,7 @@ def unfenced(gate: Quotagate, target: MemoryTarget) -> int:
     outbox, request, binding = schema.outbox, schema.request, schema.binding
     delivered = 0
     while True:
-        def claim(connection: sa.Connection) -> list[Any]:
+        def claim(connection: sa.Connection) -> tuple[list[Any], dict[str, Any]]:
             now = database_now(connection)
             query = (
                 sa.select(outbox.c.request_id, outbox.c.tenant, outbox.c.claim_token)
@@ -100,16 +101,21 @@ def unfenced(gate: Quotagate, target: MemoryTarget) -> int:
                         claim_token=outbox.c.claim_token + 1,
                     )
                 )
-            return rows
+            # Like the dispatcher: what the target needs, read once per batch.
+            requests = {found.id: found for found in connection.execute(
+                sa.select(request.c.id, request.c.cost, request.c.payload)
+                .where(request.c.id.in_([row.request_id for row in rows]))
+            )} if rows else {}
+            return rows, requests
 
-        rows = run_transaction(gate.engine, claim)
+        rows, requests = run_transaction(gate.engine, claim)
         if not rows:
             return delivered
         for row in rows:
-            shown = gate.show(row.request_id)
             obtained = target.create_if_absent(DeliverySpec(
-                shown.id, shown.tenant, shown.cost, shown.payload, row.claim_token + 1,
-                f"raw-{shown.id}",
+                row.request_id, row.tenant, json.loads(requests[row.request_id].cost),
+                json.loads(requests[row.request_id].payload), row.claim_token + 1,
+                f"raw-{row.request_id}",
             ))
 
             def bind(connection: sa.Connection, row: Any = row, obtained: Any = obtained) -> None:

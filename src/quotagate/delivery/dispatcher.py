@@ -193,14 +193,11 @@ class Dispatcher:
 
     def _deliver(self, claim: Claim) -> int:
         try:
-            request = self.gate.show(claim.request_id)
-            if request.state != RequestState.RESERVED:
-                return 0  # released meanwhile; its outbox row is gone with it
             config, target = self._target(claim.target)
             spec = DeliverySpec(
-                request_id=request.id, tenant=request.tenant, cost=request.cost,
-                payload=request.payload, fencing_token=claim.token,
-                external_name=external_name(request.tenant, request.id),
+                request_id=claim.request_id, tenant=claim.tenant, cost=claim.cost,
+                payload=claim.payload, fencing_token=claim.token,
+                external_name=external_name(claim.tenant, claim.request_id),
             )
             self._crash_point("after_claim")
             obtained = target.create_if_absent(spec)

@@ -14,8 +14,10 @@ Lock order, shared with the ledger: lease row, then request row, then outbox row
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -30,6 +32,7 @@ from quotagate.store import schema
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.dialect import database_now, run_transaction, supports_skip_locked
 from quotagate.store.lease import LeaseStore
+from quotagate.store.rows import decode_cost
 
 _outbox, _request, _binding = schema.outbox, schema.request, schema.binding
 _ERROR_LENGTH = 2048
@@ -45,6 +48,8 @@ class Claim:
     attempts: int
     token: int  # the fencing token this attempt sends downstream
     lease: Lease
+    cost: dict[str, int] = field(default_factory=dict)
+    payload: Any = None
 
 
 class RequestGone(Exception):
@@ -93,7 +98,7 @@ class OutboxStore:
             )
             if supports_skip_locked(connection):
                 query = query.with_for_update(skip_locked=True)
-            claims = []
+            claimed = []
             for row in connection.execute(query).all():
                 # Conditioned on the token we read: on SQLite (no row locks,
                 # but one writer at a time) and everywhere else alike, a row
@@ -111,11 +116,28 @@ class OutboxStore:
                     )
                 )
                 if result.rowcount == 1:
-                    claims.append(Claim(
-                        row.request_id, row.tenant, row.target, int(row.attempts),
-                        int(row.claim_token) + 1, lease,
-                    ))
-            return claims
+                    claimed.append(row)
+            if not claimed:
+                return []
+            # What the target needs, read once per batch rather than per delivery.
+            requests = {
+                request.id: request
+                for request in connection.execute(
+                    sa.select(_request.c.id, _request.c.cost, _request.c.payload).where(
+                        _request.c.id.in_([row.request_id for row in claimed])
+                    )
+                )
+            }
+            return [
+                Claim(
+                    row.request_id, row.tenant, row.target, int(row.attempts),
+                    int(row.claim_token) + 1, lease,
+                    decode_cost(requests[row.request_id].cost),
+                    json.loads(requests[row.request_id].payload),
+                )
+                for row in claimed
+                if row.request_id in requests
+            ]
 
         claims = run_transaction(self.engine, work)
         stats.increment("claimed", len(claims))
