@@ -39,6 +39,8 @@ from quotagate.store.lease import LeaseStore
 if TYPE_CHECKING:
     from quotagate.app import Quotagate
 
+__all__ = ["CRASH_POINTS", "Dispatcher", "lease_name"]
+
 logger = logging.getLogger("quotagate.delivery")
 
 CRASH_ENVIRONMENT_VARIABLE = "QUOTAGATE_CRASH_AT"

@@ -34,6 +34,8 @@ from quotagate.store.dialect import database_now, run_transaction, supports_skip
 from quotagate.store.lease import LeaseStore
 from quotagate.store.rows import decode_cost
 
+__all__ = ["Claim", "OutboxStore", "RequestGone"]
+
 _outbox, _request, _binding = schema.outbox, schema.request, schema.binding
 _ERROR_LENGTH = 2048
 

@@ -18,6 +18,8 @@ from quotagate.store import schema
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.dialect import run_transaction
 
+__all__ = ["TargetConfig", "TargetStore"]
+
 _target = schema.delivery_target
 
 

@@ -15,6 +15,16 @@ from dataclasses import dataclass
 
 from quotagate.errors import InvalidInput
 
+__all__ = [
+    "Lease",
+    "is_current",
+    "is_free",
+    "next_generation",
+    "validate_lease_name",
+    "validate_owner",
+    "validate_ttl",
+]
+
 MIN_TTL = 0.1
 MAX_TTL = 24 * 3600.0
 _LEASE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")

@@ -19,6 +19,8 @@ from quotagate.errors import NotFound, StaleGeneration
 from quotagate.store import schema
 from quotagate.store.dialect import database_now, run_transaction
 
+__all__ = ["LeaseStore", "stale"]
+
 _lease = schema.lease
 
 
