@@ -1,7 +1,8 @@
-"""``quotagate demo``: a burst of concurrent tenants and admission workers, end to end.
+"""``quotagate demo``: a burst of concurrent tenants, admission and delivery, end to end.
 
 Several client processes submit at once, several admission processes promise
-capacity, and an executor process finishes reserved work so that waiting
+capacity, and two delivery workers run each admitted request once through a
+local process target; when a command exits, its cost goes back and waiting
 requests get their turn. At the end the ledger is checked against invariants
 1 and 2; any violation makes the demo fail.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import random
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +21,6 @@ from typing import Any
 import sqlalchemy as sa
 
 from quotagate.app import Quotagate
-from quotagate.domain.model import RequestState
 from quotagate.store import schema
 
 TENANTS = {"team-a": {"gpu": 4, "cpu": 32}, "team-b": {"gpu": 2, "cpu": 16},
@@ -34,6 +35,7 @@ class DemoSettings:
     requests_per_client: int = 50
     admitters: int = 3
     seed: int = 7
+    run_dir: str = "quotagate-demo-runs"
 
 
 def _submit_burst(url: str, client: int, count: int, seed: int) -> None:
@@ -42,8 +44,10 @@ def _submit_burst(url: str, client: int, count: int, seed: int) -> None:
         for index in range(count):
             tenant = generator.choice(sorted(TENANTS))
             cost = {"gpu": generator.randint(1, 2), "cpu": generator.randint(1, 6)}
+            # About one in ten commands fails, to show failures releasing their cost too.
+            payload = {"client": client, "fail": generator.random() < 0.1}
             gate.submit(f"c{client}-job-{index}", tenant, cost,
-                        priority=generator.randint(0, 2), payload={"client": client},
+                        priority=generator.randint(0, 2), payload=payload,
                         actor=f"client-{client}")
 
 
@@ -54,23 +58,25 @@ def _admit(url: str, stop: Any) -> None:
                 time.sleep(0.02)
 
 
-def _execute(url: str, stop: Any, seed: int) -> None:
-    """Stand-in executor: finishes reserved work a little while after it was promised."""
-    generator = random.Random(seed)
+def _deliver(url: str, stop: Any, name: str) -> None:
+    from quotagate.delivery.dispatcher import Dispatcher
+
     with Quotagate.connect(url) as gate:
-        while not stop.is_set():
-            with gate.engine.connect() as connection:
-                reserved = list(connection.execute(
-                    sa.select(schema.request.c.id).where(
-                        schema.request.c.state == RequestState.RESERVED.value
-                    ).limit(8)
-                ).scalars())
-            for request_id in reserved:
-                if generator.random() < 0.1:
-                    gate.fail(request_id, "demo: simulated executor failure", actor="executor")
-                else:
-                    gate.complete(request_id, actor="executor")
-            time.sleep(0.05)
+        Dispatcher(gate, worker_name=name, lease_ttl=5, poll_interval=0.05).run(stop)
+
+
+def _configure_executor(gate: Quotagate, run_dir: Path) -> None:
+    """A process target whose command 'serves' for a moment; payloads asking to fail exit 3."""
+    from quotagate.delivery.registry import TargetStore
+
+    # Old run directories would be read back as the outcome of the same ids.
+    shutil.rmtree(run_dir, ignore_errors=True)
+    TargetStore(gate.engine, clock=gate.clock).set(
+        "demo-executor", "process",
+        {"command": ["sh", "-c", 'sleep 0.2; case "$QUOTAGATE_PAYLOAD" in *true*) exit 3;; esac'],
+         "run_dir": str(run_dir)},
+        default=True, actor="demo",
+    )
 
 
 def _counts(gate: Quotagate) -> dict[str, int]:
@@ -89,11 +95,15 @@ def run_demo(settings: DemoSettings, echo: Callable[[str], None]) -> list[str]:
             gate.set_tenant(tenant, quota, actor="demo")
         for pool, capacity in POOLS.items():
             gate.set_pool(pool, capacity, actor="demo")
+        run_dir = Path(settings.run_dir).resolve()
+        _configure_executor(gate, run_dir)
         echo(f"tenants: {', '.join(f'{t} {q}' for t, q in TENANTS.items())}")
         echo(f"pools:   {', '.join(f'{p} {c}' for p, c in POOLS.items())}")
         total = settings.clients * settings.requests_per_client
+        echo(f"executor: process target 'demo-executor', one run directory per request "
+             f"under {run_dir}")
         echo(f"{settings.clients} clients submit {total} requests while "
-             f"{settings.admitters} admission workers and an executor run...")
+             f"{settings.admitters} admission workers and 2 delivery workers run...")
         context = multiprocessing.get_context("spawn")
         stop = context.Event()
         clients = [context.Process(target=_submit_burst,
@@ -102,7 +112,8 @@ def run_demo(settings: DemoSettings, echo: Callable[[str], None]) -> list[str]:
                    for n in range(settings.clients)]
         workers = [context.Process(target=_admit, args=(settings.url, stop))
                    for _ in range(settings.admitters)]
-        workers.append(context.Process(target=_execute, args=(settings.url, stop, settings.seed)))
+        workers += [context.Process(target=_deliver, args=(settings.url, stop, f"demo-worker-{n}"))
+                    for n in (1, 2)]
         started = time.monotonic()
         for process in clients + workers:
             process.start()
@@ -114,6 +125,7 @@ def run_demo(settings: DemoSettings, echo: Callable[[str], None]) -> list[str]:
                 echo(f"  {time.monotonic() - started:5.1f}s  submitted {sum(counts.values()):4d}"
                      f"  waiting {counts.get('waiting', 0):4d}"
                      f"  reserved {counts.get('reserved', 0):3d}"
+                     f"  delivered {counts.get('delivered', 0):3d}"
                      f"  completed {counts.get('completed', 0):4d}"
                      f"  failed {counts.get('failed', 0):3d}")
                 clients_done = all(not process.is_alive() for process in clients)
