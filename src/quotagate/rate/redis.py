@@ -111,7 +111,8 @@ class RedisRateStore:
                 args += [repr(item.config.capacity), repr(item.config.refill_per_second),
                          item.amount]
             replies = self._evalsha([keys[index] for index in group], args)
-            for index, (granted, tokens, missing) in zip(group, replies, strict=True):
+            triples = zip(replies[0::3], replies[1::3], replies[2::3], strict=True)
+            for index, (granted, tokens, missing) in zip(group, triples, strict=True):
                 if int(missing) and operation != "set":
                     logger.warning("rate bucket %s had no state in %s (lost by a restart or "
                                    "eviction?); it restarts empty", items[index].key,
