@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+# Alembic is imported only when a migration runs: every CLI command would
+# otherwise pay for it at start-up.
 
 _MIGRATIONS = Path(__file__).with_name("migrations")
 
 
 def alembic_config() -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(_MIGRATIONS))
     return config
@@ -21,6 +26,8 @@ def alembic_config() -> Config:
 
 def upgrade(engine: Engine) -> str | None:
     """Bring the database to the newest schema; return the revision it is at."""
+    from alembic import command
+
     config = alembic_config()
     with engine.begin() as connection:
         config.attributes["connection"] = connection
@@ -29,9 +36,13 @@ def upgrade(engine: Engine) -> str | None:
 
 
 def current_revision(engine: Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
     with engine.connect() as connection:
         return MigrationContext.configure(connection).get_current_revision()
 
 
 def head_revision() -> str | None:
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
