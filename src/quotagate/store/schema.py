@@ -78,6 +78,8 @@ request = sa.Table(
     sa.Index(None, "tenant", "state", "queue_key", "created", "id"),
     # Expiry and "oldest waiting" read from this one.
     sa.Index(None, "state", "created"),
+    # A tenant's requests, newest first (HTTP listing).
+    sa.Index(None, "tenant", "created", "id"),
     sa.Index(None, "created"),
 )
 

@@ -117,6 +117,7 @@ def upgrade() -> None:
         batch_op.create_index(batch_op.f('ix_qg_request_created'), ['created'], unique=False)
         batch_op.create_index(batch_op.f('ix_qg_request_state_created'), ['state', 'created'], unique=False)
         batch_op.create_index(batch_op.f('ix_qg_request_tenant_state_queue_key_created_id'), ['tenant', 'state', 'queue_key', 'created', 'id'], unique=False)
+        batch_op.create_index(batch_op.f('ix_qg_request_tenant_created_id'), ['tenant', 'created', 'id'], unique=False)
 
     op.create_table('qg_target',
     sa.Column('name', sa.String(length=63), nullable=False),
@@ -146,6 +147,7 @@ def downgrade() -> None:
     op.drop_table('qg_tenant')
     op.drop_table('qg_target')
     with op.batch_alter_table('qg_request', schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f('ix_qg_request_tenant_created_id'))
         batch_op.drop_index(batch_op.f('ix_qg_request_tenant_state_queue_key_created_id'))
         batch_op.drop_index(batch_op.f('ix_qg_request_state_created'))
         batch_op.drop_index(batch_op.f('ix_qg_request_created'))
