@@ -6,6 +6,7 @@ port, so flushing and restarting it disturbs nobody else's Redis.
 
 from __future__ import annotations
 
+import random
 import socket
 import subprocess
 import threading
@@ -28,11 +29,13 @@ STORES = ("sqlite", "postgresql", "mysql", "redis")
 class RedisServer:
     """A redis-server process of our own: no persistence, killable, restartable on its port."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, port: int | None = None) -> None:
         self.directory = directory
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        if port is None:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = int(probe.getsockname()[1])
+        self.port = port
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -262,11 +265,33 @@ def test_redis_script_is_loaded_once_and_reloaded_after_a_flush(
     store.close()
 
 
+def _cluster_ports(count: int) -> list[int]:
+    """Free ports whose cluster bus port (port + 10000) is free and valid too."""
+    ports: list[int] = []
+    candidate = 20000 + random.randrange(30000)
+    while len(ports) < count:
+        candidate += 1
+        if candidate > 55000:
+            candidate = 20000
+        probes = [socket.socket(), socket.socket()]
+        try:
+            for probe, port in zip(probes, (candidate, candidate + 10000), strict=True):
+                probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for probe in probes:
+                probe.close()
+        ports.append(candidate)
+    return ports
+
+
 class RedisCluster:
     """Three redis-server primaries of our own joined into a Redis Cluster."""
 
     def __init__(self, directory: Path) -> None:
-        self.nodes = [RedisServer(directory / f"node-{index}") for index in range(3)]
+        self.nodes = [RedisServer(directory / f"node-{index}", port)
+                      for index, port in enumerate(_cluster_ports(3))]
 
     @property
     def url(self) -> str:
