@@ -161,9 +161,18 @@ class Ledger:
     def _submit(
         self, connection: sa.Connection, submission: Submission, actor: str, token: _Token
     ) -> SubmitResult:
-        existing = connection.execute(
-            sa.select(schema.request).where(schema.request.c.id == submission.id)
-        ).mappings().first()
+        facts: dict[str, set[str]] = {}
+        for fact, value in connection.execute(
+            statements.submission_facts_query(submission.target is not None),
+            {"id": submission.id, "tenant": submission.tenant,
+             "resources": list(submission.cost), "target": submission.target},
+        ):
+            facts.setdefault(fact, set()).add(value)
+        existing = None
+        if "request" in facts:
+            existing = connection.execute(
+                sa.select(schema.request).where(schema.request.c.id == submission.id)
+            ).mappings().first()
         if existing is not None:
             original = self._replayed(existing, submission)
             if original.state != RequestState.REJECTED:
@@ -178,33 +187,25 @@ class Ledger:
             if existing["state"] != RequestState.REJECTED.value:
                 return SubmitResult(request_from_row(dict(existing)), created=False)
         now = self.clock.now()
-        if connection.execute(
-            sa.select(schema.tenant.c.name).where(schema.tenant.c.name == submission.tenant)
-        ).first() is None:
+        if "tenant" not in facts:
             raise NotFound(
                 f"tenant {submission.tenant!r} does not exist; create it with "
                 "'quotagate tenant set'",
                 code="unknown_tenant",
             )
-        known = set(
-            connection.execute(
-                sa.select(schema.pool_capacity.c.resource).distinct()
-            ).scalars()
-        )
-        unknown = sorted(set(submission.cost) - known)
+        unknown = sorted(set(submission.cost) - facts.get("resource", set()))
         if unknown:
             raise InvalidInput(
                 f"unknown resource {', '.join(map(repr, unknown))}: no pool offers it",
                 code="unknown_resource",
             )
-        if submission.target is not None and connection.execute(
-            sa.select(schema.delivery_target.c.name).where(
-                schema.delivery_target.c.name == submission.target
-            )
-        ).first() is None:
+        if submission.target is not None and "target" not in facts:
             raise NotFound(f"target {submission.target!r} does not exist", code="unknown_target")
         # Everything is valid: only now may a token be spent on this request.
-        decision = self._take_token(connection, submission.tenant, token)
+        # A tenant without a rate quota has no bucket row: no token to take.
+        decision = (
+            self._take_token(connection, submission.tenant, token) if "bucket" in facts else None
+        )
         refused = decision is not None and not decision.granted
         state = RequestState.REJECTED if refused else RequestState.WAITING
         reason = rejection_reason(decision) if decision is not None and refused else None
@@ -223,7 +224,7 @@ class Ledger:
             "reason": reason,
         }
         if existing is None:
-            connection.execute(schema.request.insert().values(**row))
+            connection.execute(schema.request.insert(), row)
         else:
             connection.execute(
                 schema.request.update()

@@ -100,3 +100,33 @@ def adjust_statement(table: sa.Table, holder_column: str, resources: tuple[str, 
                table.c.resource.in_(resources), condition)
         .values(used=table.c.used + amount if charge else table.c.used - amount)
     )
+
+
+@lru_cache(maxsize=16)
+def submission_facts_query(with_target: bool) -> sa.CompoundSelect[Any]:
+    """Everything submit must know before it writes, in one round trip.
+
+    Rows ``(fact, value)``: ``request`` if the id exists, ``tenant`` if the
+    tenant exists, one ``resource`` per cost resource some pool offers,
+    ``target`` if the named target exists, ``bucket`` if the tenant has a rate
+    quota. Parameters: ``id``, ``tenant``, ``resources`` (a list), ``target``.
+    """
+    request, capacity = schema.request, schema.pool_capacity
+    parts = [
+        sa.select(sa.literal("request").label("fact"), request.c.id.label("value"))
+        .where(request.c.id == sa.bindparam("id")),
+        sa.select(sa.literal("tenant").label("fact"), schema.tenant.c.name.label("value"))
+        .where(schema.tenant.c.name == sa.bindparam("tenant")),
+        sa.select(sa.literal("resource").label("fact"), capacity.c.resource.label("value"))
+        .where(capacity.c.resource.in_(sa.bindparam("resources", expanding=True)))
+        .distinct(),
+        sa.select(sa.literal("bucket").label("fact"), schema.rate_bucket.c.key.label("value"))
+        .where(schema.rate_bucket.c.key == sa.bindparam("tenant")),
+    ]
+    if with_target:
+        parts.append(
+            sa.select(sa.literal("target").label("fact"),
+                      schema.delivery_target.c.name.label("value"))
+            .where(schema.delivery_target.c.name == sa.bindparam("target"))
+        )
+    return sa.union_all(*parts)
