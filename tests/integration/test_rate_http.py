@@ -115,6 +115,25 @@ def test_bad_rate_bodies_are_refused_and_change_nothing(
                     {"capacity": 1}).status_code == 404
 
 
+def test_put_tenant_takes_a_rate_and_get_tenant_shows_tokens_left(api: Api) -> None:
+    put = api.call("PUT", "/v1/tenants/team-b", api.admin,
+                   {"quota": {"gpu": 2}, "rate": {"capacity": 5, "refill_per_second": 0}})
+    assert put.status_code == 200, put.text
+    assert put.json()["rate"] == {"capacity": 5, "refill_per_second": 0.0, "tokens": 5.0}
+    # Without "rate" the bucket stays; a bad one changes nothing; null removes it.
+    kept = api.call("PUT", "/v1/tenants/team-b", api.admin, {"quota": {"gpu": 3}})
+    assert kept.json()["rate"]["capacity"] == 5
+    bad = api.call("PUT", "/v1/tenants/team-b", api.admin,
+                   {"quota": {"gpu": 9}, "rate": {"capacity": -1}})
+    assert bad.status_code == 400
+    got = api.call("GET", "/v1/tenants/team-b", api.admin).json()
+    assert got["quota"]["gpu"]["cap"] == 3
+    assert got["rate"]["tokens"] == 5
+    removed = api.call("PUT", "/v1/tenants/team-b", api.admin, {"rate": None})
+    assert removed.json()["rate"] is None
+    assert api.call("GET", "/v1/tenants/team-a", api.team_a).json()["rate"] is None
+
+
 def test_rate_limit_headers_for_a_429() -> None:
     error = RateLimited("no", retry_after=2.2, capacity=5.0, tokens_left=0.4)
     assert rate_limit_headers(error) == {

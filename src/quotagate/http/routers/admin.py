@@ -10,6 +10,7 @@ from quotagate.auth import authorizer as operations
 from quotagate.domain.model import validate_name
 from quotagate.http.context import Context
 from quotagate.http.models import PoolBody, TenantBody
+from quotagate.http.routers.rate import rate_view
 from quotagate.http.security import CurrentActor, authorize
 
 router = APIRouter(prefix="/v1", tags=["admin"])
@@ -20,15 +21,25 @@ def put_tenant(
     tenant: str, body: TenantBody, context: Context, actor: CurrentActor
 ) -> dict[str, Any]:
     authorize(context, actor, tenant, operations.TENANT_SET)
+    rate = body.rate.config() if body.rate is not None else None  # judged before any change
     context.gate.set_tenant(tenant, body.quota, actor=actor.name)
-    return context.gate.config.get_tenant(tenant)
+    if "rate" in body.model_fields_set:
+        context.gate.set_rate(tenant, rate, actor=actor.name)
+    return _tenant(context, tenant)
 
 
 @router.get("/tenants/{tenant}", summary="A tenant's quotas and use")
 def get_tenant(tenant: str, context: Context, actor: CurrentActor) -> dict[str, Any]:
     authorize(context, actor, tenant, operations.TENANT_READ)
     validate_name(tenant, "tenant")
-    return context.gate.config.get_tenant(tenant)
+    return _tenant(context, tenant)
+
+
+def _tenant(context: Context, tenant: str) -> dict[str, Any]:
+    """A tenant's quotas and use, with its rate quota and the tokens left (or null)."""
+    described = context.gate.config.get_tenant(tenant)
+    described["rate"] = rate_view(context.gate.rate_status(tenant))
+    return described
 
 
 @router.put("/pools/{pool}", summary="Create a pool or change its capacity (admin)")

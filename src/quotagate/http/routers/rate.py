@@ -12,36 +12,15 @@ import math
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 from quotagate.auth import authorizer as operations
-from quotagate.domain.bucket import BucketConfig
 from quotagate.domain.model import validate_name
 from quotagate.errors import RateLimited
 from quotagate.http.context import Context
+from quotagate.http.models import RateBody, TokensBody
 from quotagate.http.security import CurrentActor, authorize
 
 router = APIRouter(prefix="/v1/tenants/{tenant}", tags=["rate quotas"])
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class RateBody(_Body):
-    capacity: StrictInt = Field(description="Tokens the bucket holds when full", examples=[5])
-    refill_per_second: StrictInt | StrictFloat = Field(
-        default=0, description="Tokens gained per second; 0: only top-ups refill it",
-        examples=[0, 0.5],
-    )
-
-    def config(self) -> BucketConfig:
-        """The domain judges the values (400); pydantic only the shape (422)."""
-        return BucketConfig(self.capacity, self.refill_per_second)
-
-
-class TokensBody(_Body):
-    add: StrictInt = Field(description="Tokens to add (never above the capacity)", examples=[3])
 
 
 def rate_view(status: dict[str, Any] | None) -> dict[str, Any] | None:
