@@ -17,6 +17,7 @@ from quotagate.cli.common import (
     render_table,
     reports_errors,
 )
+from quotagate.cli.rate import rate_store_option
 from quotagate.domain.model import parse_payload_text
 
 
@@ -36,14 +37,15 @@ def _when(epoch: float | None) -> str:
 @click.option("--target", default=None, help="Delivery target name (default: the default target).")
 @click.option("--json", "as_json", is_flag=True, help="Print the request as JSON.")
 @db_option
+@rate_store_option
 @reports_errors
 def submit(
     request_id: str, tenant: str, costs: tuple[str, ...], priority: int, payload: str | None,
-    target: str | None, as_json: bool, db_url: str | None,
+    target: str | None, as_json: bool, db_url: str | None, rate_store: str | None,
 ) -> None:
-    """Record a request as waiting (idempotent by id)."""
+    """Record a request as waiting (idempotent by id); a tenant's rate quota may refuse it."""
     parsed_payload = None if payload is None else parse_payload_text(payload)
-    with open_gate(db_url) as gate:
+    with open_gate(db_url, rate_store=rate_store) as gate:
         result = gate.submit(
             request_id, tenant, parse_assignments(costs, "cost"), priority=priority,
             payload=parsed_payload, target=target, actor="cli",
