@@ -3,22 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-QUOTAGATE = [sys.executable, "-m", "quotagate.cli"]
-
-
-def run(*args: str, db: str, cwd: Path, expect: int = 0) -> subprocess.CompletedProcess[str]:
-    environment = {**os.environ, "QUOTAGATE_DB": db}
-    result = subprocess.run([*QUOTAGATE, *args], capture_output=True, text=True, cwd=cwd,
-                            env=environment, timeout=120)
-    assert result.returncode == expect, (result.stdout, result.stderr)
-    return result
+from support.cli import QUOTAGATE, run
 
 
 def test_the_ledger_tour(empty_db_url: str, tmp_path: Path) -> None:

@@ -7,22 +7,12 @@ tests/integration/test_crash_delivery.py.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-QUOTAGATE = [sys.executable, "-c", "from quotagate.cli.main import main; main()"]
-
-
-def run(*args: str, db: str, cwd: Path, expect: int = 0) -> subprocess.CompletedProcess[str]:
-    environment = {**os.environ, "QUOTAGATE_DB": db}
-    result = subprocess.run([*QUOTAGATE, *args], capture_output=True, text=True, cwd=cwd,
-                            env=environment, timeout=120)
-    assert result.returncode == expect, (result.stdout, result.stderr)
-    return result
+from support.cli import QUOTAGATE, run
 
 
 def test_process_delivery_tour(tmp_path: Path) -> None:
