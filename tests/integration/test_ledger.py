@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -267,3 +269,14 @@ def test_invariant_check_catches_a_charge_without_outbox(ledger: Quotagate) -> N
             .values(used=sa.literal(2))
         )
     assert any("used 2 but reserved requests cost 1" in v for v in ledger.check_invariants())
+
+
+@pytest.mark.sqlite
+def test_sqlite_readers_do_not_wait_for_a_writer(tmp_path: Path) -> None:
+    with Quotagate.connect(f"sqlite:///{tmp_path / 'q.db'}") as gate:
+        gate.init()
+        gate.set_tenant("team-a", {"gpu": 1})
+        with gate.engine.connect() as writer, writer.begin():
+            writer.execute(schema.tenant_quota.update().values(used=1))
+            # A write transaction is open: a reader sees the last committed state.
+            assert gate.usage()["tenants"][0]["used"] == 0

@@ -16,6 +16,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from quotagate.errors import StoreUnavailable
+from quotagate.store.engine import READ_ONLY_OPTION
 
 T = TypeVar("T")
 
@@ -98,7 +99,7 @@ def translate(error: DBAPIError) -> Exception:
 def reading(engine: Engine) -> Iterator[sa.Connection]:
     """A connection for read-only views, with driver errors translated."""
     try:
-        with engine.connect() as connection:
+        with engine.connect().execution_options(**{READ_ONLY_OPTION: True}) as connection:
             yield connection
     except DBAPIError as error:
         translated = translate(error)

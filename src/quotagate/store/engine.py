@@ -18,6 +18,8 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from quotagate.errors import InvalidInput
 
 DEFAULT_DATABASE_URL = "sqlite:///quotagate.db"
+# Execution option marking a connection that only reads (see _configure_sqlite).
+READ_ONLY_OPTION = "quotagate_read_only"
 ENVIRONMENT_VARIABLE = "QUOTAGATE_DB"
 
 _DRIVERS = {
@@ -121,4 +123,7 @@ def _configure_sqlite(engine: Engine) -> None:
 
     @sa.event.listens_for(engine, "begin")
     def _on_begin(connection: sa.Connection) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # Read-only views (quotagate.store.dialect.reading) need no write lock:
+        # in WAL mode they read a consistent snapshot while a writer works.
+        read_only = connection.get_execution_options().get(READ_ONLY_OPTION, False)
+        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
