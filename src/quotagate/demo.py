@@ -22,6 +22,7 @@ import sqlalchemy as sa
 
 from quotagate.app import Quotagate
 from quotagate.store import schema
+from quotagate.store.dialect import reading
 
 TENANTS = {"team-a": {"gpu": 4, "cpu": 32}, "team-b": {"gpu": 2, "cpu": 16},
            "team-c": {"gpu": 3, "cpu": 8}}
@@ -80,7 +81,7 @@ def _configure_executor(gate: Quotagate, run_dir: Path) -> None:
 
 
 def _counts(gate: Quotagate) -> dict[str, int]:
-    with gate.engine.connect() as connection:
+    with reading(gate.engine) as connection:
         rows = connection.execute(
             sa.select(schema.request.c.state, sa.func.count()).group_by(schema.request.c.state)
         ).all()
@@ -142,7 +143,7 @@ def run_demo(settings: DemoSettings, echo: Callable[[str], None]) -> list[str]:
         echo(f"all {total} requests finished in {time.monotonic() - started:.1f}s")
         violations = gate.check_invariants()
         audit_rows = 0
-        with gate.engine.connect() as connection:
+        with reading(gate.engine) as connection:
             audit_rows = int(connection.execute(
                 sa.select(sa.func.count()).select_from(schema.audit)).scalar_one())
         echo(f"audit log: {audit_rows} entries")

@@ -20,6 +20,7 @@ from quotagate.delivery.dispatcher import (
 )
 from quotagate.delivery.registry import TargetStore
 from quotagate.delivery.targets import KINDS
+from quotagate.store.dialect import reading
 from quotagate.store.lease import LeaseStore
 
 
@@ -99,7 +100,7 @@ def _state_counts(gate: Any) -> list[dict[str, Any]]:
 
     from quotagate.store import schema
 
-    with gate.engine.connect() as connection:
+    with reading(gate.engine) as connection:
         rows = connection.execute(
             sa.select(schema.request.c.state, sa.func.count()).group_by(schema.request.c.state)
         ).all()

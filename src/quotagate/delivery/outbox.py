@@ -30,7 +30,7 @@ from quotagate.domain.model import RequestState
 from quotagate.errors import Conflict, StaleGeneration
 from quotagate.store import schema
 from quotagate.store.audit import AuditEntry, record
-from quotagate.store.dialect import database_now, run_transaction, supports_skip_locked
+from quotagate.store.dialect import database_now, reading, run_transaction, supports_skip_locked
 from quotagate.store.lease import LeaseStore
 from quotagate.store.rows import decode_cost
 
@@ -257,7 +257,7 @@ class OutboxStore:
             .order_by(_request.c.id)
             .limit(limit)
         )
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             return [
                 (row.tenant, row.target,
                  ExternalObject(row.external_name, row.uid, row.request_id))

@@ -16,7 +16,7 @@ from quotagate.domain.model import validate_name
 from quotagate.errors import NotFound
 from quotagate.store import schema
 from quotagate.store.audit import AuditEntry, record
-from quotagate.store.dialect import run_transaction
+from quotagate.store.dialect import reading, run_transaction
 
 __all__ = ["TargetConfig", "TargetStore"]
 
@@ -83,13 +83,13 @@ class TargetStore:
         return run_transaction(self.engine, work)
 
     def list(self) -> list[TargetConfig]:
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             rows = connection.execute(sa.select(_target).order_by(_target.c.name)).all()
         return [_from_row(row) for row in rows]
 
     def resolve(self, name: str | None) -> TargetConfig:
         """The named target, or the default one when the request named none."""
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             if name is None:
                 row = connection.execute(
                     sa.select(_target).where(_target.c.is_default == sa.true())

@@ -23,6 +23,7 @@ from quotagate.app import Quotagate
 from quotagate.errors import StoreUnavailable
 from quotagate.observability.metrics import Metrics
 from quotagate.store import schema
+from quotagate.store.dialect import reading
 
 log = logging.getLogger("quotagate.serve")
 
@@ -69,15 +70,15 @@ class AdmissionLoop:
 
     def _observe(self, admitted: list[Any]) -> None:
         try:
-            with self.gate.engine.connect() as connection:
+            with reading(self.gate.engine) as connection:
                 created = dict(
                     connection.execute(
                         sa.select(schema.request.c.id, schema.request.c.created).where(
                             schema.request.c.id.in_([placement.id for placement in admitted])
                         )
-                    ).tuples().all()
+                    ).all()
                 )
-        except sa.exc.SQLAlchemyError:
+        except (sa.exc.SQLAlchemyError, StoreUnavailable):
             created = {}
         self.metrics.record_admissions(admitted, created, self.gate.clock.now())
 

@@ -29,7 +29,9 @@ from sqlalchemy.engine import Engine
 
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import RequestState
+from quotagate.errors import StoreUnavailable
 from quotagate.store import schema
+from quotagate.store.dialect import reading
 from quotagate.store.rows import pool_usage, tenant_usage
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -52,7 +54,7 @@ class LedgerCollector(Collector):
         up = GaugeMetricFamily("quotagate_store_up", "1 if the ledger database answered the scrape")
         try:
             families = self._families()
-        except sa.exc.SQLAlchemyError:
+        except (sa.exc.SQLAlchemyError, StoreUnavailable):
             # A scrape must not fail because the store is down: say so instead.
             up.add_metric([], 0)
             return [up]
@@ -60,7 +62,7 @@ class LedgerCollector(Collector):
         return [up, *families]
 
     def _families(self) -> list[Metric]:
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             tenants = tenant_usage(connection)
             pools = pool_usage(connection)
             waiting = connection.execute(

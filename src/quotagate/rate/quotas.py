@@ -31,7 +31,7 @@ from quotagate.rate.gate import format_tokens
 from quotagate.rate.keys import BucketKey
 from quotagate.store import schema
 from quotagate.store.audit import AuditEntry, record
-from quotagate.store.dialect import run_transaction
+from quotagate.store.dialect import reading, run_transaction
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class RateQuotas:
                 return self._describe(key, config, tokens)
 
             return run_transaction(self.engine, work)
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             config = self._config_or_raise(connection, key)
         # Not in a transaction with the audit entry: a rerun transaction must not add twice.
         tokens = self.store.add(key, config, amount)
@@ -111,7 +111,7 @@ class RateQuotas:
     def status(self, tenant: str, *, topic: str | None = None) -> dict[str, Any] | None:
         """Shape and tokens left of ``tenant``'s bucket; None if it has none."""
         key = BucketKey(tenant, topic)
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             _require_tenant(connection, tenant)
             current = sql.read(connection, key)
         if current is None:
@@ -139,7 +139,7 @@ class RateQuotas:
             return  # rolled back with the transaction
         key = BucketKey(tenant)
         try:
-            with self.engine.connect() as connection:
+            with reading(self.engine) as connection:
                 config = sql.read_config(connection, key)
             if config is not None:
                 self.store.add(key, config, amount)

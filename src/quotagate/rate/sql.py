@@ -42,7 +42,7 @@ from quotagate.errors import Conflict, NotFound
 from quotagate.rate.backend import Take, register
 from quotagate.rate.keys import BucketKey
 from quotagate.store import schema
-from quotagate.store.dialect import database_now, run_transaction
+from quotagate.store.dialect import database_now, reading, run_transaction
 from quotagate.store.engine import create_engine, normalise_url, redact
 
 bucket = schema.rate_bucket
@@ -235,7 +235,7 @@ class SqlRateStore:
         return tokens
 
     def peek(self, key: BucketKey, config: BucketConfig) -> float:
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             current = read(connection, key)
         if current is None:
             raise NotFound(f"rate bucket {key} is not configured in {self.description}",

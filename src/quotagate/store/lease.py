@@ -17,7 +17,7 @@ from quotagate.delivery import stats
 from quotagate.domain.lease import Lease, validate_lease_name, validate_owner, validate_ttl
 from quotagate.errors import NotFound, StaleGeneration
 from quotagate.store import schema
-from quotagate.store.dialect import database_now, run_transaction
+from quotagate.store.dialect import database_now, reading, run_transaction
 
 __all__ = ["LeaseStore", "stale"]
 
@@ -136,7 +136,7 @@ class LeaseStore:
             raise stale(lease, "fenced write")
 
     def get(self, name: str) -> Lease:
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             row = connection.execute(sa.select(_lease).where(_lease.c.name == name)).first()
         if row is None:
             raise NotFound(f"lease {name!r} does not exist", code="unknown_lease")
@@ -144,7 +144,7 @@ class LeaseStore:
 
     def list(self) -> tuple[float, list[Lease]]:
         """The database's clock now and every lease, by name."""
-        with self.engine.connect() as connection:
+        with reading(self.engine) as connection:
             now = float(connection.execute(sa.select(database_now(connection))).scalar_one())
             rows = connection.execute(sa.select(_lease).order_by(_lease.c.name)).all()
         return now, [_lease_from_row(row) for row in rows]
