@@ -195,3 +195,16 @@ def test_sigterm_under_traffic_loses_no_acknowledged_request(tmp_path: Path) -> 
             for request_id in acknowledged:
                 assert gate.show(request_id).tenant == "team-a"
             assert gate.check_invariants() == []
+
+
+def test_serve_runs_its_delivery_worker_under_the_name_given(tmp_path: Path) -> None:
+    db_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with running_server(db_url, tmp_path, args=["--worker-name", "edge-1"]):
+        deadline = time.monotonic() + STARTUP_DEADLINE
+        while True:
+            listed = subprocess.run([QUOTAGATE, "lease", "show", "--json", "--db", db_url],
+                                    capture_output=True, text=True, check=True).stdout
+            if "worker/edge-1" in listed or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    assert "worker/edge-1" in listed, listed

@@ -39,6 +39,9 @@ def ensure_schema(gate: Quotagate) -> None:
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--access-log", is_flag=True, help="Log every HTTP request.")
+@click.option("--worker-name", default=None,
+              help="Name of the delivery worker and its lease (default HOST-PID). A stable "
+              "name lets a restarted serve take its unfinished deliveries back at once.")
 @click.option("--tour", is_flag=True,
               help="Once up, walk through a short guided tour against this server "
               "(creates an admin token, tenants, pools, a process target and requests).")
@@ -46,7 +49,7 @@ def ensure_schema(gate: Quotagate) -> None:
 @reports_errors
 def serve(
     host: str, port: int, admit_interval: float, admit_batch: int, no_workers: bool,
-    log_level: str, access_log: bool, tour: bool, db_url: str | None,
+    log_level: str, access_log: bool, worker_name: str | None, tour: bool, db_url: str | None,
 ) -> None:
     """Run the HTTP API, admission and delivery until SIGTERM."""
     from quotagate.http import service
@@ -72,7 +75,7 @@ def serve(
     sys.exit(service.run(
         gate, host=host, port=port, admit_interval=admit_interval, admit_batch=admit_batch,
         workers=not no_workers, log_level=log_level, access_log=access_log,
-        on_started=on_started,
+        on_started=on_started, worker_name=worker_name,
     ))
 
 

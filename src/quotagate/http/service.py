@@ -83,14 +83,19 @@ class AdmissionLoop:
         self.metrics.record_admissions(admitted, created, self.gate.clock.now())
 
 
-def load_dispatcher(gate: Quotagate) -> Worker | None:
-    """The delivery dispatcher, if this installation has it."""
+def load_dispatcher(gate: Quotagate, worker_name: str | None = None) -> Worker | None:
+    """The delivery dispatcher, if this installation has it.
+
+    The default name is unique per process; a stable name (one per host, say)
+    lets a restarted ``serve`` take its predecessor's claimed rows back at once
+    instead of waiting for their claims to expire.
+    """
     try:
         from quotagate.delivery.dispatcher import Dispatcher  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         log.info("no delivery dispatcher installed; serving API and admission only")
         return None
-    worker_name = f"{socket.gethostname()}-{os.getpid()}"
+    worker_name = worker_name or f"{socket.gethostname()}-{os.getpid()}"
     dispatcher: Worker = Dispatcher(gate, worker_name=worker_name)
     return dispatcher
 
@@ -106,6 +111,7 @@ def run(
     log_level: str = "info",
     access_log: bool = False,
     on_started: Callable[[], None] | None = None,
+    worker_name: str | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT; return the exit status.
 
@@ -125,7 +131,7 @@ def run(
         loops: list[tuple[str, Worker]] = [
             ("admission", AdmissionLoop(gate, metrics, batch=admit_batch, interval=admit_interval))
         ]
-        dispatcher = load_dispatcher(gate)
+        dispatcher = load_dispatcher(gate, worker_name)
         if dispatcher is not None:
             loops.append(("dispatcher", dispatcher))
         threads = [threading.Thread(target=worker.run, args=(stop,), name=name)
