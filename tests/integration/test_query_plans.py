@@ -10,8 +10,7 @@ import json
 
 from quotagate import Quotagate
 from quotagate.domain.ordering import queue_key
-from quotagate.store import schema
-from quotagate.store.ledger import head_of_queues
+from quotagate.store import schema, statements
 
 QUEUE_INDEX = "ix_qg_request_tenant_state_queue_key_created_id"
 
@@ -39,7 +38,8 @@ def _fill_queue(gate: Quotagate, count: int) -> None:
 
 def test_admission_reads_each_tenant_queue_through_the_index(gate: Quotagate) -> None:
     _fill_queue(gate, 6000)
-    query = head_of_queues(["team-0", "team-1", "team-2"], 32)
+    tenants = ["team-0", "team-1", "team-2"]
+    query = statements.head_query(len(tenants), 32).params(statements.head_parameters(tenants))
     compiled = query.compile(gate.engine, compile_kwargs={"literal_binds": True})
     name = gate.engine.dialect.name
     with gate.engine.connect() as connection:

@@ -32,7 +32,7 @@ from quotagate.domain.model import RequestState
 from quotagate.errors import StoreUnavailable
 from quotagate.store import schema
 from quotagate.store.dialect import reading
-from quotagate.store.rows import pool_usage, tenant_usage
+from quotagate.store.rows import all_usage
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Waits from seconds (an idle gate) to hours (a tenant at its cap).
@@ -63,8 +63,7 @@ class LedgerCollector(Collector):
 
     def _families(self) -> list[Metric]:
         with reading(self.engine) as connection:
-            tenants = tenant_usage(connection)
-            pools = pool_usage(connection)
+            tenants, pools = all_usage(connection)
             waiting = connection.execute(
                 sa.select(
                     schema.request.c.tenant, sa.func.count(), sa.func.min(schema.request.c.created)

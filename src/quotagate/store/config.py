@@ -15,7 +15,7 @@ from quotagate.errors import Conflict, NotFound
 from quotagate.store import schema
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.dialect import reading, run_transaction
-from quotagate.store.rows import usage_by_holder
+from quotagate.store.rows import holder_usage
 
 
 class Configuration:
@@ -91,7 +91,7 @@ class Configuration:
     def _describe(
         connection: sa.Connection, cap_table: sa.Table, holder: str, name: str
     ) -> dict[str, dict[str, int]]:
-        usage = usage_by_holder(connection, cap_table, holder).get(name, {})
+        usage = holder_usage(connection, cap_table, holder, name)
         return {resource: {"used": used, "cap": cap} for resource, (used, cap) in usage.items()}
 
     def get_tenant(self, name: str) -> dict[str, Any]:

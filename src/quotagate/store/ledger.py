@@ -52,12 +52,6 @@ DEFAULT_ADMISSION_WINDOW = 32
 _MAX_EXPIRED_PER_PASS = 1000
 
 
-def head_of_queues(tenants: Sequence[str], window: int) -> sa.Select[Any] | sa.CompoundSelect[Any]:
-    """The first ``window`` waiting requests of each tenant, as a statement with its values."""
-    query = statements.head_query(len(tenants), window)
-    return query.params({f"tenant_{index}": tenant for index, tenant in enumerate(tenants)})
-
-
 class CapacityChanged(Exception):
     """A conditional charge missed: the snapshot was stale. The transaction is rerun."""
 
@@ -381,8 +375,9 @@ class Ledger:
         One bounded index range scan per tenant: the cost does not grow with
         the length of the waiting queue.
         """
-        parameters = {f"tenant_{index}": tenant for index, tenant in enumerate(tenants)}
-        rows = list(connection.execute(statements.head_query(len(tenants), window), parameters))
+        rows = list(connection.execute(
+            statements.head_query(len(tenants), window), statements.head_parameters(tenants)
+        ))
         rows.sort(key=lambda row: (row[3], row[4], row[0]))
         candidates = [Candidate(row[0], row[1], decode_cost(row[2])) for row in rows]
         return candidates, {row[0]: row[5] for row in rows}
@@ -412,15 +407,6 @@ class Ledger:
                     raise CapacityChanged(f"{holder} {name}")
 
     # -- release ---------------------------------------------------------------
-
-    def complete(self, request_id: str, *, actor: str = "system") -> ReleaseResult:
-        return self.release(request_id, RequestState.COMPLETED, actor=actor)
-
-    def fail(self, request_id: str, reason: str | None = None, *, actor: str = "system") -> ReleaseResult:
-        return self.release(request_id, RequestState.FAILED, reason=reason, actor=actor)
-
-    def cancel(self, request_id: str, *, actor: str = "system") -> ReleaseResult:
-        return self.release(request_id, RequestState.CANCELLED, actor=actor)
 
     def release(
         self,

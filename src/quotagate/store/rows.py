@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from quotagate.domain.model import Cost, Request, RequestState
-from quotagate.store import schema, statements
+from quotagate.store import statements
 
 
 def encode_cost(cost: Cost) -> str:
@@ -37,32 +37,22 @@ def request_from_row(row: Mapping[Any, Any]) -> Request:
     )
 
 
-def usage_by_holder(
-    connection: sa.Connection, table: sa.Table, holder_column: str
-) -> dict[str, dict[str, tuple[int, int]]]:
-    """``{holder: {resource: (used, cap)}}`` for every row of a quota/capacity table."""
-    usage: dict[str, dict[str, tuple[int, int]]] = {}
-    holder = table.c[holder_column]
-    query = sa.select(holder, table.c.resource, table.c.used, table.c.cap).order_by(
-        holder, table.c.resource
+def holder_usage(
+    connection: sa.Connection, table: sa.Table, holder_column: str, holder: str
+) -> dict[str, tuple[int, int]]:
+    """``{resource: (used, cap)}`` of one tenant or pool."""
+    query = (
+        sa.select(table.c.resource, table.c.used, table.c.cap)
+        .where(table.c[holder_column] == holder)
+        .order_by(table.c.resource)
     )
-    for name, resource, used, cap in connection.execute(query):
-        usage.setdefault(name, {})[resource] = (int(used), int(cap))
-    return usage
-
-
-def tenant_usage(connection: sa.Connection) -> dict[str, dict[str, tuple[int, int]]]:
-    return usage_by_holder(connection, schema.tenant_quota, "tenant")
-
-
-def pool_usage(connection: sa.Connection) -> dict[str, dict[str, tuple[int, int]]]:
-    return usage_by_holder(connection, schema.pool_capacity, "pool")
+    return {resource: (int(used), int(cap)) for resource, used, cap in connection.execute(query)}
 
 
 def all_usage(
     connection: sa.Connection,
 ) -> tuple[dict[str, dict[str, tuple[int, int]]], dict[str, dict[str, tuple[int, int]]]]:
-    """Tenant and pool usage in one round trip (the admission hot path)."""
+    """``({tenant: {resource: (used, cap)}}, {pool: …})`` in one round trip."""
     tenants: dict[str, dict[str, tuple[int, int]]] = {}
     pools: dict[str, dict[str, tuple[int, int]]] = {}
     for kind, holder, resource, used, cap in connection.execute(statements.usage_query()):

@@ -9,6 +9,7 @@ by that shape and filled in with parameters.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -53,6 +54,11 @@ def head_query(tenant_count: int, window: int) -> sa.Select[Any] | sa.CompoundSe
     if len(heads) == 1:
         return sa.select(heads[0])
     return sa.union_all(*(sa.select(head) for head in heads))
+
+
+def head_parameters(tenants: Sequence[str]) -> dict[str, str]:
+    """The values of :func:`head_query`'s ``tenant_i`` parameters."""
+    return {f"tenant_{index}": tenant for index, tenant in enumerate(tenants)}
 
 
 @lru_cache(maxsize=1)

@@ -14,7 +14,7 @@ from quotagate.domain.placement import blocking_resources, fits, total_cost
 from quotagate.errors import NotFound
 from quotagate.store import schema
 from quotagate.store.dialect import reading
-from quotagate.store.rows import decode_cost, pool_usage, request_from_row, tenant_usage
+from quotagate.store.rows import all_usage, decode_cost, request_from_row
 
 
 def _usage_rows(usage: dict[str, dict[str, tuple[int, int]]], holder: str) -> list[dict[str, Any]]:
@@ -23,6 +23,11 @@ def _usage_rows(usage: dict[str, dict[str, tuple[int, int]]], holder: str) -> li
         for name, resources in sorted(usage.items())
         for resource, (used, cap) in sorted(resources.items())
     ]
+
+
+def _usage_view(connection: sa.Connection) -> dict[str, list[dict[str, Any]]]:
+    tenants, pools = all_usage(connection)
+    return {"tenants": _usage_rows(tenants, "tenant"), "pools": _usage_rows(pools, "pool")}
 
 
 class LedgerViews:
@@ -50,10 +55,7 @@ class LedgerViews:
 
     def usage(self) -> dict[str, list[dict[str, Any]]]:
         with reading(self.engine) as connection:
-            return {
-                "tenants": _usage_rows(tenant_usage(connection), "tenant"),
-                "pools": _usage_rows(pool_usage(connection), "pool"),
-            }
+            return _usage_view(connection)
 
     def inspect(self, limit: int = 20) -> dict[str, Any]:
         """Seed 001's troubleshooting query: recent requests with outbox and binding."""
@@ -93,10 +95,7 @@ class LedgerViews:
                 }
                 for row in connection.execute(query)
             ]
-            usage = {
-                "tenants": _usage_rows(tenant_usage(connection), "tenant"),
-                "pools": _usage_rows(pool_usage(connection), "pool"),
-            }
+            usage = _usage_view(connection)
         return {**usage, "requests": requests}
 
     def queue_position(self, connection: sa.Connection, row: Any, *, same_tenant: bool) -> int:
@@ -131,8 +130,7 @@ class LedgerViews:
                 return {"id": request_id, "state": row["state"], "waiting": False,
                         "reason": f"request is {row['state']}, not waiting"}
             cost = decode_cost(row["cost"])
-            tenants = tenant_usage(connection)
-            pools = pool_usage(connection)
+            tenants, pools = all_usage(connection)
             position = self.queue_position(connection, row, same_tenant=False)
             tenant_position = self.queue_position(connection, row, same_tenant=True)
         tenant_blocks: list[dict[str, Any]] = [
@@ -196,8 +194,7 @@ class LedgerViews:
                     schema.request.c.state.in_([s.value for s in CHARGED_STATES])
                 )
             ).all()
-            tenants = tenant_usage(connection)
-            pools = pool_usage(connection)
+            tenants, pools = all_usage(connection)
             orphans = connection.execute(
                 sa.select(schema.outbox.c.request_id)
                 .select_from(
