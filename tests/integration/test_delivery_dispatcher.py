@@ -8,10 +8,8 @@ refused, counted, and without effect.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -24,24 +22,13 @@ from quotagate.delivery.outbox import Claim
 from quotagate.delivery.registry import TargetStore
 from quotagate.delivery.targets.base import ExternalObject
 from quotagate.store import schema
-
-T = TypeVar("T")
+from support.waiting import wait_for
 
 # Appends one line per run to a shared log; a payload containing "fail" exits 3.
 COMMAND = (
     'echo "$QUOTAGATE_REQUEST_ID $QUOTAGATE_TENANT $QUOTAGATE_FENCING_TOKEN '
     '$QUOTAGATE_PAYLOAD" >> "$LOG"; case "$QUOTAGATE_PAYLOAD" in *fail*) exit 3;; esac'
 )
-
-
-def wait_for(condition: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture

@@ -13,9 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 import sqlalchemy as sa
@@ -27,8 +25,7 @@ from quotagate.store import schema
 from quotagate.store.dialect import run_transaction
 from quotagate.store.engine import create_engine
 from quotagate.store.lease import LeaseStore
-
-T = TypeVar("T")
+from support.waiting import wait_for
 
 # Holds the lease and keeps renewing it, as a live worker does, until killed.
 HOLDER = """
@@ -58,16 +55,6 @@ while not os.path.exists(sys.argv[2]):
 lease = store.acquire("contested", sys.argv[3], 30.0)
 print("none" if lease is None else lease.generation, flush=True)
 """
-
-
-def wait_for(condition: Callable[[], T | None], what: str, timeout: float = 20.0) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
@@ -106,7 +93,7 @@ def test_seed_000_takeover_by_the_same_name_fences_the_killed_generation(
     assert holder.returncode == -signal.SIGKILL
 
     # After expiry (by the database's clock) the restarted worker-a takes over.
-    takeover = wait_for(lambda: leases.acquire("seed-000", "worker-a", 30.0), "the takeover")
+    takeover = wait_for(lambda: leases.acquire("seed-000", "worker-a", 30.0), "the takeover", timeout=20.0)
     assert (takeover.owner, takeover.generation) == ("worker-a", 2)  # affected=1, generation=2
 
     with leases.engine.connect() as connection:
@@ -169,7 +156,7 @@ def test_expiry_is_judged_by_the_database_clock(leases: LeaseStore) -> None:
         ).scalar_one()
     # expires_at came from the database (now + ttl), not from this process.
     assert abs(database_clock - (time.time() + 0.3)) < 5
-    taken = wait_for(lambda: leases.acquire("short", "worker-b", 30.0), "expiry")
+    taken = wait_for(lambda: leases.acquire("short", "worker-b", 30.0), "expiry", timeout=20.0)
     assert taken.generation == 2
     with pytest.raises(StaleGeneration):
         leases.renew(first, 30.0)

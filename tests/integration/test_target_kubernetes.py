@@ -15,7 +15,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from quotagate.delivery.registry import TargetStore
 from quotagate.delivery.targets.base import DeliveryFailed, DeliverySpec, IdentityMismatch
 from quotagate.delivery.targets.kubernetes import KubernetesTarget
 from quotagate.store import schema
+from support.json_http import JsonHandler
 
 _COLLECTION = re.compile(r"^/apis/([^/]+)/([^/]+)/namespaces/([^/]+)/([^/]+)$")
 _ITEM = re.compile(r"^/apis/([^/]+)/([^/]+)/namespaces/([^/]+)/([^/]+)/([^/?]+)$")
@@ -53,19 +54,8 @@ def status(code: int, reason: str, message: str) -> dict[str, Any]:
             "message": message, "reason": reason, "code": code}
 
 
-class ApiHandler(BaseHTTPRequestHandler):
+class ApiHandler(JsonHandler):
     server: FakeApiServer
-
-    def log_message(self, *_args: Any) -> None:
-        pass
-
-    def _reply(self, code: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def do_POST(self) -> None:
         match = _COLLECTION.match(self.path.split("?")[0])

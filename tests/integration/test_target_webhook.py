@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from quotagate.delivery.registry import TargetStore
 from quotagate.delivery.targets.base import DeliveryFailed, DeliverySpec, IdentityMismatch
 from quotagate.delivery.targets.webhook import WebhookTarget
 from quotagate.store import schema
+from support.json_http import JsonHandler
 
 
 class Receiver(ThreadingHTTPServer):
@@ -43,19 +44,8 @@ class Receiver(ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}/hooks"
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(JsonHandler):
     server: Receiver
-
-    def log_message(self, *_args: Any) -> None:
-        pass
-
-    def _reply(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
