@@ -18,7 +18,7 @@ from quotagate.cli.common import (
     reports_errors,
 )
 from quotagate.cli.rate import rate_store_option
-from quotagate.domain.model import parse_payload_text
+from quotagate.domain.model import RequestState, parse_payload_text
 
 
 def _when(epoch: float | None) -> str:
@@ -96,7 +96,7 @@ def admit(mode: str, batch: int, interval: float, ttl: float, db_url: str | None
             click.echo(f"stopped after admitting {total}")
 
 
-def _release_command(name: str, help_text: str) -> click.Command:
+def _release_command(name: str, state: RequestState, help_text: str) -> click.Command:
     @click.command(name=name, help=help_text)
     @click.argument("request_id")
     @click.option("--reason", default=None, help="Why (kept with the request).")
@@ -104,21 +104,18 @@ def _release_command(name: str, help_text: str) -> click.Command:
     @reports_errors
     def command(request_id: str, reason: str | None, db_url: str | None) -> None:
         with open_gate(db_url) as gate:
-            if name == "complete":
-                result = gate.complete(request_id, actor="cli")
-            elif name == "fail":
-                result = gate.fail(request_id, reason, actor="cli")
-            else:
-                result = gate.cancel(request_id, actor="cli")
+            result = gate.ledger.release(request_id, state, reason=reason, actor="cli")
         returned = ", ".join(f"{r}={a}" for r, a in result.released.items()) or "nothing"
         click.echo(f"{result.request.id} is {result.request.state.value}; returned {returned}")
 
     return command
 
 
-complete = _release_command("complete", "Mark a request completed and return its cost.")
-fail = _release_command("fail", "Mark a request failed and return its cost.")
-cancel = _release_command("cancel", "Cancel a request; a reserved one returns its cost.")
+complete = _release_command("complete", RequestState.COMPLETED,
+                            "Mark a request completed and return its cost.")
+fail = _release_command("fail", RequestState.FAILED, "Mark a request failed and return its cost.")
+cancel = _release_command("cancel", RequestState.CANCELLED,
+                          "Cancel a request; a reserved one returns its cost.")
 
 
 @click.command()
