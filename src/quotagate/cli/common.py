@@ -9,9 +9,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+import sqlalchemy as sa
 
 from quotagate.app import Quotagate
-from quotagate.errors import QuotagateError, RateLimited
+from quotagate.errors import InvalidInput, QuotagateError, RateLimited, StoreUnavailable
+from quotagate.store import schema
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -40,6 +42,17 @@ def open_gate(db_url: str | None, **options: Any) -> Quotagate:
     return Quotagate.connect(db_url, **options)
 
 
+def ensure_schema(gate: Quotagate) -> None:
+    """Create the schema if absent, so the embedded SQLite default needs no `init`."""
+    try:
+        present = sa.inspect(gate.engine).has_table(schema.request.name)
+    except sa.exc.OperationalError as error:
+        raise StoreUnavailable("the ledger database cannot be reached") from error
+    if not present:
+        click.echo("creating the ledger schema", err=True)
+        gate.init()
+
+
 def reports_errors(function: F) -> F:
     """Turn quotagate errors into one stderr line and a meaningful exit code."""
 
@@ -58,8 +71,6 @@ def reports_errors(function: F) -> F:
 
 def parse_assignments(values: tuple[str, ...], what: str) -> dict[str, object]:
     """``("gpu=1", "cpu=4")`` → ``{"gpu": 1, "cpu": 4}``; the ledger validates the numbers."""
-    from quotagate.errors import InvalidInput
-
     parsed: dict[str, object] = {}
     for value in values:
         name, sep, amount = value.partition("=")

@@ -6,24 +6,9 @@ import logging
 import sys
 
 import click
-import sqlalchemy as sa
 
-from quotagate.app import Quotagate
-from quotagate.cli.common import db_option, open_gate, reports_errors
-from quotagate.errors import StoreUnavailable
-from quotagate.store import schema
+from quotagate.cli.common import db_option, ensure_schema, open_gate, reports_errors
 from quotagate.store.engine import database_url, redact
-
-
-def ensure_schema(gate: Quotagate) -> None:
-    """Create the schema if absent, so the embedded SQLite default needs no `init`."""
-    try:
-        present = sa.inspect(gate.engine).has_table(schema.request.name)
-    except sa.exc.OperationalError as error:
-        raise StoreUnavailable("the ledger database cannot be reached") from error
-    if not present:
-        click.echo("creating the ledger schema", err=True)
-        gate.init()
 
 
 @click.command()

@@ -7,8 +7,7 @@ from datetime import UTC, datetime
 import click
 
 from quotagate.auth.tokens import TokenStore
-from quotagate.cli.common import db_option, echo_json, open_gate, render_table, reports_errors
-from quotagate.cli.server import ensure_schema
+from quotagate.cli.common import db_option, echo_json, ensure_schema, open_gate, render_table, reports_errors
 from quotagate.errors import InvalidInput
 from quotagate.store.listing import MAX_PAGE, list_audit
 
