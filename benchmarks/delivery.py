@@ -20,6 +20,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from _databases import BACKENDS, ServerUnavailable, throwaway_database
 from quotagate import Quotagate, RequestState
 from quotagate.delivery.dispatcher import Dispatcher
 from quotagate.delivery.registry import TargetConfig
-from quotagate.delivery.targets.base import DeliverySpec, ExternalObject, Outcome
+from quotagate.delivery.targets.base import DeliverySpec, ExternalObject, Outcome, StopResult
 from quotagate.store import schema
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.dialect import database_now, run_transaction, supports_skip_locked
@@ -55,8 +56,15 @@ class MemoryTarget:
     def read(self, name: str) -> ExternalObject | None:
         return self.objects.get(name)
 
-    def outcome(self, obtained: ExternalObject) -> Outcome | None:
-        return None
+    def outcomes(self, objects: Sequence[ExternalObject]) -> dict[str, Outcome]:
+        return {}
+
+    def stop(self, obtained: ExternalObject, fencing_token: int) -> StopResult:
+        self.objects.pop(obtained.name, None)
+        return StopResult(stopped=True)
+
+    def close(self) -> None:
+        pass
 
 
 def prepare(gate: Quotagate, prefix: str, count: int) -> None:
@@ -115,7 +123,7 @@ def unfenced(gate: Quotagate, target: MemoryTarget) -> int:
             obtained = target.create_if_absent(DeliverySpec(
                 row.request_id, row.tenant, json.loads(requests[row.request_id].cost),
                 json.loads(requests[row.request_id].payload), row.claim_token + 1,
-                f"raw-{row.request_id}",
+                f"raw-{row.request_id}", gate.ledger_id,
             ))
 
             def bind(connection: sa.Connection, row: Any = row, obtained: Any = obtained) -> None:

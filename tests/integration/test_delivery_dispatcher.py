@@ -90,7 +90,7 @@ def test_process_target_runs_each_request_once_and_its_exit_releases_the_cost(
 
     bindings = {row["request_id"]: row for row in rows(ledger, schema.binding)}
     assert set(bindings) == {"job-1", "job-2"}
-    assert bindings["job-1"]["external_name"] == external_name("team-a", "job-1")
+    assert bindings["job-1"]["external_name"] == external_name(ledger.ledger_id, "team-a", "job-1")
     assert bindings["job-1"]["fencing_token"] == 1 and bindings["job-1"]["uid"]
     log = runs_log(tmp_path)
     assert sorted(entry[0] for entry in log) == ["job-1", "job-2"]  # each ran exactly once
@@ -119,7 +119,7 @@ def test_a_request_names_its_target_and_one_without_a_default_waits_with_the_err
     ledger.admit(10)
     dispatcher = Dispatcher(ledger, worker_name="w1", max_attempts=3)
     dispatcher.run_once()
-    assert (tmp_path / "other" / external_name("team-a", "named")).is_dir()
+    assert (tmp_path / "other" / external_name(ledger.ledger_id, "team-a", "named")).is_dir()
     assert state(ledger, "named") in (RequestState.DELIVERED, RequestState.COMPLETED)
     outbox = {row["request_id"]: row for row in rows(ledger, schema.outbox)}
     assert outbox["unnamed"]["attempts"] == 1
@@ -155,9 +155,10 @@ def test_after_the_last_attempt_the_request_fails_and_its_cost_returns_once(
 def test_an_object_of_another_request_under_our_name_fails_the_request_loudly(
     ledger: Quotagate, tmp_path: Path
 ) -> None:
-    squatter = tmp_path / "runs" / external_name("team-a", "job-1")
+    squatter = tmp_path / "runs" / external_name(ledger.ledger_id, "team-a", "job-1")
     squatter.mkdir(parents=True)
-    (squatter / "request.json").write_text(json.dumps({"request_id": "someone-else", "uid": "x"}))
+    (squatter / "request.json").write_text(json.dumps({"request_id": "someone-else", "uid": "x",
+                                                          "ledger_id": ledger.ledger_id}))
     ledger.submit("job-1", "team-a", {"gpu": 1})
     ledger.admit()
     Dispatcher(ledger, worker_name="w1").run_once()
@@ -189,7 +190,7 @@ def test_a_takeover_by_the_same_name_fences_every_write_of_the_old_generation(
 
     before = _snapshot(ledger)
     stale_before = stats.snapshot()["stale_writes"]
-    obtained = ExternalObject(external_name("team-a", "job-1"), "uid-1", "job-1")
+    obtained = ExternalObject(external_name(ledger.ledger_id, "team-a", "job-1"), "uid-1", "job-1")
     for late_write in (
         lambda: old.outbox.record_binding(claim, "local", obtained),
         lambda: old.outbox.mark_delivered(claim, actor="test"),

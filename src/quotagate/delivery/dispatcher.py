@@ -90,6 +90,7 @@ class Dispatcher:
         self.outbox = OutboxStore(gate.engine, self.leases, gate.clock)
         self.targets = TargetStore(gate.engine, clock=gate.clock)
         self.actor = f"worker:{worker_name}"
+        self.ledger_id = gate.ledger_id
         self._lease: Lease | None = None
         self._renewed_at = 0.0
         self._built: dict[str, tuple[TargetConfig, Target]] = {}
@@ -199,7 +200,8 @@ class Dispatcher:
             spec = DeliverySpec(
                 request_id=claim.request_id, tenant=claim.tenant, cost=claim.cost,
                 payload=claim.payload, fencing_token=claim.token,
-                external_name=external_name(claim.tenant, claim.request_id),
+                external_name=external_name(self.ledger_id, claim.tenant, claim.request_id),
+                ledger_id=self.ledger_id,
             )
             self._crash_point("after_claim")
             obtained = target.create_if_absent(spec)
@@ -268,7 +270,9 @@ class Dispatcher:
         key = name or ""
         if key not in self._built:
             config = self.targets.resolve(name)
-            self._built[key] = (config, build_target(config.kind, config.config))
+            self._built[key] = (
+                config, build_target(config.kind, config.config, ledger_id=self.ledger_id)
+            )
         return self._built[key]
 
     # -- outcomes ----------------------------------------------------------------
@@ -287,7 +291,7 @@ class Dispatcher:
                 break
             try:
                 _config, target = self._target(target_name)
-                outcome = target.outcome(obtained)
+                outcome = target.outcomes([obtained]).get(obtained.request_id)
             except QuotagateError as error:
                 logger.warning("worker %s: reading the outcome of %s: %s", self.worker_name,
                                obtained.request_id, error.message)

@@ -171,3 +171,12 @@ rate_bucket = sa.Table(
     sa.Column("tokens", sa.Double, nullable=False),
     sa.Column("updated", TIME, nullable=False),
 )
+
+# Facts about the ledger itself, one row each; today only ``ledger_id``, the
+# identity that init gives every ledger and that goes into every external object.
+ledger_meta = sa.Table(
+    "qg_meta",
+    metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.String(256), nullable=False),
+)

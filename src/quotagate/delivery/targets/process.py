@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from quotagate.delivery.targets.base import (
     DeliverySpec,
     ExternalObject,
     Outcome,
+    StopResult,
     check_identity,
 )
 from quotagate.errors import InvalidInput
@@ -53,10 +54,11 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
 class ProcessTarget:
     kind = "process"
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, Any], *, ledger_id: str) -> None:
         checked = validate_config(config)
         self.command: list[str] = checked["command"]
         self.run_dir = Path(checked["run_dir"])
+        self.ledger_id = ledger_id
 
     def create_if_absent(self, spec: DeliverySpec) -> ExternalObject:
         final = self.run_dir / spec.external_name
@@ -80,7 +82,19 @@ class ProcessTarget:
             spec = json.loads((self.run_dir / name / process_runner.REQUEST).read_text())
         except FileNotFoundError:
             return None
-        return ExternalObject(name=name, uid=spec["uid"], request_id=spec["request_id"])
+        return ExternalObject(name=name, uid=spec["uid"], request_id=spec["request_id"],
+                              ledger_id=spec.get("ledger_id"))
+
+    def outcomes(self, objects: Sequence[ExternalObject]) -> dict[str, Outcome]:
+        found = {obtained.request_id: self.outcome(obtained) for obtained in objects}
+        return {request_id: outcome for request_id, outcome in found.items()
+                if outcome is not None}
+
+    def stop(self, obtained: ExternalObject, fencing_token: int) -> StopResult:
+        return StopResult(stopped=False, reason="the process target cannot stop runs yet")
+
+    def close(self) -> None:
+        pass
 
     def outcome(self, obtained: ExternalObject) -> Outcome | None:
         try:
@@ -103,6 +117,7 @@ class ProcessTarget:
             raise DeliveryFailed(f"cannot prepare a run directory: {error}") from error
         uid = uuid.uuid4().hex
         (preparing / process_runner.REQUEST).write_text(json.dumps({
+            "ledger_id": spec.ledger_id,
             "request_id": spec.request_id,
             "tenant": spec.tenant,
             "uid": uid,
@@ -117,7 +132,8 @@ class ProcessTarget:
         except OSError:
             shutil.rmtree(preparing, ignore_errors=True)
             return None
-        return ExternalObject(spec.external_name, uid, spec.request_id, created_now=True)
+        return ExternalObject(spec.external_name, uid, spec.request_id, created_now=True,
+                              ledger_id=spec.ledger_id)
 
     def _launch(self, run_directory: Path) -> None:
         try:

@@ -10,7 +10,7 @@ object back after a lost reply (or a 409) and, if it carries a ``state`` of
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -19,12 +19,14 @@ from quotagate.delivery.targets.base import (
     DeliverySpec,
     ExternalObject,
     Outcome,
+    StopResult,
     check_identity,
 )
 from quotagate.errors import InvalidInput
 
 FENCING_HEADER = "Quotagate-Fencing-Token"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+LEDGER_HEADER = "Quotagate-Ledger"
 _FINAL = {"completed": True, "succeeded": True, "failed": False}
 
 
@@ -66,7 +68,8 @@ def _httpx() -> Any:
 class WebhookTarget:
     kind = "webhook"
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, Any], *, ledger_id: str) -> None:
+        self.ledger_id = ledger_id
         checked = validate_config(config)
         self.url: str = checked["url"]
         self.timeout: float = checked["timeout"]
@@ -75,13 +78,15 @@ class WebhookTarget:
     def create_if_absent(self, spec: DeliverySpec) -> ExternalObject:
         body = {
             "name": spec.external_name,
+            "ledger_id": spec.ledger_id,
             "request_id": spec.request_id,
             "tenant": spec.tenant,
             "cost": dict(spec.cost),
             "payload": spec.payload,
             "fencing_token": spec.fencing_token,
         }
-        headers = {IDEMPOTENCY_HEADER: spec.request_id, FENCING_HEADER: str(spec.fencing_token)}
+        headers = {IDEMPOTENCY_HEADER: spec.request_id, FENCING_HEADER: str(spec.fencing_token),
+                   LEDGER_HEADER: spec.ledger_id}
         response = self._call("POST", self.url, json=body, headers=headers)
         if response.status_code == 409:
             found = self.read(spec.external_name)
@@ -100,6 +105,7 @@ class WebhookTarget:
             uid=None if answer.get("id") is None else str(answer["id"]),
             request_id=str(answer.get("request_id", spec.request_id)),
             created_now=True,
+            ledger_id=str(answer.get("ledger_id", spec.ledger_id)),
         )
         return check_identity(created, spec)
 
@@ -111,7 +117,19 @@ class WebhookTarget:
             name=name,
             uid=None if answer.get("id") is None else str(answer["id"]),
             request_id=str(answer.get("request_id", "")),
+            ledger_id=None if answer.get("ledger_id") is None else str(answer["ledger_id"]),
         )
+
+    def outcomes(self, objects: Sequence[ExternalObject]) -> dict[str, Outcome]:
+        found = {obtained.request_id: self.outcome(obtained) for obtained in objects}
+        return {request_id: outcome for request_id, outcome in found.items()
+                if outcome is not None}
+
+    def stop(self, obtained: ExternalObject, fencing_token: int) -> StopResult:
+        return StopResult(stopped=False, reason="the webhook target cannot stop objects yet")
+
+    def close(self) -> None:
+        pass
 
     def outcome(self, obtained: ExternalObject) -> Outcome | None:
         answer = self._get(obtained.name)
