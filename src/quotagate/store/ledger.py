@@ -529,11 +529,15 @@ class Ledger:
             .where(schema.request.c.id == row["id"], schema.request.c.state == row["state"])
             .values(state=RequestState.CANCELLING.value, updated=now, reason=reason)
         )
-        # Due at once (attempts 0), whoever holds a delivery claim on it keeps
-        # it until its batch notices the cancel or its lease dies.
+        # Due at once (attempts 0). A delivered row's claim is spent: free it.
+        # An undelivered row's claim stays with the worker delivering it
+        # until its batch notices the cancel or its lease dies.
+        outbox = schema.outbox
         connection.execute(
-            schema.outbox.update().where(schema.outbox.c.request_id == row["id"])
-            .values(stopping=True, attempts=0, last_error=None)
+            outbox.update().where(outbox.c.request_id == row["id"])
+            .values(stopping=True, attempts=0, last_error=None,
+                    claimed_by=sa.case((outbox.c.delivered == sa.true(), sa.null()),
+                                       else_=outbox.c.claimed_by))
         )
         record(connection, now, AuditEntry(actor, "cancel", "stopping", row["tenant"],
                                            row["id"], reason))

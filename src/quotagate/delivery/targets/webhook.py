@@ -15,6 +15,7 @@ One ``httpx.Client`` per target keeps connections open across deliveries.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -62,6 +63,10 @@ def _httpx() -> Any:
             "the webhook target needs httpx: pip install 'quotagate[webhook]'",
             code="extra_missing",
         ) from error
+    # httpx logs every request's full URL at INFO, query-string secrets
+    # included; our own messages carry the redacted URL instead.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING,
+                                            logging.getLogger("httpx").level))
     return httpx
 
 
