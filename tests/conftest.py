@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from quotagate import ManualClock, Quotagate
 from support.databases import BACKENDS, fresh_database
+from support.kube_api import KubeApiServer, running_api_server
 
 
 @pytest.fixture(params=[pytest.param(name, marks=getattr(pytest.mark, name)) for name in BACKENDS])
@@ -40,3 +41,10 @@ def clock() -> ManualClock:
 def gate(db_url: str, clock: ManualClock) -> Iterator[Quotagate]:
     with Quotagate.connect(db_url, clock=clock) as quotagate:
         yield quotagate
+
+
+@pytest.fixture
+def kube_api() -> Iterator[KubeApiServer]:
+    """The in-suite Kubernetes API server (tests/support/kube_api), serving deploy/crds/."""
+    with running_api_server() as server:
+        yield server
