@@ -10,6 +10,7 @@ resource, then the request itself.
 from __future__ import annotations
 
 import json
+import select
 import socket
 import threading
 import time
@@ -279,10 +280,14 @@ class KubeApiHandler(JsonHandler):
                 with store.changed:
                     store.changed.wait_for(
                         lambda up_to=seen: store.revision > up_to or server.watch_epoch != epoch,
-                        timeout=max(0.0, deadline - time.monotonic()),
+                        timeout=min(0.1, max(0.0, deadline - time.monotonic())),
                     )
-                if time.monotonic() >= deadline or server.watch_epoch != epoch:
-                    if query.get("allowWatchBookmarks") == "true":
+                if self._client_gone():
+                    return
+                ended = server.watch_epoch != epoch
+                if time.monotonic() >= deadline or ended:
+                    if query.get("allowWatchBookmarks") == "true" and (
+                            not ended or server.bookmark_on_end):
                         self._event("BOOKMARK", {"kind": kind.kind, "apiVersion": kind.api_version,
                                                  "metadata": {"resourceVersion": str(seen)}})
                     break
@@ -292,6 +297,16 @@ class KubeApiHandler(JsonHandler):
         finally:
             with server.lock:
                 server.open_watches -= 1
+
+    def _client_gone(self) -> bool:
+        """Did the client close its end (a real server sees its request context cancelled)?"""
+        readable, _, _ = select.select([self.connection], [], [], 0)
+        if not readable:
+            return False
+        try:
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
     def _event(self, kind: str, item: Mapping[str, Any]) -> None:
         line = json.dumps({"type": kind, "object": item}).encode() + b"\n"
@@ -313,6 +328,7 @@ class KubeApiServer(ThreadingHTTPServer):
         self.faults: list[Fault] = []
         self.calls: list[Call] = []
         self.watch_epoch = 0
+        self.bookmark_on_end = True
         self.open_watches = 0
         self.max_watch_seconds = 30.0
 
@@ -381,9 +397,15 @@ class KubeApiServer(ThreadingHTTPServer):
         """What ``kubectl delete`` does (marks it while finalizers remain)."""
         self.store.delete(self._kind(), namespace, name, {})
 
-    def end_watches(self) -> None:
-        """Close every open watch stream, as an API server restart would."""
+    def end_watches(self, *, bookmark: bool = True) -> None:
+        """Close every open watch stream, as an API server restart would.
+
+        With ``bookmark`` the streams end with a BOOKMARK of the current version
+        (as a graceful server does); without, watchers keep the version of the
+        last event they saw.
+        """
         with self.store.changed:
+            self.bookmark_on_end = bookmark
             self.watch_epoch += 1
             self.store.changed.notify_all()
 
