@@ -109,11 +109,12 @@ class Answer:
 
 def answer(error: Any) -> Answer:
     """Read an ApiException's Status body (the message a real server sends)."""
-    body: Any = {}
+    text = error.body if isinstance(error.body, str) else ""
     try:
-        body = json.loads(error.body or "{}")
-    except (TypeError, ValueError):
-        body = {}
+        body: Any = json.loads(text or "{}")
+    except ValueError:
+        # Not a Status (e.g. "404 page not found" for an API group nobody serves).
+        body = {"message": text.strip()[:200]}
     if not isinstance(body, dict):
         body = {}
     details = body.get("details") if isinstance(body.get("details"), dict) else {}
