@@ -105,6 +105,7 @@ class ObjectStore:
     revision: int = 1
     oldest_watchable: int = 1  # watches from below this get 410 Expired
     changed: threading.Condition = field(default_factory=threading.Condition)
+    created: list[str] = field(default_factory=list)  # names, once per successful create
 
     def serve(self, resource_types: list[ResourceType]) -> None:
         for resource_type in resource_types:
@@ -193,6 +194,7 @@ class ObjectStore:
             if (kind.resource, namespace, name) in self.objects:
                 raise status.already_exists(kind.resource, kind.group, kind.plural, name)
             self._commit(kind, namespace, name, stored)
+            self.created.append(name)
             return copy.deepcopy(stored)
 
     def patch(self, kind: ResourceType, namespace: str, name: str, patch: Any,
