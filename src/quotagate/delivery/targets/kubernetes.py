@@ -319,8 +319,9 @@ class KubernetesTarget:
         try:
             found: dict[str, Any] = self._call("get", "get_namespaced_custom_object", name, name=name)
         except DeliveryFailed as error:
+            # Absent only if the 404 is about this object, not the resource or namespace.
             if error.fields.get("kubernetes_status") == 404 and \
-                    error.fields.get("kubernetes_details_name") == name:
+                    error.fields.get("kubernetes_details") == (name, self.config["plural"]):
                 return None
             raise
         return found
@@ -333,9 +334,9 @@ class KubernetesTarget:
         except self._api_exception as error:
             failed = kubernetes_api.failure(error, verb=verb, resource=self.resource,
                                             namespace=self.namespace, name=subject)
-            # Which object a 404 is about: the named one, or (no name) the resource itself.
+            # Which object a 404 is about: the named one, or the resource or namespace.
             details = kubernetes_api.answer(error).details
-            failed.fields["kubernetes_details_name"] = details.get("name")
+            failed.fields["kubernetes_details"] = (details.get("name"), details.get("kind"))
             raise failed from error
         except Exception as error:  # urllib3 / socket errors: no answer
             raise kubernetes_api.unreachable(error, verb=verb, host=self.host,
