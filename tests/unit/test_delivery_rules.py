@@ -88,6 +88,9 @@ def test_webhook_urls_lose_their_credentials_in_messages() -> None:
     from quotagate.delivery.targets.webhook import redact
 
     assert redact("https://user:secret@hooks.example:8443/x?y=1") == (
-        "https://hooks.example:8443/x?y=1"
+        "https://hooks.example:8443/x?y=***"
+    )
+    assert redact("see http://h/x?token=abc&b=2 and https://a:b@c/") == (
+        "see http://h/x?token=***&b=*** and https://c/"
     )
     assert redact("http://127.0.0.1:9/hooks") == "http://127.0.0.1:9/hooks"

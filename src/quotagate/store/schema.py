@@ -101,6 +101,9 @@ outbox = sa.Table(
     sa.Column("delivered", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("delivered_at", TIME, nullable=True),
     sa.Column("last_error", sa.String(2048), nullable=True),
+    # Set when the request is cancelled while reserved or delivered: the row is
+    # then a stop to carry out, claimed and fenced like a delivery.
+    sa.Column("stopping", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Index(None, "delivered", "next_attempt_at"),
 )
 

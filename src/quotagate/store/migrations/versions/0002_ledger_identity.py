@@ -24,9 +24,14 @@ def upgrade() -> None:
         sa.Column("value", sa.String(length=256), nullable=False),
         sa.PrimaryKeyConstraint("key", name=op.f("pk_qg_meta")),
     )
+    with op.batch_alter_table("qg_outbox") as batch:
+        batch.add_column(sa.Column("stopping", sa.Boolean(), server_default=sa.false(),
+                                   nullable=False))
     # A ledger created before this revision gets its identity here.
     op.bulk_insert(meta, [{"key": "ledger_id", "value": uuid.uuid4().hex}])
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("qg_outbox") as batch:
+        batch.drop_column("stopping")
     op.drop_table("qg_meta")
