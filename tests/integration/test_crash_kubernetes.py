@@ -3,9 +3,10 @@
 As tests/integration/test_crash_delivery.py does for the process target, on
 SQLite, PostgreSQL and MariaDB: a worker delivering to the in-suite API server
 is killed (a) after its claim, before the create; (b) after the create, before
-the binding is recorded (the lost reply); (c) after the binding, before
-``delivered``. A restarted worker then finishes, and every request must have
-exactly one object ever created (one successful create, not just one object
+the binding is recorded (the lost reply); (c) once the batch's bindings and
+``delivered`` marks committed (one transaction). A restarted worker — of the
+same name, or of another once the dead one's lease expired — then finishes,
+and every request must have exactly one object ever created (one successful create, not just one object
 left), bound by its UID, completed from its status, its cost charged and
 returned once. A randomized run kills two workers at random moments.
 """
@@ -105,30 +106,34 @@ def assert_exactly_once(gate: Quotagate, kube_api: KubeApiServer, ids: list[str]
     assert gate.check_invariants() == []
 
 
-@pytest.mark.parametrize("crash_at", ["after_claim", "after_create", "after_binding"])
+@pytest.mark.parametrize(("crash_at", "successor"), [
+    ("after_claim", "w1"), ("after_create", "w1"), ("after_binding", "w1"),
+    ("after_create", "w2"),  # any worker takes the dead one's claims once its lease expired
+])
 def test_a_worker_killed_at_each_step_is_replaced_and_creates_each_object_once(
-    gate: Quotagate, kube_api: KubeApiServer, db_url: str, crash_at: str
+    gate: Quotagate, kube_api: KubeApiServer, db_url: str, crash_at: str, successor: str
 ) -> None:
     ids = submit_and_admit(gate, 2)
     with controller(kube_api):
         assert finish(start_worker(db_url, "w1", "--batch", "1", crash_at=crash_at)) \
             == -signal.SIGKILL
-        claimed = [row for row in table(gate, schema.outbox) if row["claimed_by"] == "w1"]
-        assert len(claimed) >= 1 and not any(row["delivered"] for row in claimed)
+        [claimed] = [row for row in table(gate, schema.outbox) if row["claimed_by"] == "w1"]
         bindings = table(gate, schema.binding)
         if crash_at == "after_claim":
             assert kube_api.store.created == [] and bindings == []
         elif crash_at == "after_create":
             assert len(kube_api.store.created) == 1 and bindings == []  # the reply was "lost"
         else:
+            # Binding and delivered mark are one transaction per batch; it committed.
             assert len(kube_api.store.created) == 1 and len(bindings) == 1
+        assert claimed["delivered"] == (crash_at == "after_binding")
         # A restarted worker takes over once the dead one's lease expired.
-        assert finish(start_worker(db_url, "w1", "--until-idle")) == 0
+        assert finish(start_worker(db_url, successor, "--until-idle")) == 0
     assert_exactly_once(gate, kube_api, ids)
     if crash_at == "after_create":
         # The restarted worker met the object on create (409) and adopted it by read-back.
         assert [call.name for call in kube_api.calls_of("get")].count(
-            external_name(gate.ledger_id, "team-a", claimed[0]["request_id"])) >= 1
+            external_name(gate.ledger_id, "team-a", claimed["request_id"])) >= 1
 
 
 @pytest.mark.slow

@@ -130,7 +130,7 @@ def test_an_object_being_deleted_is_not_adopted_on_409_and_is_recreated_once_gon
         target.create_if_absent(delivery_spec(token=2))
     assert error.value.code == "kubernetes_object_deleting"
     assert "being deleted" in error.value.message
-    assert target.read(first.name) is None  # nothing to bind while it is on its way out
+    assert target.read(first.name) is not None  # it still exists (a stop must wait for it)
     kube_api.patch(first.name, {"metadata": {"finalizers": None}})  # the finalizer is done
     again = target.create_if_absent(delivery_spec(token=3))
     assert again.created_now and again.uid != first.uid

@@ -145,6 +145,7 @@ class KubernetesTarget:
                 raise DeliveryFailed(
                     f"{spec.external_name!r} existed (409) but was gone when read back; "
                     "it will be created on the next attempt", code="kubernetes_gone",
+                    public="kubernetes object vanished while being read back",
                 ) from error
             deleting = (found.get("metadata") or {}).get("deletionTimestamp")
             if deleting:
@@ -153,6 +154,7 @@ class KubernetesTarget:
                     f"{spec.external_name!r} exists but is being deleted (since {deleting}); "
                     "not adopted: it will be created anew once it is gone",
                     code="kubernetes_object_deleting",
+                    public="an object of that name is being deleted in kubernetes",
                 ) from error
             return check_identity(self._identity(found), spec)
         obtained = self._identity(created)
@@ -163,11 +165,14 @@ class KubernetesTarget:
         )
 
     def read(self, name: str) -> ExternalObject | None:
-        """The object by name; None if absent or being deleted (it cannot be bound)."""
+        """The object by name, or None if it does not exist.
+
+        An object being deleted still exists (its finalizers may still be
+        draining the work): a worker stopping a request must wait for it, not
+        take it for never delivered. Binding one is refused in ``create_if_absent``.
+        """
         found = self._get(name)
-        if found is None or (found.get("metadata") or {}).get("deletionTimestamp"):
-            return None
-        return self._identity(found)
+        return None if found is None else self._identity(found)
 
     def _body(self, spec: DeliverySpec) -> dict[str, Any]:
         return {
@@ -212,7 +217,7 @@ class KubernetesTarget:
             raise DeliveryFailed(
                 f"kubernetes: cannot list and watch {self.resource} in namespace "
                 f"{self.namespace!r}: {self.follower.last_error or 'no answer yet'}",
-                code="kubernetes_watch_failed",
+                code="kubernetes_watch_failed", public="kubernetes cannot be watched",
             )
         known = self.follower.snapshot()
         ended: dict[str, Outcome] = {}

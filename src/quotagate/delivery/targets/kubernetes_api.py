@@ -136,6 +136,8 @@ def failure(error: Any, *, verb: str, resource: str, namespace: str, name: str |
     found = answer(error)
     subject = f"{resource} {name!r}" if name else resource
     fields: dict[str, Any] = {"kubernetes_status": found.code, "kubernetes_reason": found.reason}
+    # What a tenant may read (docs/decisions/214): the status and reason, no names or hosts.
+    fields["public"] = f"kubernetes answered {found.code} {found.reason}".strip()
     if found.code in (400, 422):
         causes = found.details.get("causes")
         return ObjectRejected(f"kubernetes refused {subject} in namespace {namespace!r}: "
@@ -172,6 +174,7 @@ def unreachable(error: Exception, *, verb: str, host: str, timeout: float) -> De
     text = f"{type(error).__name__}: {error}"
     if "timed out" in text.lower() or "timeout" in type(error).__name__.lower():
         return DeliveryFailed(f"kubernetes {verb} got no answer from {host} within {timeout:g}s "
-                              f"({text})", code="kubernetes_timeout")
+                              f"({text})", code="kubernetes_timeout",
+                              public="kubernetes did not answer in time")
     return DeliveryFailed(f"kubernetes API unreachable at {host} ({verb}): {text}",
-                          code="kubernetes_unreachable")
+                          code="kubernetes_unreachable", public="kubernetes API unreachable")
