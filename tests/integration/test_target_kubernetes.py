@@ -375,3 +375,92 @@ def test_dispatcher_fails_a_request_whose_object_was_deleted(
             assert "deleted after it was bound" in (gate.show("job-1").reason or "")
         finally:
             dispatcher.release()
+
+
+# -- stops through the dispatcher, on every backend ----------------------------------
+
+
+def _delivered(gate: Quotagate, kube_api: KubeApiServer, **config: object) -> tuple[Dispatcher, str]:
+    _setup(gate, kube_api, **config)
+    gate.submit("job-1", "team-a", {"gpu": 1})
+    gate.admit()
+    dispatcher = Dispatcher(gate, worker_name="w1", stop_poll=0.05)
+    dispatcher.run_once()
+    assert gate.show("job-1").state == RequestState.DELIVERED
+    [stored] = kube_api.model_services()
+    return dispatcher, stored["metadata"]["name"]
+
+
+def _releases(gate: Quotagate) -> int:
+    with gate.engine.connect() as connection:
+        rows = connection.execute(schema.audit.select()).mappings().all()
+    return sum(1 for row in rows if row["target"] == "job-1" and row["outcome"] == "released")
+
+
+def test_cancelling_deletes_the_object_and_returns_the_cost_only_once_it_is_gone(
+    kube_api: KubeApiServer, gate: Quotagate
+) -> None:
+    dispatcher, name = _delivered(gate, kube_api)
+    try:
+        kube_api.patch(name, {"metadata": {"finalizers": ["example.com/drain"]}})
+        gate.cancel("job-1")
+        wait_for(lambda: dispatcher.run_once() is not None
+                 and len(kube_api.calls_of("get")) >= 4, "several stop polls")
+        # Deleting, but its finalizer still drains the work: nothing comes back yet.
+        assert kube_api.get(name)["metadata"]["deletionTimestamp"]
+        assert gate.show("job-1").state == RequestState.CANCELLING
+        assert gate.usage()["tenants"][0]["used"] == 1 and _releases(gate) == 0
+        assert gate.check_invariants() == []
+        assert len(kube_api.calls_of("delete")) == 1  # asked once; the polls only look
+        kube_api.patch(name, {"metadata": {"finalizers": None}})
+        wait_for(lambda: dispatcher.run_once() is not None
+                 and gate.show("job-1").state == RequestState.CANCELLED, "the confirmed stop")
+        assert gate.usage()["tenants"][0]["used"] == 0 and _releases(gate) == 1
+        assert kube_api.model_services() == []
+    finally:
+        dispatcher.release()
+
+
+def test_a_suspension_the_controller_never_confirms_keeps_the_cost_charged(
+    kube_api: KubeApiServer, gate: Quotagate
+) -> None:
+    dispatcher, name = _delivered(gate, kube_api, stop="suspend")
+    try:
+        gate.cancel("job-1")
+        wait_for(lambda: dispatcher.run_once() is not None
+                 and len(kube_api.calls_of("get")) >= 5, "several stop polls")
+        assert kube_api.get(name)["spec"]["suspend"] is True
+        assert len(kube_api.calls_of("patch")) == 1
+        assert gate.show("job-1").state == RequestState.CANCELLING
+        assert gate.usage()["tenants"][0]["used"] == 1 and _releases(gate) == 0
+        [shown] = gate.inspect()["requests"]
+        assert "waiting for the controller" in shown["last_error"]
+        kube_api.set_status(name, phase="Suspended",
+                            observedGeneration=kube_api.get(name)["metadata"]["generation"])
+        wait_for(lambda: dispatcher.run_once() is not None
+                 and gate.show("job-1").state == RequestState.CANCELLED, "the confirmed stop")
+        assert gate.usage()["tenants"][0]["used"] == 0 and _releases(gate) == 1
+        assert len(kube_api.model_services()) == 1  # suspended, kept
+    finally:
+        dispatcher.release()
+
+
+def test_cancelling_a_request_whose_create_reply_was_lost_deletes_the_object(
+    kube_api: KubeApiServer, gate: Quotagate
+) -> None:
+    _setup(gate, kube_api)
+    gate.submit("job-1", "team-a", {"gpu": 1})
+    gate.admit()
+    kube_api.inject("create", drop_reply=True)
+    dispatcher = Dispatcher(gate, worker_name="w1", stop_poll=0.05, retry_base=60)
+    try:
+        dispatcher.run_once()  # created, but the worker never heard: no binding
+        assert gate.show("job-1").state == RequestState.RESERVED
+        assert len(kube_api.model_services()) == 1
+        gate.cancel("job-1")
+        wait_for(lambda: dispatcher.run_once() is not None
+                 and gate.show("job-1").state == RequestState.CANCELLED, "the stop")
+        assert kube_api.model_services() == []  # found by its name, ours, deleted
+        assert gate.usage()["tenants"][0]["used"] == 0 and _releases(gate) == 1
+    finally:
+        dispatcher.release()
