@@ -210,6 +210,24 @@ def test_list_filters_by_label_selector(
     assert found["kind"] == "ModelServiceList"
 
 
+def test_a_list_is_paged_from_one_snapshot(api: client.CustomObjectsApi) -> None:
+    for index in range(5):
+        create(api, model_service(f"ms-{index}"))
+    first = api.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, limit=2)
+    create(api, model_service("ms-late"))  # after the snapshot: on no page
+    pages = [first]
+    while pages[-1]["metadata"].get("continue"):
+        pages.append(api.list_namespaced_custom_object(
+            GROUP, VERSION, "default", PLURAL, limit=2, _continue=pages[-1]["metadata"]["continue"]))
+    assert [[item["metadata"]["name"] for item in page["items"]] for page in pages] == [
+        ["ms-0", "ms-1"], ["ms-2", "ms-3"], ["ms-4"]]
+    assert {page["metadata"]["resourceVersion"] for page in pages} == {
+        first["metadata"]["resourceVersion"]}
+    code, body = refused(lambda: api.list_namespaced_custom_object(
+        GROUP, VERSION, "default", PLURAL, limit=2, _continue=first["metadata"]["continue"]))
+    assert (code, body["reason"]) == (410, "Expired")  # a continue token is used once here
+
+
 @pytest.mark.parametrize("selector", ["tier gold", "tier in gold", "Bad Key=1", "tier=a b",
                                       "tier=job:1"])
 def test_an_invalid_label_selector_is_refused(api: client.CustomObjectsApi, selector: str) -> None:

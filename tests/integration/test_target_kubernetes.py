@@ -21,6 +21,7 @@ from quotagate import Quotagate, RequestState
 from quotagate.delivery.dispatcher import Dispatcher
 from quotagate.delivery.naming import label_value
 from quotagate.delivery.registry import TargetStore
+from quotagate.delivery.targets import kubernetes_watch
 from quotagate.delivery.targets.base import (
     DeliveryFailed,
     ExternalObject,
@@ -176,6 +177,18 @@ def test_outcomes_of_many_objects_come_from_one_list_and_a_watch_not_a_get_each(
     [watch] = kube_api.calls_of("watch")
     assert watch.query["labelSelector"] == f"quotagate.io/ledger={LEDGER}"
     assert watch.query["allowWatchBookmarks"] == "true"
+
+
+def test_a_large_ledger_is_listed_in_pages(
+    kube_api: KubeApiServer, targets: BuildTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kubernetes_watch, "LIST_PAGE", 3)
+    target = targets()
+    objects = [target.create_if_absent(delivery_spec(f"job-{index}")) for index in range(10)]
+    kube_api.set_status(objects[9].name, phase="Completed")
+    assert target.outcomes(objects) == {"job-9": Outcome(completed=True)}
+    assert [call.query.get("limit") for call in kube_api.calls_of("list")] == ["3"] * 4
+    assert len(target.follower.snapshot()) == 10 and kube_api.calls_of("get") == []
 
 
 def test_the_watch_resumes_from_the_last_resource_version_and_relists_after_410(

@@ -1,7 +1,8 @@
 """The HTTP side of the in-suite API server: routes, verbs, watch streams, injected faults.
 
 Served: ``/apis/{group}/{version}/namespaces/{namespace}/{plural}`` (POST
-create; GET list, or watch with ``watch=true``) and ``…/{plural}/{name}`` (GET,
+create; GET list, paged by ``limit``/``continue`` from one snapshot, or watch
+with ``watch=true``) and ``…/{plural}/{name}`` (GET,
 PATCH with a JSON merge patch, DELETE with DeleteOptions) and ``…/{name}/status``.
 Order of checks as on a real server: authentication, authorization, then the
 resource, then the request itself.
@@ -14,6 +15,7 @@ import select
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -193,9 +195,7 @@ class KubeApiHandler(JsonHandler):
         if verb == "create":
             return 201, store.create(kind, route.namespace, self._checked_create(kind, route, body))
         if verb == "list":
-            items, revision = store.list(kind, route.namespace, self._selector(query))
-            return 200, {"apiVersion": kind.api_version, "kind": kind.list_kind,
-                         "metadata": {"resourceVersion": str(revision)}, "items": items}
+            return 200, self._list(kind, route.namespace, query)
         assert route.name is not None
         if verb == "get":
             return 200, store.get(kind, route.namespace, route.name)
@@ -211,6 +211,31 @@ class KubeApiHandler(JsonHandler):
                     f"include: {MERGE_PATCH}")
             return 200, store.patch(kind, route.namespace, route.name, body, route.subresource)
         raise status.ApiError(405, "MethodNotAllowed", f"{verb} is not served here")
+
+    def _list(self, kind: ResourceType, namespace: str, query: Mapping[str, str]) -> dict[str, Any]:
+        """A list, in pages of ``limit`` from one snapshot, as a real server pages with ``continue``."""
+        server = self.server
+        token = query.get("continue")
+        if token:
+            with server.lock:
+                snapshot = server.list_snapshots.pop(token, None)
+            if snapshot is None:
+                raise status.ApiError(410, "Expired", "The provided continue parameter is too "
+                                      "old to display a consistent list result.")
+            items, revision = snapshot
+        else:
+            items, revision = server.store.list(kind, namespace, self._selector(query))
+        limit = int(query.get("limit") or 0)
+        metadata: dict[str, Any] = {"resourceVersion": str(revision)}
+        if limit and len(items) > limit:
+            items, rest = items[:limit], items[limit:]
+            following = uuid.uuid4().hex
+            with server.lock:
+                server.list_snapshots[following] = (rest, revision)
+            metadata["continue"] = following
+            metadata["remainingItemCount"] = len(rest)
+        return {"apiVersion": kind.api_version, "kind": kind.list_kind, "metadata": metadata,
+                "items": items}
 
     @staticmethod
     def _checked_create(kind: ResourceType, route: Route, body: Any) -> dict[str, Any]:
@@ -331,6 +356,7 @@ class KubeApiServer(ThreadingHTTPServer):
         self.lock = threading.Lock()
         self.faults: list[Fault] = []
         self.calls: list[Call] = []
+        self.list_snapshots: dict[str, tuple[list[dict[str, Any]], int]] = {}
         self.watch_epoch = 0
         self.bookmark_on_end = True
         self.open_watches = 0

@@ -1,7 +1,7 @@
 """One ledger's objects in one namespace, kept current by a list and a watch.
 
 What client-go's informers do, reduced to what the target needs: LIST by label
-selector (``quotagate.io/ledger=<id>``) once, then WATCH from the
+selector (``quotagate.io/ledger=<id>``) once (in pages), then WATCH from the
 ``resourceVersion`` that list returned, applying ADDED/MODIFIED/DELETED events
 and moving the version on with every event (and BOOKMARK). A watch the server
 ends is resumed from the last version; 410 Expired (the version was
@@ -23,6 +23,7 @@ from typing import Any
 logger = logging.getLogger("quotagate.delivery.kubernetes")
 
 WATCH_SECONDS = 240  # server-side length of one watch request; it is resumed after
+LIST_PAGE = 500  # objects per LIST page, as client-go's reflector pages its lists
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.2, 10.0
 
 
@@ -109,12 +110,24 @@ class ObjectFollower:
         return min(backoff * 2, _BACKOFF_MAX)
 
     def _list(self) -> None:
-        found = self._list_objects(label_selector=self.label_selector,
-                                   _request_timeout=self._timeout)
-        items = found.get("items") or []
+        """All of the ledger's objects, in pages of LIST_PAGE from one consistent snapshot."""
+        objects: dict[str, dict[str, Any]] = {}
+        following: str | None = None
+        version: str | None = None
+        while True:
+            page = self._list_objects(label_selector=self.label_selector, limit=LIST_PAGE,
+                                      _continue=following, _request_timeout=self._timeout)
+            for item in page.get("items") or []:
+                objects[item["metadata"]["name"]] = item
+            metadata = page.get("metadata") or {}
+            # The snapshot's version is the first page's; watching from it misses nothing.
+            version = version or str(metadata["resourceVersion"])
+            following = metadata.get("continue") or None
+            if following is None or self._stopping.is_set():
+                break
         with self._lock:
-            self._objects = {item["metadata"]["name"]: item for item in items}
-            self.resource_version = str(found["metadata"]["resourceVersion"])
+            self._objects = objects
+            self.resource_version = version
             self.lists += 1
         self.last_error = None
         self._synced.set()
