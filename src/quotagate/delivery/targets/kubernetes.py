@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from quotagate.delivery.naming import label_value
-from quotagate.delivery.targets import kubernetes_api
+from quotagate.delivery.targets import kubernetes_api, kubernetes_objects
 from quotagate.delivery.targets.base import (
     DeliveryFailed,
     DeliverySpec,
@@ -43,12 +43,6 @@ __all__ = ["KubernetesTarget", "ObjectRejected", "validate_config"]
 
 logger = logging.getLogger("quotagate.delivery.kubernetes")
 
-LABEL_REQUEST_ID = "quotagate.io/request-id"
-LABEL_TENANT = "quotagate.io/tenant"
-LABEL_LEDGER = "quotagate.io/ledger"
-ANNOTATION_LEDGER_ID = "quotagate.io/ledger-id"
-ANNOTATION_REQUEST_ID = "quotagate.io/request-id"
-ANNOTATION_FENCING_TOKEN = "quotagate.io/fencing-token"
 DEFAULTS = {
     "group": "quotagate.io",
     "version": "v1alpha1",
@@ -60,9 +54,6 @@ DEFAULTS = {
 STOP_MODES = ("delete", "suspend")
 DEFAULT_TIMEOUT = 10.0
 _OPTIONAL = ("host", "kubeconfig", "context")
-_COMPLETED_PHASES = {"Completed", "Succeeded"}
-_FAILED_PHASES = {"Failed"}
-_SUSPENDED_PHASE = "Suspended"
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _KIND = re.compile(r"^[A-Z][A-Za-z0-9]{0,62}$")
@@ -119,7 +110,7 @@ class KubernetesTarget:
         host = urlsplit(str(self._client.api.api_client.configuration.host))
         # Shown in errors: never with a user:password the URL might carry.
         self.host = host._replace(netloc=host.netloc.rpartition("@")[2]).geturl()
-        self.selector = f"{LABEL_LEDGER}={label_value(ledger_id)}"
+        self.selector = f"{kubernetes_objects.LABEL_LEDGER}={label_value(ledger_id)}"
         self.follower = ObjectFollower(
             functools.partial(self._client.api.list_namespaced_custom_object, **self._resource()),
             label_selector=self.selector, api_exception=self._api_exception,
@@ -135,7 +126,7 @@ class KubernetesTarget:
     def create_if_absent(self, spec: DeliverySpec) -> ExternalObject:
         try:
             created = self._call("create", "create_namespaced_custom_object", spec.external_name,
-                                 body=self._body(spec))
+                                 body=kubernetes_objects.body(spec, self.config))
         except DeliveryFailed as error:
             if error.fields.get("kubernetes_reason") != "AlreadyExists":
                 raise
@@ -156,8 +147,8 @@ class KubernetesTarget:
                     code="kubernetes_object_deleting",
                     public="an object of that name is being deleted in kubernetes",
                 ) from error
-            return check_identity(self._identity(found), spec)
-        obtained = self._identity(created)
+            return check_identity(kubernetes_objects.identity(found), spec)
+        obtained = kubernetes_objects.identity(created)
         return check_identity(
             ExternalObject(obtained.name, obtained.uid, obtained.request_id, created_now=True,
                            ledger_id=obtained.ledger_id),
@@ -172,34 +163,7 @@ class KubernetesTarget:
         take it for never delivered. Binding one is refused in ``create_if_absent``.
         """
         found = self._get(name)
-        return None if found is None else self._identity(found)
-
-    def _body(self, spec: DeliverySpec) -> dict[str, Any]:
-        return {
-            "apiVersion": f"{self.config['group']}/{self.config['version']}",
-            "kind": self.config["resource_kind"],
-            "metadata": {
-                "name": spec.external_name,
-                "namespace": self.namespace,
-                "labels": {
-                    LABEL_REQUEST_ID: label_value(spec.request_id),
-                    LABEL_TENANT: label_value(spec.tenant),
-                    LABEL_LEDGER: label_value(spec.ledger_id),
-                    "app.kubernetes.io/managed-by": "quotagate",
-                },
-                "annotations": {
-                    ANNOTATION_REQUEST_ID: spec.request_id,
-                    ANNOTATION_LEDGER_ID: spec.ledger_id,
-                    ANNOTATION_FENCING_TOKEN: str(spec.fencing_token),
-                },
-            },
-            "spec": {
-                "requestId": spec.request_id,
-                "tenant": spec.tenant,
-                "cost": dict(spec.cost),
-                "payload": spec.payload,
-            },
-        }
+        return None if found is None else kubernetes_objects.identity(found)
 
     # -- outcomes ------------------------------------------------------------------
 
@@ -223,16 +187,17 @@ class KubernetesTarget:
         ended: dict[str, Outcome] = {}
         for obtained in objects:
             found = known.get(obtained.name)
-            if found is None or not _same(found, obtained):
+            if found is None or not kubernetes_objects.same(found, obtained):
                 try:
                     found = self._get(obtained.name)
                 except QuotagateError as error:
                     logger.warning("kubernetes: reading %s back: %s", obtained.name, error.message)
                     continue
-                if found is None or not _same(found, obtained):
-                    ended[obtained.request_id] = Outcome(completed=False, reason=_gone(found, obtained))
+                if found is None or not kubernetes_objects.same(found, obtained):
+                    reason = kubernetes_objects.gone_reason(found, obtained)
+                    ended[obtained.request_id] = Outcome(completed=False, reason=reason)
                     continue
-            outcome = _phase_outcome(found)
+            outcome = kubernetes_objects.phase_outcome(found)
             if outcome is not None:
                 ended[obtained.request_id] = outcome
         return ended
@@ -247,10 +212,10 @@ class KubernetesTarget:
         """
         try:
             found = self._get(obtained.name)
-            if found is None or not _same(found, obtained):
+            if found is None or not kubernetes_objects.same(found, obtained):
                 return StopResult(stopped=True, reason=f"{self.resource} {obtained.name!r} is gone")
             metadata = found["metadata"]
-            written_by = _token(metadata)
+            written_by = kubernetes_objects.fencing_token(metadata)
             if written_by is not None and written_by > fencing_token:
                 return StopResult(stopped=False, reason=(
                     f"stale stop: {obtained.name!r} carries fencing token {written_by}, "
@@ -294,13 +259,13 @@ class KubernetesTarget:
         metadata, status = found["metadata"], found.get("status") or {}
         name = metadata["name"]
         phase = status.get("phase")
-        if phase in _COMPLETED_PHASES | _FAILED_PHASES:
+        if phase in kubernetes_objects.ENDED_PHASES:
             return StopResult(stopped=True, reason=f"{name!r} already ended ({phase})")
-        if _suspension_confirmed(found):
+        if kubernetes_objects.suspension_confirmed(found):
             return StopResult(stopped=True, reason=f"{name!r} suspended (status.phase {phase})")
         if (found.get("spec") or {}).get("suspend") is not True:
             patch = {"metadata": {"resourceVersion": metadata.get("resourceVersion"),
-                                  "annotations": {ANNOTATION_FENCING_TOKEN: str(fencing_token)}},
+                                  "annotations": {kubernetes_objects.ANNOTATION_FENCING_TOKEN: str(fencing_token)}},
                      "spec": {"suspend": True}}
             try:
                 found = self._call("patch", "patch_namespaced_custom_object", name, name=name,
@@ -312,7 +277,7 @@ class KubernetesTarget:
                 raise
         return StopResult(stopped=False, reason=(
             f"{name!r}: spec.suspend set (generation {found['metadata'].get('generation')}); "
-            f"waiting for the controller to report status.phase {_SUSPENDED_PHASE}"))
+            f"waiting for the controller to report status.phase {kubernetes_objects.SUSPENDED_PHASE}"))
 
     # -- calls ---------------------------------------------------------------------
 
@@ -350,56 +315,3 @@ class KubernetesTarget:
     def _describe(self, error: Exception) -> str:
         return kubernetes_api.failure(error, verb="list", resource=self.resource,
                                       namespace=self.namespace, name=None).message
-
-    @staticmethod
-    def _identity(found: Mapping[str, Any]) -> ExternalObject:
-        metadata = found.get("metadata") or {}
-        annotations = metadata.get("annotations") or {}
-        labels = metadata.get("labels") or {}
-        request_id = annotations.get(ANNOTATION_REQUEST_ID) or labels.get(LABEL_REQUEST_ID) or ""
-        if labels.get(LABEL_REQUEST_ID) != label_value(str(request_id)):
-            request_id = f"(label {labels.get(LABEL_REQUEST_ID)!r})"
-        ledger_id = annotations.get(ANNOTATION_LEDGER_ID)
-        if ledger_id is not None and labels.get(LABEL_LEDGER) != label_value(str(ledger_id)):
-            ledger_id = f"(label {labels.get(LABEL_LEDGER)!r})"
-        return ExternalObject(name=str(metadata.get("name")), uid=metadata.get("uid"),
-                              request_id=str(request_id), ledger_id=ledger_id)
-
-
-def _same(found: Mapping[str, Any], obtained: ExternalObject) -> bool:
-    """Is ``found`` the very object that was bound (same UID), not a later one of that name?"""
-    uid = (found.get("metadata") or {}).get("uid")
-    return obtained.uid is None or uid == obtained.uid
-
-
-def _gone(found: Mapping[str, Any] | None, obtained: ExternalObject) -> str:
-    if found is None:
-        return f"object {obtained.name!r} was deleted after it was bound"
-    return (f"object {obtained.name!r} was deleted after it was bound and replaced by another "
-            f"(uid {(found.get('metadata') or {}).get('uid')}, bound {obtained.uid})")
-
-
-def _phase_outcome(found: Mapping[str, Any]) -> Outcome | None:
-    status = found.get("status") or {}
-    phase = status.get("phase")
-    if phase in _COMPLETED_PHASES:
-        return Outcome(completed=True)
-    if phase in _FAILED_PHASES:
-        return Outcome(completed=False, reason=str(status.get("message") or "object failed"))
-    return None
-
-
-def _suspension_confirmed(found: Mapping[str, Any]) -> bool:
-    """status.phase Suspended, reported for the generation that asked for it (if it says)."""
-    status, metadata = found.get("status") or {}, found.get("metadata") or {}
-    if status.get("phase") != _SUSPENDED_PHASE or (found.get("spec") or {}).get("suspend") is not True:
-        return False
-    observed, generation = status.get("observedGeneration"), metadata.get("generation")
-    return observed is None or generation is None or int(observed) >= int(generation)
-
-
-def _token(metadata: Mapping[str, Any]) -> int | None:
-    try:
-        return int((metadata.get("annotations") or {})[ANNOTATION_FENCING_TOKEN])
-    except (KeyError, TypeError, ValueError):
-        return None
