@@ -477,3 +477,32 @@ def test_cancelling_a_request_whose_create_reply_was_lost_deletes_the_object(
         assert gate.usage()["tenants"][0]["used"] == 0 and _releases(gate) == 1
     finally:
         dispatcher.release()
+
+
+def test_two_ledgers_delivering_into_one_namespace_each_end_only_their_own_requests(
+    kube_api: KubeApiServer, db_url: str, tmp_path: Path
+) -> None:
+    with Quotagate.connect(db_url) as staging, \
+            Quotagate.connect(f"sqlite:///{tmp_path / 'production.db'}") as production:
+        production.init()
+        assert staging.ledger_id != production.ledger_id
+        dispatchers = []
+        for gate, name in ((staging, "w-staging"), (production, "w-production")):
+            _setup(gate, kube_api)
+            gate.submit("job-1", "team-a", {"gpu": 1})  # the same request id in both
+            gate.admit()
+            dispatchers.append(Dispatcher(gate, worker_name=name))
+        try:
+            for dispatcher in dispatchers:
+                dispatcher.run_once()
+            objects = {found["metadata"]["labels"]["quotagate.io/ledger"]: found
+                       for found in kube_api.model_services()}
+            assert set(objects) == {staging.ledger_id, production.ledger_id}  # two, not adopted
+            kube_api.set_status(objects[staging.ledger_id]["metadata"]["name"], phase="Completed")
+            wait_for(lambda: dispatchers[0].run_once() is not None
+                     and staging.show("job-1").state == RequestState.COMPLETED, "staging's end")
+            dispatchers[1].run_once()
+            assert production.show("job-1").state == RequestState.DELIVERED  # not its object
+        finally:
+            for dispatcher in dispatchers:
+                dispatcher.release()
