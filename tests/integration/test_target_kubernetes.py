@@ -265,6 +265,18 @@ def test_outcomes_say_clearly_when_the_watch_cannot_be_set_up(
     assert "403 Forbidden" in error.value.message and "cannot list" in error.value.message
 
 
+def test_outcomes_report_an_unreachable_api_server_instead_of_waiting_for_it(
+    targets: BuildTarget,
+) -> None:
+    target = targets(host="http://127.0.0.1:9", timeout=30.0)
+    obtained = ExternalObject("job-1-abc", "uid-1", "job-1", ledger_id=LEDGER)
+    for _pass in range(2):
+        with pytest.raises(DeliveryFailed) as error:
+            target.outcomes([obtained])
+        assert error.value.code == "kubernetes_watch_failed"
+        assert "Connection refused" in error.value.message
+
+
 # -- stop ----------------------------------------------------------------------------
 
 

@@ -39,6 +39,7 @@ class ObjectFollower:
         self._lock = threading.Lock()
         self._objects: dict[str, dict[str, Any]] = {}
         self._synced = threading.Event()
+        self._tried = threading.Event()  # set after the first list attempt, however it went
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._watch: Any = watch_module.Watch()  # one, reused by every watch request
@@ -55,7 +56,10 @@ class ObjectFollower:
                 self._thread.start()
 
     def wait_synced(self, timeout: float) -> bool:
-        return self._synced.wait(timeout)
+        """Synced? Waits (up to ``timeout``) only for the first list, not for a broken API:
+        a worker's pass must not stall on every call while the API server is down."""
+        self._tried.wait(timeout)
+        return self._synced.is_set()
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Objects by name as last seen (each replaced on change, never mutated)."""
@@ -105,6 +109,7 @@ class ObjectFollower:
                        self.label_selector, text, backoff)
         self.last_error = text
         self._synced.clear()
+        self._tried.set()
         self.resource_version = None
         self._stopping.wait(backoff)
         return min(backoff * 2, _BACKOFF_MAX)
@@ -131,6 +136,7 @@ class ObjectFollower:
             self.lists += 1
         self.last_error = None
         self._synced.set()
+        self._tried.set()
 
     def _follow(self) -> None:
         """One watch request from our version, until the server ends it."""
