@@ -3,6 +3,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -10,6 +11,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from quotagate import ManualClock, Quotagate
 from support.databases import BACKENDS, fresh_database
+
+if TYPE_CHECKING:
+    from support.kube_api import KubeApiServer
 
 
 @pytest.fixture(params=[pytest.param(name, marks=getattr(pytest.mark, name)) for name in BACKENDS])
@@ -40,3 +44,12 @@ def clock() -> ManualClock:
 def gate(db_url: str, clock: ManualClock) -> Iterator[Quotagate]:
     with Quotagate.connect(db_url, clock=clock) as quotagate:
         yield quotagate
+
+
+@pytest.fixture
+def kube_api() -> Iterator[KubeApiServer]:
+    """The in-suite Kubernetes API server (tests/support/kube_api), serving deploy/crds/."""
+    from support.kube_api import running_api_server  # needs PyYAML (the kubernetes extra)
+
+    with running_api_server() as server:
+        yield server

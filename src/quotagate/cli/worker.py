@@ -134,6 +134,9 @@ def target() -> None:
 @click.option("--host", help="kubernetes: API server URL, e.g. kubectl proxy's.")
 @click.option("--kubeconfig", help="kubernetes: kubeconfig file.")
 @click.option("--context", help="kubernetes: kubeconfig context.")
+@click.option("--stop", "stop", type=click.Choice(["delete", "suspend"]),
+              help="kubernetes: how a cancel stops the object: delete it (default), or set "
+                   "spec.suspend and wait for status.phase Suspended.")
 @click.option("--default", "is_default", is_flag=True,
               help="Deliver requests that name no target here.")
 @db_option
