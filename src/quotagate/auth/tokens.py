@@ -177,7 +177,8 @@ class TokenStore:
         """The actor a bearer token stands for, or Unauthorized (the same for every failure)."""
         token_id, secret = parse_token(text)
         table = schema.api_token
-        with reading(self.engine) as connection:
+        # Every API call starts here: one statement, no transaction around it.
+        with reading(self.engine, single_statement=True) as connection:
             row = connection.execute(
                 sa.select(table).where(table.c.id == token_id)
             ).mappings().first()

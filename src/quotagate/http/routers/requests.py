@@ -20,7 +20,7 @@ from quotagate.http.models import (
     ReleaseBody,
     SubmitBody,
 )
-from quotagate.http.security import CurrentActor, authorize
+from quotagate.http.security import Credentials, CurrentActor, authenticate, authorize
 from quotagate.store.authority import ReleaseGuard, executor_guard, tenant_guard
 from quotagate.store.ledger import SubmitResult
 from quotagate.store.listing import MAX_PAGE, list_requests, read_binding
@@ -42,7 +42,8 @@ class BatchTooLarge(QuotagateError):
     responses={200: {"description": "An identical submission was already recorded"},
                409: {"description": "The id is in use with different content"}},
 )
-def submit(tenant: str, body: SubmitBody, context: Context, actor: CurrentActor) -> JSONResponse:
+def submit(tenant: str, body: SubmitBody, context: Context, credentials: Credentials) -> JSONResponse:
+    actor = authenticate(context, credentials)
     authorize(context, actor, tenant, operations.REQUEST_SUBMIT)
     try:
         result = _submit(context, actor, tenant, body)
@@ -64,8 +65,9 @@ def submit(tenant: str, body: SubmitBody, context: Context, actor: CurrentActor)
     responses={413: {"description": f"More than {MAX_BATCH} entries; nothing was written"}},
 )
 def submit_batch(
-    tenant: str, body: BatchSubmitBody, context: Context, actor: CurrentActor
+    tenant: str, body: BatchSubmitBody, context: Context, credentials: Credentials
 ) -> BatchAnswer:
+    actor = authenticate(context, credentials)
     authorize(context, actor, tenant, operations.REQUEST_SUBMIT)
     if len(body.requests) > MAX_BATCH:
         raise BatchTooLarge(
@@ -153,9 +155,10 @@ def get_request(
 
 
 def _release(
-    context: ApiContext, actor: Actor, tenant: str, request_id: str, operation: str,
+    context: ApiContext, credentials: Credentials, tenant: str, request_id: str, operation: str,
     to_state: RequestState, body: ReleaseBody | None,
 ) -> dict[str, Any]:
+    actor = authenticate(context, credentials)
     authorize(context, actor, tenant, operation, request_id=request_id)
     _check(tenant, request_id)
     result = context.gate.ledger.release(
@@ -177,30 +180,30 @@ def _guard(actor: Actor, body: ReleaseBody | None) -> ReleaseGuard | None:
 
 @router.post("/{request_id}/cancel", summary="Cancel a request; a reserved one returns its cost")
 def cancel(
-    tenant: str, request_id: str, context: Context, actor: CurrentActor,
+    tenant: str, request_id: str, context: Context, credentials: Credentials,
     body: ReleaseBody | None = None,
 ) -> dict[str, Any]:
-    return _release(context, actor, tenant, request_id, operations.REQUEST_CANCEL,
+    return _release(context, credentials, tenant, request_id, operations.REQUEST_CANCEL,
                     RequestState.CANCELLED, body)
 
 
 @router.post("/{request_id}/complete",
              summary="Mark a request completed (its executor, with the fencing token, or an admin)")
 def complete(
-    tenant: str, request_id: str, context: Context, actor: CurrentActor,
+    tenant: str, request_id: str, context: Context, credentials: Credentials,
     body: ReleaseBody | None = None,
 ) -> dict[str, Any]:
-    return _release(context, actor, tenant, request_id, operations.REQUEST_COMPLETE,
+    return _release(context, credentials, tenant, request_id, operations.REQUEST_COMPLETE,
                     RequestState.COMPLETED, body)
 
 
 @router.post("/{request_id}/fail",
              summary="Mark a request failed (its executor, with the fencing token, or an admin)")
 def fail(
-    tenant: str, request_id: str, context: Context, actor: CurrentActor,
+    tenant: str, request_id: str, context: Context, credentials: Credentials,
     body: ReleaseBody | None = None,
 ) -> dict[str, Any]:
-    return _release(context, actor, tenant, request_id, operations.REQUEST_FAIL,
+    return _release(context, credentials, tenant, request_id, operations.REQUEST_FAIL,
                     RequestState.FAILED, body)
 
 
