@@ -35,6 +35,7 @@ def build_app(mode: str, quotagate_url: str, executor_token: str) -> Starlette:
     objects: dict[str, dict[str, Any]] = {}
     arrivals: dict[str, float] = {}
     pending: set[asyncio.Task[None]] = set()
+    calls = {"callbacks": 0, "not_delivered": 0}
     client = httpx.AsyncClient(
         base_url=quotagate_url, headers={"Authorization": f"Bearer {executor_token}"},
         timeout=60, limits=httpx.Limits(max_connections=16),
@@ -42,7 +43,9 @@ def build_app(mode: str, quotagate_url: str, executor_token: str) -> Starlette:
 
     async def complete(stored: dict[str, Any]) -> None:
         path = f"/v1/tenants/{stored['tenant']}/requests/{stored['request_id']}/complete"
+        delay = 0.01
         for _ in range(_CALLBACK_ATTEMPTS):
+            calls["callbacks"] += 1
             answer = await client.post(path, json={"fencing_token": stored["fencing_token"]})
             if answer.status_code == 200:
                 stored["state"] = "completed"
@@ -50,7 +53,10 @@ def build_app(mode: str, quotagate_url: str, executor_token: str) -> Starlette:
             if answer.status_code != 409 or answer.json().get("code") != "not_delivered":
                 stored["callback_error"] = f"{answer.status_code} {answer.text[:200]}"
                 return
-            await asyncio.sleep(0.02)
+            calls["not_delivered"] += 1
+            # The worker records its batch's deliveries together: back off.
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
         stored["callback_error"] = "never recorded as delivered"
 
     async def deliver(request: Request) -> JSONResponse:
@@ -83,7 +89,7 @@ def build_app(mode: str, quotagate_url: str, executor_token: str) -> Starlette:
         errors = [stored["callback_error"] for stored in objects.values()
                   if "callback_error" in stored]
         return JSONResponse({"arrivals": arrivals, "callback_errors": errors[:5],
-                             "callback_error_count": len(errors)})
+                             "callback_error_count": len(errors), **calls})
 
     return Starlette(routes=[
         Route("/hooks", deliver, methods=["POST"]),

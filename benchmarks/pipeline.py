@@ -189,6 +189,9 @@ def run_pipeline(backend: str, total: int, clients: int, outcome: str, timeout: 
     sent_at = {key: value for _, _, sent in spans for key, value in sent.items()}
     latencies = [report["arrivals"][key] - sent_at[key]
                  for key in sent_at if key in report["arrivals"]]
+    if outcome == "callback":
+        print(f"  {backend}: {report['callbacks']} callbacks, {report['not_delivered']} of them "
+              "answered not_delivered", file=sys.stderr)
     if report["callback_error_count"]:
         print(f"  {backend}: {report['callback_error_count']} callbacks failed, e.g. "
               f"{report['callback_errors']}", file=sys.stderr)

@@ -56,19 +56,30 @@ def executor_guard(target: str, fencing_token: int | None) -> ReleaseGuard:
     def guard(connection: sa.Connection, row: sa.RowMapping, to_state: RequestState) -> None:
         request_id = row["id"]
         state = RequestState(row["state"])
-        binding = connection.execute(
-            sa.select(schema.binding.c.target, schema.binding.c.fencing_token)
-            .where(schema.binding.c.request_id == request_id)
-        ).first()
-        if binding is None:
-            if state == RequestState.RESERVED and _outbox_may_go_to(connection, request_id, target):
+        # The binding and the outbox row in one round trip: callbacks are hot.
+        request, binding, outbox = schema.request, schema.binding, schema.outbox
+        found = connection.execute(
+            sa.select(binding.c.target, binding.c.fencing_token,
+                      outbox.c.target.label("outbox_target"), outbox.c.claim_token,
+                      outbox.c.request_id.label("queued"))
+            .select_from(
+                request.outerjoin(binding, binding.c.request_id == request.c.id)
+                .outerjoin(outbox, outbox.c.request_id == request.c.id)
+            )
+            .where(request.c.id == request_id)
+        ).one()
+        if found.target is None:
+            # A request that names no target goes to the default one, whichever that is then.
+            if state == RequestState.RESERVED and found.queued is not None and (
+                found.outbox_target in (None, target)
+            ):
                 raise NotDeliveredYet(
                     f"request {request_id!r} is not recorded as delivered yet; call back again"
                 )
             # Another target's request, or one never delivered: the same answer as
             # for an id that does not exist, so an executor learns nothing of others.
             raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
-        if binding.target != target:
+        if found.target != target:
             raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
         if fencing_token is None:
             raise StaleFencingToken(
@@ -76,8 +87,9 @@ def executor_guard(target: str, fencing_token: int | None) -> ReleaseGuard:
                 "delivered with (fencing_token)",
                 code="fencing_token_required",
             )
-        newest = _newest_token(connection, request_id, int(binding.fencing_token))
-        if not int(binding.fencing_token) <= fencing_token <= newest:
+        bound = int(found.fencing_token)
+        newest = max(bound, int(found.claim_token or 0))
+        if not bound <= fencing_token <= newest:
             raise StaleFencingToken(
                 f"fencing token {fencing_token} is not the current one for request "
                 f"{request_id!r}; a newer attempt owns it"
@@ -88,18 +100,3 @@ def executor_guard(target: str, fencing_token: int | None) -> ReleaseGuard:
             )
 
     return guard
-
-
-def _outbox_may_go_to(connection: sa.Connection, request_id: str, target: str) -> bool:
-    row = connection.execute(
-        sa.select(schema.outbox.c.target).where(schema.outbox.c.request_id == request_id)
-    ).first()
-    # A request that names no target goes to the default one, whichever that is then.
-    return row is not None and row.target in (None, target)
-
-
-def _newest_token(connection: sa.Connection, request_id: str, bound: int) -> int:
-    claimed = connection.execute(
-        sa.select(schema.outbox.c.claim_token).where(schema.outbox.c.request_id == request_id)
-    ).scalar()
-    return max(bound, int(claimed or 0))
