@@ -35,7 +35,7 @@ def build_app(mode: str, quotagate_url: str, executor_token: str) -> Starlette:
     objects: dict[str, dict[str, Any]] = {}
     arrivals: dict[str, float] = {}
     pending: set[asyncio.Task[None]] = set()
-    calls = {"callbacks": 0, "not_delivered": 0}
+    calls = {"callbacks": 0, "not_delivered": 0, "transport_errors": 0}
     client = httpx.AsyncClient(
         base_url=quotagate_url, headers={"Authorization": f"Bearer {executor_token}"},
         timeout=60, limits=httpx.Limits(max_connections=16),
@@ -46,7 +46,13 @@ def build_app(mode: str, quotagate_url: str, executor_token: str) -> Starlette:
         delay = 0.01
         for _ in range(_CALLBACK_ATTEMPTS):
             calls["callbacks"] += 1
-            answer = await client.post(path, json={"fencing_token": stored["fencing_token"]})
+            try:
+                answer = await client.post(path, json={"fencing_token": stored["fencing_token"]})
+            except httpx.TransportError:
+                # A kept-alive connection the server closed as we reused it: again.
+                calls["transport_errors"] += 1
+                await asyncio.sleep(delay)
+                continue
             if answer.status_code == 200:
                 stored["state"] = "completed"
                 return

@@ -191,7 +191,8 @@ def run_pipeline(backend: str, total: int, clients: int, outcome: str, timeout: 
                  for key in sent_at if key in report["arrivals"]]
     if outcome == "callback":
         print(f"  {backend}: {report['callbacks']} callbacks, {report['not_delivered']} of them "
-              "answered not_delivered", file=sys.stderr)
+              f"answered not_delivered, {report['transport_errors']} lost a connection",
+              file=sys.stderr)
     if report["callback_error_count"]:
         print(f"  {backend}: {report['callback_error_count']} callbacks failed, e.g. "
               f"{report['callback_errors']}", file=sys.stderr)
