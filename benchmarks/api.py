@@ -5,13 +5,18 @@ processes submit new requests (one transaction and one audit row each)
 
 * through the Python API (``Quotagate.submit``) directly — the baseline;
 * over HTTP to one ``quotagate serve --no-workers`` process;
-* over HTTP to two such processes, clients split between them.
+* over HTTP to two such processes, clients split between them;
+* over HTTP to one process, through batch submit (``requests:batch``, 100 per call).
 
 Admission is off (``--no-workers``) so only submission is measured. Every
 client process connects and warms up first; the clock runs from when all are
-ready (a barrier) to when the last finishes. About a minute with the defaults.
+ready (a barrier) to when the last finishes. The paths take turns, round after
+round (``--rounds``), and each one's ratio to the Python API is taken within
+its round: on a shared machine the load moves during a run. About a minute
+with the defaults.
 
-    .venv/bin/python benchmarks/api.py [--backend postgresql] [--requests 600] [--clients 4]
+    .venv/bin/python benchmarks/api.py [--backend postgresql] [--requests 600] [--clients 4] \
+        [--servers 1,2] [--no-batch]
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -38,6 +44,7 @@ from quotagate.cli.common import render_table
 
 QUOTAGATE = str(Path(sys.executable).with_name("quotagate"))
 Barrier = Any  # multiprocessing.synchronize.Barrier, which is not generic-friendly
+BATCH = 100
 
 
 def _free_port() -> int:
@@ -104,6 +111,25 @@ def _http_client(
         return started, time.perf_counter()
 
 
+def _batch_client(
+    url: str, token: str, tenant: str, ids: list[str], barrier: Barrier
+) -> tuple[float, float]:
+    path = f"/v1/tenants/{tenant}/requests:batch"
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
+                      timeout=60) as client:
+        client.post(path, json={"requests": [{"id": f"{ids[0]}-warm", "cost": {"gpu": 1}}]})
+        barrier.wait()
+        started = time.perf_counter()
+        for offset in range(0, len(ids), BATCH):
+            entries = [{"id": request_id, "cost": {"gpu": 1}, "payload": {"n": request_id}}
+                       for request_id in ids[offset:offset + BATCH]]
+            response = client.post(path, json={"requests": entries})
+            statuses = {entry["status"] for entry in response.json()["results"]}
+            if response.status_code != 200 or statuses != {202}:
+                raise RuntimeError(f"batch answered {response.status_code}: {response.text[:300]}")
+        return started, time.perf_counter()
+
+
 def _timed(function: Callable[..., tuple[float, float]], jobs: Sequence[tuple[Any, ...]]) -> float:
     """Run one client process per job; seconds from all-ready to last-done."""
     context = multiprocessing.get_context("spawn")
@@ -113,9 +139,18 @@ def _timed(function: Callable[..., tuple[float, float]], jobs: Sequence[tuple[An
     return max(end for _, end in spans) - min(start for start, _ in spans)
 
 
-def run(backend: str, total: int, clients: int) -> list[list[Any]]:
+def run(backend: str, total: int, clients: int, server_counts: Sequence[int] = (1, 2),
+        batch: bool = True, rounds: int = 3) -> list[list[Any]]:
+    """Every path once per round, rounds interleaved, so that a machine whose load
+    changes during the run (it is shared) weighs on all paths alike; each path's
+    ratio to the Python API is taken within its round, then the median."""
     per_client = total // clients
-    rows: list[list[Any]] = []
+    count = per_client * clients
+    paths = [("python api", "-"), *(("http", n) for n in server_counts)]
+    if batch:
+        paths.append((f"http batch of {BATCH}", 1))
+    rates: dict[tuple[str, Any], list[float]] = {path: [] for path in paths}
+    ratios: dict[tuple[str, Any], list[float]] = {path: [] for path in paths}
 
     def ids(phase: str, client: int) -> list[str]:
         return [f"{phase}-{client}-{n}" for n in range(per_client)]
@@ -123,33 +158,38 @@ def run(backend: str, total: int, clients: int) -> list[list[Any]]:
     with throwaway_database(backend) as db_url:
         with Quotagate.connect(db_url) as gate:
             gate.set_pool("main", {"gpu": 10**9})
-            for phase in ("python", "http1", "http2"):
-                for client in range(clients):
-                    gate.set_tenant(f"{phase}-{client}", {"gpu": 10**9})
-            tokens = TokenStore(gate.engine)
-            token = tokens.create(admin=True, label="benchmark").token
-
-        def record(label: str, servers: int | str, seconds: float) -> None:
-            count = per_client * clients
-            rows.append([backend, label, servers, clients, count, f"{seconds:.2f}",
-                         f"{count / seconds:.0f}"])
-            print(f"  {label} ({servers}): {count / seconds:.0f} submits/s", file=sys.stderr)
-
-        print(f"{backend}: Python API", file=sys.stderr)
-        seconds = _timed(_python_client,
-                         [(db_url, f"python-{c}", ids("python", c)) for c in range(clients)])
-        record("python api", "-", seconds)
-        for servers in (1, 2):
-            print(f"{backend}: HTTP, {servers} server process(es)", file=sys.stderr)
-            with ExitStack() as stack:
-                urls = [stack.enter_context(serve(db_url)) for _ in range(servers)]
-                phase = f"http{servers}"
-                seconds = _timed(_http_client, [
-                    (urls[c % servers], token, f"{phase}-{c}", ids(phase, c))
-                    for c in range(clients)
-                ])
-            record("http", servers, seconds)
-    return rows
+            for round_number in range(rounds):
+                for index in range(len(paths)):
+                    for client in range(clients):
+                        gate.set_tenant(f"p{index}-r{round_number}-{client}", {"gpu": 10**9})
+            token = TokenStore(gate.engine).create(admin=True, label="benchmark").token
+        with ExitStack() as stack:
+            urls = [stack.enter_context(serve(db_url)) for _ in range(max(server_counts, default=1))]
+            for round_number in range(rounds):
+                baseline = 0.0
+                for index, (label, servers) in enumerate(paths):
+                    phase = f"p{index}-r{round_number}"
+                    if label == "python api":
+                        seconds = _timed(_python_client, [
+                            (db_url, f"{phase}-{c}", ids(phase, c)) for c in range(clients)])
+                    else:
+                        function = _batch_client if label.startswith("http batch") else _http_client
+                        seconds = _timed(function, [
+                            (urls[c % int(servers)], token, f"{phase}-{c}", ids(phase, c))
+                            for c in range(clients)])
+                    rate = count / seconds
+                    baseline = baseline or rate
+                    rates[(label, servers)].append(rate)
+                    ratios[(label, servers)].append(rate / baseline)
+                    print(f"  round {round_number + 1}: {label} ({servers}): {rate:.0f} submits/s",
+                          file=sys.stderr)
+    return [
+        [backend, label, servers, clients, count, rounds,
+         f"{statistics.median(rates[(label, servers)]):.0f}",
+         f"{min(rates[(label, servers)]):.0f}-{max(rates[(label, servers)]):.0f}",
+         f"{statistics.median(ratios[(label, servers)]):.2f}"]
+        for label, servers in paths
+    ]
 
 
 def main() -> None:
@@ -157,13 +197,20 @@ def main() -> None:
     parser.add_argument("--backend", default="postgresql", choices=BACKENDS)
     parser.add_argument("--requests", type=int, default=600, help="Submits per measurement.")
     parser.add_argument("--clients", type=int, default=4, help="Client processes.")
+    parser.add_argument("--servers", default="1,2",
+                        help="Server process counts to measure, comma-separated.")
+    parser.add_argument("--no-batch", action="store_true", help="Skip the batch submit row.")
+    parser.add_argument("--rounds", type=int, default=3, help="Interleaved rounds of every path.")
     arguments = parser.parse_args()
+    counts = [int(part) for part in arguments.servers.split(",") if part.strip()]
     try:
-        rows = run(arguments.backend, arguments.requests, arguments.clients)
+        rows = run(arguments.backend, arguments.requests, arguments.clients, counts,
+                   not arguments.no_batch, arguments.rounds)
     except ServerUnavailable as error:
         sys.exit(f"skipped: {error}")
     print(render_table(
-        ["backend", "path", "servers", "clients", "submits", "seconds", "submits/s"], rows
+        ["backend", "path", "servers", "clients", "submits", "rounds", "submits/s (median)",
+         "range", "x python api"], rows
     ))
 
 

@@ -110,11 +110,15 @@ def test_a_request_is_admitted_shown_with_its_pool_and_released(api: Api) -> Non
     assert shown["pool"] == "shared"
     assert shown["queue"] is None
     assert "binding" in shown
-    done = client.post(f"{path}/complete")
+    # Charged work ends on its executor's (or an admin's) word, not its tenant's.
+    refused = client.post(f"{path}/complete")
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["code"] == "executor_only"
+    done = api.admin.post(f"{path}/complete")
     assert done.status_code == 200, done.text
     assert done.json()["state"] == "completed"
     assert done.json()["released"] == {"gpu": 2}
-    again = client.post(f"{path}/complete")
+    again = api.admin.post(f"{path}/complete")
     assert again.json()["released"] == {}
     quota = api.admin.get(f"/v1/tenants/{name}").json()["quota"]
     assert quota["gpu"] == {"used": 0, "cap": 2}
@@ -135,7 +139,7 @@ def test_a_waiting_request_shows_its_queue_position_and_what_blocks_it(api: Api)
     ]
     cancelled = client.post(f"/v1/tenants/{name}/requests/{second}/cancel")
     assert cancelled.json()["state"] == "cancelled"
-    failed = client.post(f"/v1/tenants/{name}/requests/{first}/fail", json={"reason": "oom"})
+    failed = api.admin.post(f"/v1/tenants/{name}/requests/{first}/fail", json={"reason": "oom"})
     assert failed.json()["state"] == "failed"
     assert failed.json()["reason"] == "oom"
 

@@ -2,6 +2,7 @@
 
 from quotagate.auth.authorizer import (
     ADMIN_OPERATIONS,
+    EXECUTOR_OPERATIONS,
     OPERATIONS,
     Actor,
     Authorizer,
@@ -11,6 +12,7 @@ from quotagate.auth.tokens import CreatedToken, TokenInfo, TokenStore
 
 __all__ = [
     "ADMIN_OPERATIONS",
+    "EXECUTOR_OPERATIONS",
     "OPERATIONS",
     "Actor",
     "Authorizer",

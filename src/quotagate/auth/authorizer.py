@@ -38,14 +38,27 @@ OPERATIONS = frozenset(
 REQUEST_OPERATIONS = frozenset({REQUEST_READ, REQUEST_CANCEL, REQUEST_COMPLETE, REQUEST_FAIL})
 
 
+# The only operations an executor token may ask for (docs/decisions/310-*).
+EXECUTOR_OPERATIONS = frozenset({REQUEST_COMPLETE, REQUEST_FAIL})
+
+
 @dataclass(frozen=True)
 class Actor:
-    """An authenticated caller: an admin, or a token scoped to one tenant."""
+    """An authenticated caller: an admin, a token scoped to one tenant, or an executor.
+
+    An executor token (``executor_target`` set) stands for the executor behind
+    one delivery target: it may end work delivered to that target and nothing else.
+    """
 
     token_id: str
     admin: bool
     tenant: str | None = None
     label: str | None = None
+    executor_target: str | None = None
+
+    @property
+    def executor(self) -> bool:
+        return self.executor_target is not None
 
     @property
     def name(self) -> str:
@@ -62,9 +75,14 @@ def default_authorizer(tenant: str | None, actor: Actor, operation: str) -> bool
 
     Platform-wide reads (``tenant`` is None, e.g. usage or audit) are allowed to
     tenant tokens because the HTTP layer narrows them to the actor's tenant.
+    An executor token may only complete or fail requests.
     """
     if actor.admin:
         return True
+    if actor.executor:
+        # Which requests it may end is decided in the release transaction, from
+        # the request's binding (quotagate.store.authority).
+        return operation in EXECUTOR_OPERATIONS
     if operation in ADMIN_OPERATIONS:
         return False
     if tenant is None:

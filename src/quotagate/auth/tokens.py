@@ -59,10 +59,20 @@ class TokenInfo:
     label: str | None
     created: float
     revoked: float | None
+    executor_target: str | None = None
+
+    @property
+    def scope(self) -> str:
+        if self.admin:
+            return "admin"
+        if self.executor_target is not None:
+            return f"executor={self.executor_target}"
+        return f"tenant={self.tenant}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id, "admin": self.admin, "tenant": self.tenant, "label": self.label,
+            "id": self.id, "admin": self.admin, "tenant": self.tenant,
+            "executor_target": self.executor_target, "label": self.label,
             "created": self.created, "revoked": self.revoked,
         }
 
@@ -77,7 +87,7 @@ class CreatedToken:
 def _info(row: Any) -> TokenInfo:
     return TokenInfo(
         id=row["id"], admin=bool(row["admin"]), tenant=row["tenant"], label=row["label"],
-        created=row["created"], revoked=row["revoked"],
+        created=row["created"], revoked=row["revoked"], executor_target=row["executor_target"],
     )
 
 
@@ -91,17 +101,22 @@ class TokenStore:
         *,
         admin: bool = False,
         tenant: str | None = None,
+        executor_target: str | None = None,
         label: str | None = None,
         actor: str = "cli",
     ) -> CreatedToken:
-        """A new admin token, or one scoped to ``tenant`` (exactly one of the two)."""
-        if admin == (tenant is not None):
+        """A new admin token, one scoped to ``tenant``, or an executor token for the
+        target ``executor_target`` (exactly one of the three)."""
+        if [admin, tenant is not None, executor_target is not None].count(True) != 1:
             raise InvalidInput(
-                "a token is either an admin token or scoped to one tenant",
+                "a token is an admin token, scoped to one tenant, or an executor token "
+                "for one target",
                 code="invalid_token_scope",
             )
         if tenant is not None:
             validate_name(tenant, "tenant")
+        if executor_target is not None:
+            validate_name(executor_target, "target")
         if label is not None and len(label) > _MAX_LABEL:
             raise InvalidInput(f"label is longer than {_MAX_LABEL} characters",
                                code="invalid_label")
@@ -109,16 +124,23 @@ class TokenStore:
         secret = secrets.token_urlsafe(_SECRET_BYTES)
 
         def work(connection: sa.Connection) -> TokenInfo:
+            if executor_target is not None and connection.execute(
+                sa.select(schema.delivery_target.c.name)
+                .where(schema.delivery_target.c.name == executor_target)
+            ).first() is None:
+                raise NotFound(f"target {executor_target!r} does not exist",
+                               code="unknown_target")
             now = self.clock.now()
             row = {
                 "id": token_id, "secret_hash": hash_secret(secret), "tenant": tenant,
-                "admin": admin, "label": label, "created": now, "revoked": None,
+                "admin": admin, "executor_target": executor_target, "label": label,
+                "created": now, "revoked": None,
             }
             connection.execute(schema.api_token.insert().values(**row))
-            scope = "admin" if admin else f"tenant={tenant}"
+            info = _info(row)
             record(connection, now, AuditEntry(actor, "token.create", "ok", tenant,
-                                               f"token/{token_id}", scope))
-            return _info(row)
+                                               f"token/{token_id}", info.scope))
+            return info
 
         info = run_transaction(self.engine, work)
         return CreatedToken(info, f"{PREFIX}_{token_id}_{secret}")
@@ -155,7 +177,8 @@ class TokenStore:
         """The actor a bearer token stands for, or Unauthorized (the same for every failure)."""
         token_id, secret = parse_token(text)
         table = schema.api_token
-        with reading(self.engine) as connection:
+        # Every API call starts here: one statement, no transaction around it.
+        with reading(self.engine, single_statement=True) as connection:
             row = connection.execute(
                 sa.select(table).where(table.c.id == token_id)
             ).mappings().first()
@@ -165,4 +188,4 @@ class TokenStore:
             # One answer for unknown, wrong and revoked: a caller learns nothing.
             raise Unauthorized("the token is unknown, wrong or revoked", code="invalid_token")
         return Actor(token_id=row["id"], admin=bool(row["admin"]), tenant=row["tenant"],
-                     label=row["label"])
+                     label=row["label"], executor_target=row["executor_target"])

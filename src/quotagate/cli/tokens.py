@@ -24,21 +24,29 @@ def token() -> None:
 @token.command("create")
 @click.option("--admin", is_flag=True, help="A token for every operation on every tenant.")
 @click.option("--tenant", default=None, help="A token that acts on this tenant only.")
+@click.option("--executor", is_flag=True,
+              help="A token for the executor behind --target: it may only complete or fail "
+                   "requests delivered to that target (docs/http-api.md).")
+@click.option("--target", default=None, help="With --executor: the delivery target.")
 @click.option("--label", default=None, help="A note to recognise the token by.")
 @db_option
 @reports_errors
-def token_create(admin: bool, tenant: str | None, label: str | None, db_url: str | None) -> None:
+def token_create(admin: bool, tenant: str | None, executor: bool, target: str | None,
+                 label: str | None, db_url: str | None) -> None:
     """Create a token and print it once; only its hash is kept."""
-    if admin == (tenant is not None):
-        raise InvalidInput("give exactly one of --admin or --tenant NAME",
+    if executor != (target is not None):
+        raise InvalidInput("an executor token needs --executor and --target NAME together",
+                           code="invalid_token_scope")
+    if [admin, tenant is not None, executor].count(True) != 1:
+        raise InvalidInput("give exactly one of --admin, --tenant NAME or --executor --target NAME",
                            code="invalid_token_scope")
     with open_gate(db_url) as gate:
         # The first admin token usually comes before the first `serve`.
         ensure_schema(gate)
         created = TokenStore(gate.engine, clock=gate.clock).create(
-            admin=admin, tenant=tenant, label=label, actor="cli"
+            admin=admin, tenant=tenant, executor_target=target, label=label, actor="cli"
         )
-    scope = "admin" if admin else f"tenant {tenant}"
+    scope = created.info.scope.replace("=", " ")
     click.echo(f"created token {created.info.id} ({scope}); it is shown only now:", err=True)
     click.echo(created.token)
 
@@ -56,7 +64,7 @@ def token_list(as_json: bool, db_url: str | None) -> None:
         return
     click.echo(render_table(
         ["id", "scope", "label", "created", "revoked"],
-        [[info.id, "admin" if info.admin else f"tenant={info.tenant}", info.label,
+        [[info.id, info.scope, info.label,
           _when(info.created), _when(info.revoked)] for info in tokens],
     ))
 

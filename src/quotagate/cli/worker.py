@@ -21,6 +21,7 @@ from quotagate.delivery.dispatcher import (
 )
 from quotagate.delivery.registry import TargetStore
 from quotagate.delivery.targets import KINDS
+from quotagate.errors import InvalidInput
 from quotagate.store.dialect import reading
 from quotagate.store.lease import LeaseStore
 
@@ -139,18 +140,32 @@ def target() -> None:
                    "spec.suspend and wait for status.phase Suspended.")
 @click.option("--default", "is_default", is_flag=True,
               help="Deliver requests that name no target here.")
+@click.option("--tenants", "tenant_list", default=None, metavar="T1,T2",
+              help="Only these tenants may use the target (others get 'unknown target'); "
+                   "without it a replaced target keeps its tenants (docs/delivery.md).")
+@click.option("--all-tenants", is_flag=True, help="Let every tenant use the target again.")
 @db_option
 @reports_errors
-def target_set(name: str, kind: str, is_default: bool, db_url: str | None,
-               **options: Any) -> None:
+def target_set(name: str, kind: str, is_default: bool, tenant_list: str | None,
+               all_tenants: bool, db_url: str | None, **options: Any) -> None:
     """Create or replace a delivery target."""
+    if all_tenants and tenant_list is not None:
+        raise InvalidInput("give --tenants or --all-tenants, not both", code="invalid_tenants")
+    tenants: list[str] | None = [] if all_tenants else None
+    if tenant_list is not None:
+        tenants = [tenant.strip() for tenant in tenant_list.split(",") if tenant.strip()]
+        if not tenants:
+            raise InvalidInput("--tenants needs at least one tenant name (or use --all-tenants)",
+                               code="invalid_tenants")
     keys = {"api_group": "group", "api_version": "version"}
     config = {keys.get(key, key): value for key, value in options.items() if value is not None}
     with open_gate(db_url) as gate:
         stored = TargetStore(gate.engine, clock=gate.clock).set(
-            name, kind, config, default=is_default, actor="cli"
+            name, kind, config, default=is_default, tenants=tenants, actor="cli"
         )
     suffix = " (default)" if stored.is_default else ""
+    if stored.tenants:
+        suffix += f" for tenants {', '.join(stored.tenants)}"
     click.echo(f"target {stored.name}: {stored.kind}{suffix}")
 
 
@@ -174,8 +189,9 @@ def target_list(as_json: bool, db_url: str | None) -> None:
         ])
         return
     click.echo(render_table(
-        ["name", "kind", "default", "config"],
-        [[t.name, t.kind, "yes" if t.is_default else "", _summary(t.config)] for t in targets],
+        ["name", "kind", "default", "tenants", "config"],
+        [[t.name, t.kind, "yes" if t.is_default else "", ",".join(t.tenants) or "all",
+          _summary(t.config)] for t in targets],
     ))
 
 

@@ -18,6 +18,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     health.router,
     admin.router,
     requests.router,
+    requests.batch_router,
     audit.router,
     rate.router,
 )

@@ -21,7 +21,9 @@ class ApiContext:
     metrics: Metrics
 
 
-def get_context(request: Request) -> ApiContext:
+async def get_context(request: Request) -> ApiContext:
+    # async: FastAPI runs a plain-def dependency in the thread pool, one more
+    # hand-off per call for what is an attribute read.
     context: ApiContext = request.app.state.context
     return context
 

@@ -57,5 +57,32 @@ class SubmitBody(_Body):
     target: StrictStr | None = Field(default=None, description="Delivery target name")
 
 
+# The most requests one batch submit may carry (docs/decisions/309-batch-submit.md).
+MAX_BATCH = 1000
+
+
+class BatchSubmitBody(_Body):
+    requests: list[SubmitBody] = Field(
+        description=f"Up to {MAX_BATCH} submissions, each answered as a single submit would be",
+        json_schema_extra={"maxItems": MAX_BATCH},
+    )
+
+
+class BatchEntry(BaseModel):
+    status: int = Field(description="The status a single submit would have answered: "
+                                    "202 new, 200 identical replay, or the error's status")
+    request: dict[str, Any] | None = Field(default=None, description="The request (202, 200)")
+    error: dict[str, Any] | None = Field(default=None, description="{code, message} (4xx, 5xx)")
+
+
+class BatchAnswer(BaseModel):
+    results: list[BatchEntry] = Field(description="One entry per submission, in order")
+
+
 class ReleaseBody(_Body):
     reason: StrictStr | None = Field(default=None, max_length=1024)
+    fencing_token: StrictInt | None = Field(
+        default=None,
+        description="Executor callbacks: the fencing token the delivery carried "
+                    "(Quotagate-Fencing-Token); required with an executor token",
+    )

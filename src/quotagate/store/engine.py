@@ -9,6 +9,7 @@ never wait.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import sqlalchemy as sa
@@ -94,8 +95,10 @@ def create_engine(text: str, **options: Any) -> Engine:
             # Row locks plus conditional updates give the guarantees we need;
             # REPEATABLE READ (MySQL's default) would only add gap-lock deadlocks.
             options.setdefault("isolation_level", "READ COMMITTED")
-            options.setdefault("pool_pre_ping", True)
+            ping_idle = not options.get("pool_pre_ping", False)
             engine = sa.create_engine(url, **options)
+            if ping_idle:
+                _ping_when_idle(engine)
     except NoSuchModuleError as exc:  # pragma: no cover - depends on extras installed
         raise InvalidInput(str(exc), code="invalid_database_url") from exc
     except ModuleNotFoundError as exc:
@@ -105,6 +108,39 @@ def create_engine(text: str, **options: Any) -> Engine:
             code="driver_missing",
         ) from exc
     return engine
+
+
+# A pooled connection unused for longer than this is pinged before it is handed out.
+IDLE_PING_AFTER = 1.0
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """Ping a pooled connection at checkout only when it sat idle in the pool.
+
+    SQLAlchemy's ``pool_pre_ping`` pings at every checkout: one more round trip
+    for every transaction, two for an HTTP submit (its token read and its write),
+    measured by benchmarks/api.py. A connection back in the pool within the last
+    second was working a second ago; one idle for longer (a quiet night, a
+    database restart) is pinged and, if dead, replaced before anyone uses it.
+    A server that dies inside that second fails one statement, which reports the
+    store unavailable and invalidates the whole pool, as before.
+    """
+
+    @sa.event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        record.info["returned_at"] = time.monotonic()
+
+    @sa.event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        returned = record.info.get("returned_at")
+        if returned is None or time.monotonic() - returned < IDLE_PING_AFTER:
+            return  # new, or just used
+        try:
+            # The dialect's own ping, the one pool_pre_ping uses.
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as error:
+            # The pool discards this connection and checks out (or opens) another.
+            raise sa.exc.DisconnectionError(f"pooled connection is dead: {error}") from error
 
 
 def _configure_sqlite(engine: Engine) -> None:

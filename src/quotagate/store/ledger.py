@@ -35,6 +35,7 @@ from quotagate.errors import Conflict, InvalidInput, NotFound
 from quotagate.rate.gate import RateGate, rate_limited, rejection_reason
 from quotagate.store import schema, statements
 from quotagate.store.audit import AuditEntry, record
+from quotagate.store.authority import ReleaseGuard
 from quotagate.store.dialect import run_transaction, supports_skip_locked
 from quotagate.store.rows import (
     adjust_usage,
@@ -198,6 +199,12 @@ class Ledger:
             )
         if submission.target is not None and "target" not in facts:
             raise NotFound(f"target {submission.target!r} does not exist", code="unknown_target")
+        if "default_closed" in facts:
+            raise NotFound(
+                "the request names no target and the default target does not serve tenant "
+                f"{submission.tenant!r}; name a target",
+                code="no_default_target",
+            )
         # Everything is valid: only now may a token be spent on this request.
         # A tenant without a rate quota has no bucket row: no token to take.
         decision = (
@@ -421,13 +428,15 @@ class Ledger:
         tenant: str | None = None,
         fence: Callable[[sa.Connection], None] | None = None,
         stopped: bool = False,
+        guard: ReleaseGuard | None = None,
     ) -> ReleaseResult:
         """Move a request to a final state, returning its charged cost exactly once.
 
         ``tenant``, when given, scopes the call: a request of another tenant is
         reported as not found. ``fence``, when given, runs first inside the same
         transaction (a worker's lease check); it raises StaleGeneration to refuse
-        the release, which then changes nothing.
+        the release, which then changes nothing. ``guard``, when given, judges the
+        locked request row (who may end it: :mod:`quotagate.store.authority`).
 
         Cancelling a ``reserved`` or ``delivered`` request is a stop: it becomes
         ``cancelling``, still charged, and its outbox row a stop for a worker to
@@ -440,7 +449,7 @@ class Ledger:
         return run_transaction(
             self.engine,
             lambda connection: self._release(
-                connection, request_id, to_state, reason, actor, tenant, fence, stopped
+                connection, request_id, to_state, reason, actor, tenant, fence, stopped, guard
             ),
         )
 
@@ -454,6 +463,7 @@ class Ledger:
         tenant: str | None,
         fence: Callable[[sa.Connection], None] | None = None,
         stopped: bool = False,
+        guard: ReleaseGuard | None = None,
     ) -> ReleaseResult:
         if fence is not None:
             fence(connection)
@@ -464,6 +474,8 @@ class Ledger:
         ).mappings().first()
         if row is None or (tenant is not None and row["tenant"] != tenant):
             raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
+        if guard is not None:
+            guard(connection, row, to_state)
         current = RequestState(row["state"])
         if current == to_state:
             return ReleaseResult(request_from_row(row), released={})

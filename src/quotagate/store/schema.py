@@ -137,6 +137,15 @@ delivery_target = sa.Table(
     sa.Column("is_default", sa.Boolean, nullable=False, server_default=sa.false()),
 )
 
+# The tenants a target serves. A target with no rows here serves every tenant;
+# one with rows serves only those (docs/decisions/311-target-tenants.md).
+target_tenant = sa.Table(
+    "qg_target_tenant",
+    metadata,
+    sa.Column("target", NAME, primary_key=True),
+    sa.Column("tenant", NAME, primary_key=True),
+)
+
 audit = sa.Table(
     "qg_audit",
     metadata,
@@ -160,6 +169,9 @@ api_token = sa.Table(
     sa.Column("secret_hash", sa.String(64), nullable=False),
     sa.Column("tenant", NAME, nullable=True),
     sa.Column("admin", sa.Boolean, nullable=False),
+    # Set for executor tokens: the target whose delivered work they may end
+    # (docs/decisions/310-executor-tokens-and-callbacks.md).
+    sa.Column("executor_target", NAME, nullable=True),
     sa.Column("label", sa.String(128), nullable=True),
     sa.Column("created", TIME, nullable=False),
     sa.Column("revoked", TIME, nullable=True),

@@ -114,8 +114,10 @@ def submission_facts_query(with_target: bool) -> sa.CompoundSelect[Any]:
 
     Rows ``(fact, value)``: ``request`` if the id exists, ``tenant`` if the
     tenant exists, one ``resource`` per cost resource some pool offers,
-    ``target`` if the named target exists, ``bucket`` if the tenant has a rate
-    quota. Parameters: ``id``, ``tenant``, ``resources`` (a list), ``target``.
+    ``target`` if the named target exists and serves the tenant,
+    ``default_closed`` if no target is named and the default target serves only
+    other tenants, ``bucket`` if the tenant has a rate quota. Parameters: ``id``,
+    ``tenant``, ``resources`` (a list), ``target``.
     """
     request, capacity = schema.request, schema.pool_capacity
     parts = [
@@ -129,10 +131,20 @@ def submission_facts_query(with_target: bool) -> sa.CompoundSelect[Any]:
         sa.select(sa.literal("bucket").label("fact"), schema.rate_bucket.c.key.label("value"))
         .where(schema.rate_bucket.c.key == sa.bindparam("tenant")),
     ]
+    target, allowed = schema.delivery_target, schema.target_tenant
+    limited = sa.exists().where(allowed.c.target == target.c.name)
+    admitted = sa.exists().where(allowed.c.target == target.c.name,
+                                 allowed.c.tenant == sa.bindparam("tenant"))
     if with_target:
+        # A target limited to other tenants is, to this tenant, a target that
+        # does not exist (docs/decisions/311-target-tenants.md).
         parts.append(
-            sa.select(sa.literal("target").label("fact"),
-                      schema.delivery_target.c.name.label("value"))
-            .where(schema.delivery_target.c.name == sa.bindparam("target"))
+            sa.select(sa.literal("target").label("fact"), target.c.name.label("value"))
+            .where(target.c.name == sa.bindparam("target"), sa.or_(~limited, admitted))
+        )
+    else:
+        parts.append(
+            sa.select(sa.literal("default_closed").label("fact"), target.c.name.label("value"))
+            .where(target.c.is_default == sa.true(), limited, ~admitted)
         )
     return sa.union_all(*parts)

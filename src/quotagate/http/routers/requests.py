@@ -12,12 +12,27 @@ from quotagate.auth.authorizer import Actor
 from quotagate.domain.model import RequestState, validate_name, validate_request_id
 from quotagate.errors import Conflict, NotFound, QuotagateError
 from quotagate.http.context import ApiContext, Context
-from quotagate.http.models import ReleaseBody, SubmitBody
-from quotagate.http.security import CurrentActor, authorize
+from quotagate.http.models import (
+    MAX_BATCH,
+    BatchAnswer,
+    BatchEntry,
+    BatchSubmitBody,
+    ReleaseBody,
+    SubmitBody,
+)
+from quotagate.http.security import Credentials, CurrentActor, authenticate, authorize
+from quotagate.store.authority import ReleaseGuard, executor_guard, tenant_guard
 from quotagate.store.ledger import SubmitResult
 from quotagate.store.listing import MAX_PAGE, list_requests, read_binding
 
 router = APIRouter(prefix="/v1/tenants/{tenant}/requests", tags=["requests"])
+# ``…/requests:batch`` is not below ``…/requests/``, so it needs its own prefix.
+batch_router = APIRouter(prefix="/v1/tenants/{tenant}", tags=["requests"])
+
+
+class BatchTooLarge(QuotagateError):
+    status = 413
+    default_code = "batch_too_large"
 
 
 @router.post(
@@ -27,7 +42,8 @@ router = APIRouter(prefix="/v1/tenants/{tenant}/requests", tags=["requests"])
     responses={200: {"description": "An identical submission was already recorded"},
                409: {"description": "The id is in use with different content"}},
 )
-def submit(tenant: str, body: SubmitBody, context: Context, actor: CurrentActor) -> JSONResponse:
+def submit(tenant: str, body: SubmitBody, context: Context, credentials: Credentials) -> JSONResponse:
+    actor = authenticate(context, credentials)
     authorize(context, actor, tenant, operations.REQUEST_SUBMIT)
     try:
         result = _submit(context, actor, tenant, body)
@@ -36,6 +52,41 @@ def submit(tenant: str, body: SubmitBody, context: Context, actor: CurrentActor)
         raise
     context.metrics.submissions.labels(tenant, "created" if result.created else "replayed").inc()
     return JSONResponse(result.request.to_dict(), status_code=202 if result.created else 200)
+
+
+@batch_router.post(
+    "/requests:batch",
+    summary=f"Submit up to {MAX_BATCH} requests; each is answered as a single submit would be",
+    description="Entries are submitted one after another, in order, each in its own "
+    "transaction: `results[i]` holds the status a single submit of `requests[i]` would have "
+    "answered (202 new, 200 identical replay, or an error status with `{code, message}`), and "
+    "an entry that fails writes nothing while the others go on. A malformed body (422) or more "
+    f"than {MAX_BATCH} entries (413 `batch_too_large`) writes nothing at all.",
+    responses={413: {"description": f"More than {MAX_BATCH} entries; nothing was written"}},
+)
+def submit_batch(
+    tenant: str, body: BatchSubmitBody, context: Context, credentials: Credentials
+) -> BatchAnswer:
+    actor = authenticate(context, credentials)
+    authorize(context, actor, tenant, operations.REQUEST_SUBMIT)
+    if len(body.requests) > MAX_BATCH:
+        raise BatchTooLarge(
+            f"a batch holds at most {MAX_BATCH} requests, this one {len(body.requests)}; "
+            "nothing was submitted"
+        )
+    results: list[BatchEntry] = []
+    for entry in body.requests:
+        try:
+            result = _submit(context, actor, tenant, entry)
+        except QuotagateError as error:
+            context.metrics.rejections.labels(tenant, error.code).inc()
+            results.append(BatchEntry(status=error.status, error=error.to_dict()))
+            continue
+        context.metrics.submissions.labels(
+            tenant, "created" if result.created else "replayed").inc()
+        results.append(BatchEntry(status=202 if result.created else 200,
+                                  request=result.request.to_dict()))
+    return BatchAnswer(results=results)
 
 
 def _submit(context: ApiContext, actor: Actor, tenant: str, body: SubmitBody) -> SubmitResult:
@@ -104,42 +155,56 @@ def get_request(
 
 
 def _release(
-    context: ApiContext, actor: Actor, tenant: str, request_id: str, operation: str,
-    to_state: RequestState, reason: str | None,
+    context: ApiContext, credentials: Credentials, tenant: str, request_id: str, operation: str,
+    to_state: RequestState, body: ReleaseBody | None,
 ) -> dict[str, Any]:
+    actor = authenticate(context, credentials)
     authorize(context, actor, tenant, operation, request_id=request_id)
     _check(tenant, request_id)
     result = context.gate.ledger.release(
-        request_id, to_state, reason=reason, actor=actor.name, tenant=tenant
+        request_id, to_state, reason=body.reason if body else None, actor=actor.name,
+        tenant=tenant, guard=_guard(actor, body),
     )
     return {**result.request.to_dict(), "released": result.released}
 
 
+def _guard(actor: Actor, body: ReleaseBody | None) -> ReleaseGuard | None:
+    """Who may end what (docs/decisions/310-*): admins anything, executors their
+    target's delivered work, tenants may cancel but not end charged work."""
+    if actor.admin:
+        return None
+    if actor.executor_target is not None:
+        return executor_guard(actor.executor_target, body.fencing_token if body else None)
+    return tenant_guard
+
+
 @router.post("/{request_id}/cancel", summary="Cancel a request; a reserved one returns its cost")
 def cancel(
-    tenant: str, request_id: str, context: Context, actor: CurrentActor,
+    tenant: str, request_id: str, context: Context, credentials: Credentials,
     body: ReleaseBody | None = None,
 ) -> dict[str, Any]:
-    return _release(context, actor, tenant, request_id, operations.REQUEST_CANCEL,
-                    RequestState.CANCELLED, body.reason if body else None)
+    return _release(context, credentials, tenant, request_id, operations.REQUEST_CANCEL,
+                    RequestState.CANCELLED, body)
 
 
-@router.post("/{request_id}/complete", summary="Mark a request completed (executors)")
+@router.post("/{request_id}/complete",
+             summary="Mark a request completed (its executor, with the fencing token, or an admin)")
 def complete(
-    tenant: str, request_id: str, context: Context, actor: CurrentActor,
+    tenant: str, request_id: str, context: Context, credentials: Credentials,
     body: ReleaseBody | None = None,
 ) -> dict[str, Any]:
-    return _release(context, actor, tenant, request_id, operations.REQUEST_COMPLETE,
-                    RequestState.COMPLETED, body.reason if body else None)
+    return _release(context, credentials, tenant, request_id, operations.REQUEST_COMPLETE,
+                    RequestState.COMPLETED, body)
 
 
-@router.post("/{request_id}/fail", summary="Mark a request failed (executors)")
+@router.post("/{request_id}/fail",
+             summary="Mark a request failed (its executor, with the fencing token, or an admin)")
 def fail(
-    tenant: str, request_id: str, context: Context, actor: CurrentActor,
+    tenant: str, request_id: str, context: Context, credentials: Credentials,
     body: ReleaseBody | None = None,
 ) -> dict[str, Any]:
-    return _release(context, actor, tenant, request_id, operations.REQUEST_FAIL,
-                    RequestState.FAILED, body.reason if body else None)
+    return _release(context, credentials, tenant, request_id, operations.REQUEST_FAIL,
+                    RequestState.FAILED, body)
 
 
 def _check(tenant: str, request_id: str) -> None:

@@ -1,0 +1,111 @@
+"""A fast local webhook receiver for benchmarks/pipeline.py, run in its own process.
+
+It accepts every delivery (``POST /hooks``: 201, the body echoed back with an
+``id``), notes when each request arrived, and ends the work at once in one of
+two ways:
+
+* ``callback``: it calls ``POST …/requests/{id}/complete`` on quotagate with an
+  executor token and the delivery's fencing token, calling again while
+  quotagate answers 409 ``not_delivered`` (the worker has not recorded the
+  delivery yet), and its outcome read says ``running`` until that succeeded;
+* ``read``: its outcome read (``GET /hooks/{name}``) says ``completed`` at once,
+  and the worker finds out by reading.
+
+``GET /arrivals`` returns ``{request_id: epoch seconds}`` of first arrivals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+_CALLBACK_ATTEMPTS = 500
+
+
+def build_app(mode: str, quotagate_url: str, executor_token: str) -> Starlette:
+    objects: dict[str, dict[str, Any]] = {}
+    arrivals: dict[str, float] = {}
+    pending: set[asyncio.Task[None]] = set()
+    calls = {"callbacks": 0, "not_delivered": 0, "transport_errors": 0}
+    client = httpx.AsyncClient(
+        base_url=quotagate_url, headers={"Authorization": f"Bearer {executor_token}"},
+        timeout=60, limits=httpx.Limits(max_connections=16),
+    )
+
+    async def complete(stored: dict[str, Any]) -> None:
+        path = f"/v1/tenants/{stored['tenant']}/requests/{stored['request_id']}/complete"
+        delay = 0.01
+        for _ in range(_CALLBACK_ATTEMPTS):
+            calls["callbacks"] += 1
+            try:
+                answer = await client.post(path, json={"fencing_token": stored["fencing_token"]})
+            except httpx.TransportError:
+                # A kept-alive connection the server closed as we reused it: again.
+                calls["transport_errors"] += 1
+                await asyncio.sleep(delay)
+                continue
+            if answer.status_code == 200:
+                stored["state"] = "completed"
+                return
+            if answer.status_code != 409 or answer.json().get("code") != "not_delivered":
+                stored["callback_error"] = f"{answer.status_code} {answer.text[:200]}"
+                return
+            calls["not_delivered"] += 1
+            # The worker records its batch's deliveries together: back off.
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+        stored["callback_error"] = "never recorded as delivered"
+
+    async def deliver(request: Request) -> JSONResponse:
+        body = await request.json()
+        name = body["name"]
+        arrivals.setdefault(body["request_id"], time.time())
+        stored = objects.get(name)
+        if stored is not None:
+            return JSONResponse({"error": "exists"}, status_code=409)
+        stored = {**body, "id": uuid.uuid4().hex,
+                  "state": "completed" if mode == "read" else "running"}
+        objects[name] = stored
+        if mode == "callback":
+            task = asyncio.get_running_loop().create_task(complete(stored))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        return JSONResponse(stored, status_code=201)
+
+    async def read(request: Request) -> JSONResponse:
+        stored = objects.get(request.path_params["name"])
+        if stored is None:
+            return JSONResponse({"error": "not found"}, status_code=404)
+        return JSONResponse(stored)
+
+    async def stop(request: Request) -> JSONResponse:
+        objects.pop(request.path_params["name"], None)
+        return JSONResponse({}, status_code=200)
+
+    async def report(_request: Request) -> JSONResponse:
+        errors = [stored["callback_error"] for stored in objects.values()
+                  if "callback_error" in stored]
+        return JSONResponse({"arrivals": arrivals, "callback_errors": errors[:5],
+                             "callback_error_count": len(errors), **calls})
+
+    return Starlette(routes=[
+        Route("/hooks", deliver, methods=["POST"]),
+        Route("/hooks/{name}", read, methods=["GET"]),
+        Route("/hooks/{name}", stop, methods=["DELETE"]),
+        Route("/arrivals", report, methods=["GET"]),
+    ])
+
+
+def serve(port: int, mode: str, quotagate_url: str, executor_token: str) -> None:
+    """Run the receiver until the process is terminated (the benchmark's child process)."""
+    uvicorn.run(build_app(mode, quotagate_url, executor_token), host="127.0.0.1", port=port,
+                log_level="warning", access_log=False, lifespan="off")

@@ -1,0 +1,281 @@
+"""The whole path a user runs, end to end, next to pgqueuer on the same PostgreSQL.
+
+Per backend, on one throwaway database: client processes submit requests over
+HTTP (tenant tokens, one submit per call) to one ``quotagate serve`` that admits
+them and delivers them to a fast local webhook receiver (benchmarks/_receiver.py,
+its own process), which ends each one — by calling back with an executor token
+and the fencing token (``--outcome callback``, the default) or by answering the
+worker's outcome read (``--outcome read``) — until every request is
+``completed``. Reported: submits/s (first submit to last submit answered),
+completed/s (first submit to last completion) and the p50/p99 latency from a
+client sending a submit to the receiver getting its delivery.
+
+The baseline, in the same run on the same PostgreSQL server: pgqueuer
+enqueues the same number of no-op jobs (in batches of 1,000, its fastest way)
+and drains them with one ``QueueManager`` (``mode=drain``); its drain rate is
+the bar (docs/delivery.md: completed/s end to end at least half of it).
+
+    .venv/bin/python benchmarks/pipeline.py [--backends postgresql,mysql] [--requests 2000] \\
+        [--clients 8] [--outcome callback|read] [--timeout 300]
+
+Needs the ``bench`` extra (pgqueuer) and the services of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+
+from _databases import BACKENDS, ServerUnavailable, throwaway_database
+from _receiver import serve as run_receiver
+from quotagate import Quotagate
+from quotagate.auth.tokens import TokenStore
+from quotagate.cli.common import render_table
+from quotagate.delivery.registry import TargetStore
+from quotagate.store import schema
+
+QUOTAGATE = str(Path(sys.executable).with_name("quotagate"))
+Barrier = Any  # multiprocessing.synchronize.Barrier
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _wait_ready(url: str, process: Any, what: str) -> None:
+    until = time.monotonic() + 60
+    while True:
+        if not process.is_alive() if hasattr(process, "is_alive") else process.poll() is not None:
+            raise RuntimeError(f"{what} exited before it was ready")
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > until:
+            raise RuntimeError(f"{what} did not become ready")
+        time.sleep(0.05)
+
+
+@contextmanager
+def serve(db_url: str) -> Iterator[str]:
+    """One ``quotagate serve`` with its admission loop and delivery worker."""
+    port = _free_port()
+    environment = {key: value for key, value in os.environ.items()
+                   if not key.startswith("QUOTAGATE_")}
+    process = subprocess.Popen(
+        [QUOTAGATE, "serve", "--port", str(port), "--log-level", "warning", "--db", db_url,
+         "--worker-name", "pipeline"],
+        env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(f"{url}/readyz", process, "serve")
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@contextmanager
+def receiver(mode: str, quotagate_url: str, executor_token: str) -> Iterator[str]:
+    port = _free_port()
+    process = multiprocessing.get_context("spawn").Process(
+        target=run_receiver, args=(port, mode, quotagate_url, executor_token), daemon=True
+    )
+    process.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(f"{url}/arrivals", process, "the receiver")
+        yield url
+    finally:
+        process.terminate()
+        process.join(30)
+
+
+def _client(url: str, token: str, tenant: str, ids: list[str], barrier: Barrier
+            ) -> tuple[float, float, dict[str, float]]:
+    """Submit ``ids`` one by one; return (start, end, send time of each id)."""
+    path = f"/v1/tenants/{tenant}/requests"
+    sent: dict[str, float] = {}
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
+                      timeout=60) as client:
+        client.get("/healthz")
+        barrier.wait()
+        started = time.perf_counter()
+        for request_id in ids:
+            sent[request_id] = time.time()
+            response = client.post(path, json={"id": request_id, "cost": {"gpu": 1},
+                                               "payload": {"n": request_id}})
+            if response.status_code != 202:
+                raise RuntimeError(f"submit answered {response.status_code}: {response.text}")
+        return started, time.perf_counter(), sent
+
+
+def _completed(gate: Quotagate) -> tuple[int, float | None, int]:
+    request = schema.request
+    with gate.engine.connect() as connection:
+        done, last = connection.execute(
+            sa.select(sa.func.count(), sa.func.max(request.c.updated))
+            .where(request.c.state == "completed")
+        ).one()
+        ended_otherwise = connection.execute(
+            sa.select(sa.func.count()).where(request.c.state.in_(("failed", "cancelled")))
+        ).scalar_one()
+    return int(done), last, int(ended_otherwise)
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def run_pipeline(backend: str, total: int, clients: int, outcome: str, timeout: float
+                 ) -> list[Any]:
+    per_client = total // clients
+    count = per_client * clients
+    with throwaway_database(backend) as db_url, Quotagate.connect(db_url) as gate:
+        gate.set_pool("main", {"gpu": 10**9})
+        tenants = [f"tenant-{c}" for c in range(clients)]
+        tokens = TokenStore(gate.engine)
+        tenant_tokens = []
+        for tenant in tenants:
+            gate.set_tenant(tenant, {"gpu": 10**9})
+            tenant_tokens.append(tokens.create(tenant=tenant).token)
+        # The receiver's URL is known only once it runs, and it needs the executor
+        # token, which needs the target: create the target, then point it there.
+        targets = TargetStore(gate.engine)
+        targets.set("receiver", "webhook", {"url": "http://127.0.0.1:9/hooks"}, default=True)
+        executor = tokens.create(executor_target="receiver").token
+        with serve(db_url) as url, receiver(outcome, url, executor) as hooks:
+            targets.set("receiver", "webhook", {"url": f"{hooks}/hooks"}, default=True)
+            context = multiprocessing.get_context("spawn")
+            barrier = context.Manager().Barrier(clients)
+            jobs = [(url, tenant_tokens[c], tenants[c],
+                     [f"req-{c}-{n}" for n in range(per_client)], barrier)
+                    for c in range(clients)]
+            first = time.time()
+            with context.Pool(clients) as pool:
+                spans = pool.starmap(_client, jobs)
+            submit_seconds = max(end for _, end, _ in spans) - min(start for start, _, _ in spans)
+            first = min(min(sent.values()) for _, _, sent in spans)
+            until = time.monotonic() + timeout
+            while True:
+                done, last, ended_otherwise = _completed(gate)
+                if done + ended_otherwise >= count or time.monotonic() > until:
+                    break
+                time.sleep(0.1)
+            report = httpx.get(f"{hooks}/arrivals", timeout=30).json()
+    sent_at = {key: value for _, _, sent in spans for key, value in sent.items()}
+    latencies = [report["arrivals"][key] - sent_at[key]
+                 for key in sent_at if key in report["arrivals"]]
+    if outcome == "callback":
+        print(f"  {backend}: {report['callbacks']} callbacks, {report['not_delivered']} of them "
+              f"answered not_delivered, {report['transport_errors']} lost a connection",
+              file=sys.stderr)
+    if report["callback_error_count"]:
+        print(f"  {backend}: {report['callback_error_count']} callbacks failed, e.g. "
+              f"{report['callback_errors']}", file=sys.stderr)
+    complete_rate = done / (last - first) if done and last else 0.0
+    return [backend, f"quotagate ({outcome})", count, f"{count / submit_seconds:.0f}",
+            f"{complete_rate:.1f}", f"{done}/{count}",
+            f"{statistics.median(latencies) * 1000:.0f}" if latencies else "-",
+            f"{_percentile(latencies, 0.99) * 1000:.0f}" if latencies else "-"]
+
+
+async def _pgqueuer(dsn: str, count: int) -> tuple[float, float]:
+    import psycopg
+    from pgqueuer import Job, PsycopgDriver, Queries, QueueManager
+    from pgqueuer.types import QueueExecutionMode
+
+    connection = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    try:
+        driver = PsycopgDriver(connection)
+        queries = Queries(driver)
+        await queries.install()
+        started = time.perf_counter()
+        for offset in range(0, count, 1000):
+            size = min(1000, count - offset)
+            await queries.enqueue(["noop"] * size, [None] * size, [0] * size)
+        enqueued = time.perf_counter()
+        manager = QueueManager(queries)
+        last_done = [0.0]
+
+        @manager.entrypoint("noop")
+        async def noop(_job: Job) -> None:
+            last_done[0] = time.perf_counter()
+
+        drain_started = time.perf_counter()
+        await manager.run(mode=QueueExecutionMode.drain, batch_size=10)
+        # Up to the last job, not to run() returning: drain mode then still waits
+        # out a quiet poll before it concludes the queue is empty.
+        drained = last_done[0]
+    finally:
+        await connection.close()
+    return enqueued - started, drained - drain_started
+
+
+def run_pgqueuer(count: int) -> list[Any]:
+    with throwaway_database("postgresql", create_schema=False) as url:
+        enqueue_seconds, drain_seconds = asyncio.run(_pgqueuer(url, count))
+    return ["postgresql", "pgqueuer (no-op jobs)", count, f"{count / enqueue_seconds:.0f}",
+            f"{count / drain_seconds:.1f}", f"{count}/{count}", "-", "-"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", default="postgresql,mysql",
+                        help=f"Comma-separated, of {', '.join(BACKENDS)}.")
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--clients", type=int, default=8, help="Submitting client processes.")
+    parser.add_argument("--outcome", choices=("callback", "read"), default="callback",
+                        help="How the receiver ends each request.")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="Seconds to wait for every request to complete.")
+    arguments = parser.parse_args()
+    backends = [name.strip() for name in arguments.backends.split(",") if name.strip()]
+    rows: list[list[Any]] = []
+    try:
+        if "postgresql" in backends:
+            print("postgresql: pgqueuer", file=sys.stderr)
+            rows.append(run_pgqueuer(arguments.requests // arguments.clients * arguments.clients))
+        for backend in backends:
+            print(f"{backend}: quotagate pipeline", file=sys.stderr)
+            rows.append(run_pipeline(backend, arguments.requests, arguments.clients,
+                                     arguments.outcome, arguments.timeout))
+    except ServerUnavailable as error:
+        sys.exit(f"skipped: {error}")
+    print(render_table(
+        ["backend", "system", "requests", "submits/s", "completed/s", "completed",
+         "p50 submit→delivered ms", "p99 ms"], rows,
+    ))
+    bar = next((float(row[4]) for row in rows if row[1].startswith("pgqueuer")), None)
+    if bar:
+        for row in rows:
+            if row[1].startswith("quotagate"):
+                print(f"{row[0]}: completed/s is {float(row[4]) / bar:.2f}x pgqueuer's drain rate "
+                      "(target: at least 0.5x)")
+
+
+if __name__ == "__main__":
+    main()

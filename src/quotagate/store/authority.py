@@ -1,0 +1,102 @@
+"""Who may end a request: the checks a release runs on the locked request row.
+
+Once a request is reserved its executor may be running it (a reserved request
+can be mid-delivery), so returning its cost on a tenant's word would let work
+run uncharged. A tenant may therefore cancel (ask for a stop) but never mark
+charged work completed or failed; an executor token may end only work bound to
+its own target, and only with a fencing token no older than the bound attempt's
+(docs/decisions/310-executor-tokens-and-callbacks.md). Admins and the workers
+release without a guard.
+
+Each guard runs inside the release transaction, after the request row is
+locked, so the state it judges is the state the release changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import sqlalchemy as sa
+
+from quotagate.domain.model import CHARGED_STATES, RequestState
+from quotagate.errors import Conflict, Forbidden, NotFound
+from quotagate.store import schema
+
+# (connection, locked request row, the state asked for) → None, or raises.
+ReleaseGuard = Callable[[sa.Connection, sa.RowMapping, RequestState], None]
+
+_ENDINGS = frozenset({RequestState.COMPLETED, RequestState.FAILED})
+
+
+class NotDeliveredYet(Conflict):
+    """The executor called back before the worker recorded the delivery; retry shortly."""
+
+    default_code = "not_delivered"
+
+
+class StaleFencingToken(Conflict):
+    """The callback carries the token of an attempt older than the bound one."""
+
+    default_code = "stale_fencing_token"
+
+
+def tenant_guard(_connection: sa.Connection, row: sa.RowMapping, to_state: RequestState) -> None:
+    """A tenant may cancel its requests; ending charged work is its executor's word."""
+    if to_state in _ENDINGS and RequestState(row["state"]) in CHARGED_STATES:
+        raise Forbidden(
+            f"request {row['id']!r} is {row['state']}: only its executor or an admin may mark "
+            f"it {to_state.value}; cancel it to ask for a stop",
+            code="executor_only",
+        )
+
+
+def executor_guard(target: str, fencing_token: int | None) -> ReleaseGuard:
+    """The guard for an executor token of ``target`` calling back with ``fencing_token``."""
+
+    def guard(connection: sa.Connection, row: sa.RowMapping, to_state: RequestState) -> None:
+        request_id = row["id"]
+        state = RequestState(row["state"])
+        # The binding and the outbox row in one round trip: callbacks are hot.
+        request, binding, outbox = schema.request, schema.binding, schema.outbox
+        found = connection.execute(
+            sa.select(binding.c.target, binding.c.fencing_token,
+                      outbox.c.target.label("outbox_target"), outbox.c.claim_token,
+                      outbox.c.request_id.label("queued"))
+            .select_from(
+                request.outerjoin(binding, binding.c.request_id == request.c.id)
+                .outerjoin(outbox, outbox.c.request_id == request.c.id)
+            )
+            .where(request.c.id == request_id)
+        ).one()
+        if found.target is None:
+            # A request that names no target goes to the default one, whichever that is then.
+            if state == RequestState.RESERVED and found.queued is not None and (
+                found.outbox_target in (None, target)
+            ):
+                raise NotDeliveredYet(
+                    f"request {request_id!r} is not recorded as delivered yet; call back again"
+                )
+            # Another target's request, or one never delivered: the same answer as
+            # for an id that does not exist, so an executor learns nothing of others.
+            raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
+        if found.target != target:
+            raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
+        if fencing_token is None:
+            raise StaleFencingToken(
+                f"a callback for request {request_id!r} must carry the fencing token it was "
+                "delivered with (fencing_token)",
+                code="fencing_token_required",
+            )
+        bound = int(found.fencing_token)
+        newest = max(bound, int(found.claim_token or 0))
+        if not bound <= fencing_token <= newest:
+            raise StaleFencingToken(
+                f"fencing token {fencing_token} is not the current one for request "
+                f"{request_id!r}; a newer attempt owns it"
+            )
+        if state == RequestState.RESERVED:
+            raise NotDeliveredYet(
+                f"request {request_id!r} is not recorded as delivered yet; call back again"
+            )
+
+    return guard
