@@ -27,6 +27,7 @@ SCENARIOS: dict[str, Scenario] = {
 @dataclass
 class LabReport:
     run_id: str
+    workdir: Path
     observations: dict[str, list[Observation]] = field(default_factory=dict)
     cleanups: list[Cleanup] = field(default_factory=list)
     failures: dict[str, str] = field(default_factory=dict)
@@ -74,8 +75,9 @@ def scenario_names(choice: str) -> list[str]:
 def run_lab(names: Sequence[str], db_url: str | None = None, *, keep_workdir: bool = False,
             on_observation: Callable[[Observation], None] | None = None) -> LabReport:
     """Run the scenarios in order; a failing one is reported and the others still run."""
-    report = LabReport(new_run_id())
-    workdir = Path(tempfile.mkdtemp(prefix=f"quotagate-lab-{report.run_id}-"))
+    run_id = new_run_id()
+    workdir = Path(tempfile.mkdtemp(prefix=f"quotagate-lab-{run_id}-"))
+    report = LabReport(run_id, workdir)
     try:
         for name in names:
             scenario = SCENARIOS[name]
