@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from quotagate.cli.common import EXIT_ERROR, echo_json, reports_errors
+from quotagate.cli.common import EXIT_ERROR, db_option, echo_json, open_gate, reports_errors
+from quotagate.streaming.diagnose import StreamingLocation, diagnose
 from quotagate.streaming.lab.runner import SCENARIOS, run_lab, scenario_names
 
 
@@ -43,4 +44,29 @@ def lab(scenarios: tuple[str, ...], db_url: str | None, as_json: bool, keep: boo
         sys.exit(EXIT_ERROR)
 
 
-COMMANDS = [lab]
+@click.command("diagnose")
+@click.argument("request_id")
+@click.option("--checkpoint", default=None, help="The streaming query's checkpoint directory.")
+@click.option("--sink-db", "sink_url", envvar="QUOTAGATE_SINK_DB", default=None,
+              help="The business database the sink writes (its batch markers and fence). Also $QUOTAGATE_SINK_DB.")
+@click.option("--query", default=None, help="The sink's query name (default: every query in the sink database).")
+@click.option("--json", "as_json", is_flag=True, help="Print the layers as JSON.")
+@db_option
+@reports_errors
+def diagnose_command(request_id: str, checkpoint: str | None, sink_url: str | None, query: str | None,
+                     as_json: bool, db_url: str | None) -> None:
+    """Walk one request through the quota, lease, checkpoint and idempotency layers.
+
+    A rejected request stops at the quota layer: it never ran. See docs/streaming.md.
+    """
+    with open_gate(db_url) as gate:
+        layers = diagnose(gate, request_id, StreamingLocation(checkpoint, sink_url, query))
+    if as_json:
+        echo_json({"request": request_id, "layers": [layer.to_dict() for layer in layers]})
+        return
+    width = max(len(layer.name) for layer in layers)
+    for layer in layers:
+        click.echo(f"{layer.name.ljust(width)}  {layer.verdict}")
+
+
+COMMANDS = [diagnose_command, lab]
