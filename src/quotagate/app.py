@@ -17,7 +17,7 @@ from quotagate.rate.backend import ENVIRONMENT_VARIABLE as RATE_STORE_VARIABLE
 from quotagate.rate.backend import RateStore, rate_store_from_url
 from quotagate.rate.quotas import RateQuotas
 from quotagate.rate.sql import SqlRateStore
-from quotagate.store import migrate
+from quotagate.store import identity, migrate
 from quotagate.store.config import Configuration
 from quotagate.store.diagnosis import DeliveryTrail, delivery_trail
 from quotagate.store.engine import create_engine, database_url
@@ -58,6 +58,7 @@ class Quotagate:
             admission_window=admission_window,
         )
         self.config = Configuration(engine, clock=self.clock)
+        self._ledger_id: str | None = None
 
     @classmethod
     def connect(
@@ -78,6 +79,13 @@ class Quotagate:
     def init(self) -> str | None:
         """Create or migrate the schema; return the schema revision."""
         return migrate.upgrade(self.engine)
+
+    @property
+    def ledger_id(self) -> str:
+        """This ledger's identity, given at init (docs/decisions/210); read once, then cached."""
+        if self._ledger_id is None:
+            self._ledger_id = identity.ledger_id(self.engine)
+        return self._ledger_id
 
     def close(self) -> None:
         self.rate_store.close()

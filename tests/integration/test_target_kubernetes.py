@@ -106,32 +106,38 @@ def api_server() -> Iterator[FakeApiServer]:
     thread.join()
 
 
+LEDGER = "ledger-1"
+
+
 def spec(request_id: str = "job:1", tenant: str = "team-a", token: int = 1) -> DeliverySpec:
     return DeliverySpec(request_id=request_id, tenant=tenant, cost={"gpu": 1},
                         payload={"model": "m"}, fencing_token=token,
-                        external_name=external_name(tenant, request_id))
+                        external_name=external_name(LEDGER, tenant, request_id),
+                        ledger_id=LEDGER)
 
 
 def test_creates_a_model_service_with_identity_labels_and_fencing_annotation(
     api_server: FakeApiServer,
 ) -> None:
-    target = KubernetesTarget({"host": api_server.host, "namespace": "ml"})
+    target = KubernetesTarget({"host": api_server.host, "namespace": "ml"}, ledger_id=LEDGER)
     created = target.create_if_absent(spec(token=3))
     [(kind, namespace, name)] = list(api_server.objects)
     assert (kind, namespace) == ("quotagate.io/v1alpha1/modelservices", "ml")
     stored = api_server.objects[(kind, namespace, name)]
-    assert stored["kind"] == "ModelService" and name == external_name("team-a", "job:1")
+    assert stored["kind"] == "ModelService" and name == external_name(LEDGER, "team-a", "job:1")
     labels, annotations = stored["metadata"]["labels"], stored["metadata"]["annotations"]
     assert labels["quotagate.io/request-id"] == label_value("job:1")  # ':' is no label char
     assert labels["quotagate.io/tenant"] == "team-a"
-    assert annotations == {"quotagate.io/request-id": "job:1", "quotagate.io/fencing-token": "3"}
+    assert labels["quotagate.io/ledger"] == LEDGER
+    assert annotations == {"quotagate.io/request-id": "job:1", "quotagate.io/ledger-id": LEDGER,
+                           "quotagate.io/fencing-token": "3"}
     assert stored["spec"]["payload"] == {"model": "m"}
     assert created.uid == stored["metadata"]["uid"] and created.request_id == "job:1"
     assert target.read(name) is not None and target.read("absent") is None
 
 
 def test_a_lost_reply_binds_the_existing_object_by_its_uid(api_server: FakeApiServer) -> None:
-    target = KubernetesTarget({"host": api_server.host})
+    target = KubernetesTarget({"host": api_server.host}, ledger_id=LEDGER)
     api_server.drop_replies = 1
     obtained = None
     for _attempt in range(3):  # a dropped reply surfaces as a failure, or the client retries
@@ -147,10 +153,10 @@ def test_a_lost_reply_binds_the_existing_object_by_its_uid(api_server: FakeApiSe
 
 
 def test_another_requests_object_under_the_name_fails_loudly(api_server: FakeApiServer) -> None:
-    target = KubernetesTarget({"host": api_server.host})
+    target = KubernetesTarget({"host": api_server.host}, ledger_id=LEDGER)
     theirs = spec(request_id="job:1")
     target.create_if_absent(theirs)
-    impostor = DeliverySpec("job-2", "team-a", {"gpu": 1}, None, 1, theirs.external_name)
+    impostor = DeliverySpec("job-2", "team-a", {"gpu": 1}, None, 1, theirs.external_name, LEDGER)
     with pytest.raises(IdentityMismatch) as error:
         target.create_if_absent(impostor)
     assert "job:1" in error.value.message
@@ -159,7 +165,7 @@ def test_another_requests_object_under_the_name_fails_loudly(api_server: FakeApi
 def test_group_version_plural_and_kind_are_configurable(api_server: FakeApiServer) -> None:
     target = KubernetesTarget({"host": api_server.host, "group": "ml.example.com",
                                "version": "v1", "plural": "inferencejobs",
-                               "resource_kind": "InferenceJob"})
+                               "resource_kind": "InferenceJob"}, ledger_id=LEDGER)
     target.create_if_absent(spec())
     [(kind, namespace, _name)] = list(api_server.objects)
     assert (kind, namespace) == ("ml.example.com/v1/inferencejobs", "default")
@@ -167,16 +173,16 @@ def test_group_version_plural_and_kind_are_configurable(api_server: FakeApiServe
 
 
 def test_status_phase_is_the_outcome(api_server: FakeApiServer) -> None:
-    target = KubernetesTarget({"host": api_server.host})
+    target = KubernetesTarget({"host": api_server.host}, ledger_id=LEDGER)
     created = target.create_if_absent(spec())
-    assert target.outcome(created) is None
+    assert target.outcomes([created]) == {}
     [stored] = api_server.objects.values()
     stored["status"] = {"phase": "Failed", "message": "image pull backoff"}
-    outcome = target.outcome(created)
+    outcome = target.outcomes([created]).get(created.request_id)
     assert outcome is not None and not outcome.completed
     assert outcome.reason == "image pull backoff"
     stored["status"] = {"phase": "Succeeded"}
-    assert target.outcome(created) == type(outcome)(completed=True)
+    assert target.outcomes([created]) == {created.request_id: type(outcome)(completed=True)}
 
 
 def test_dispatcher_delivers_to_kubernetes_and_completes_from_status(

@@ -60,6 +60,7 @@ class Handler(JsonHandler):
                 self._reply(409, {"error": "exists"})
                 return
             stored = {"id": uuid.uuid4().hex, "name": name, "request_id": body["request_id"],
+                      "ledger_id": body["ledger_id"],
                       "fencing_token": body["fencing_token"], "state": "running"}
             self.server.objects[name] = stored
             if self.server.drop_replies:
@@ -90,27 +91,33 @@ def receiver() -> Iterator[Receiver]:
     thread.join()
 
 
+LEDGER = "ledger-1"
+
+
 def spec(request_id: str = "job-1", token: int = 1, name: str = "team-a-job-1-0") -> DeliverySpec:
     return DeliverySpec(request_id=request_id, tenant="team-a", cost={"gpu": 1},
-                        payload={"model": "m"}, fencing_token=token, external_name=name)
+                        payload={"model": "m"}, fencing_token=token, external_name=name,
+                        ledger_id=LEDGER)
 
 
 def test_create_sends_idempotency_key_and_fencing_token(receiver: Receiver) -> None:
-    target = WebhookTarget({"url": receiver.url})
+    target = WebhookTarget({"url": receiver.url}, ledger_id=LEDGER)
     created = target.create_if_absent(spec(token=7))
     [post] = receiver.posts
     assert post["headers"]["Idempotency-Key"] == "job-1"
     assert post["headers"]["Quotagate-Fencing-Token"] == "7"
     assert post["body"]["payload"] == {"model": "m"} and post["body"]["tenant"] == "team-a"
     assert created.uid == receiver.objects["team-a-job-1-0"]["id"] and created.created_now
-    assert target.read("team-a-job-1-0") == created.__class__(created.name, created.uid, "job-1")
+    assert post["headers"]["Quotagate-Ledger"] == LEDGER and post["body"]["ledger_id"] == LEDGER
+    assert target.read("team-a-job-1-0") == created.__class__(created.name, created.uid, "job-1",
+                                                              ledger_id=LEDGER)
     assert target.read("absent") is None
 
 
 def test_a_lost_reply_is_resolved_by_reading_back_not_by_creating_again(
     receiver: Receiver,
 ) -> None:
-    target = WebhookTarget({"url": receiver.url, "timeout": 5})
+    target = WebhookTarget({"url": receiver.url, "timeout": 5}, ledger_id=LEDGER)
     receiver.drop_replies = 1
     with pytest.raises(DeliveryFailed):
         target.create_if_absent(spec())
@@ -121,7 +128,7 @@ def test_a_lost_reply_is_resolved_by_reading_back_not_by_creating_again(
 
 
 def test_an_object_of_another_request_under_the_name_is_refused(receiver: Receiver) -> None:
-    target = WebhookTarget({"url": receiver.url})
+    target = WebhookTarget({"url": receiver.url}, ledger_id=LEDGER)
     target.create_if_absent(spec(request_id="other"))
     with pytest.raises(IdentityMismatch) as error:
         target.create_if_absent(spec(request_id="job-1"))
@@ -129,12 +136,12 @@ def test_an_object_of_another_request_under_the_name_is_refused(receiver: Receiv
 
 
 def test_outcome_follows_the_state_the_receiver_reports(receiver: Receiver) -> None:
-    target = WebhookTarget({"url": receiver.url})
+    target = WebhookTarget({"url": receiver.url}, ledger_id=LEDGER)
     created = target.create_if_absent(spec())
-    assert target.outcome(created) is None
+    assert target.outcomes([created]) == {}
     receiver.objects[created.name]["state"] = "failed"
     receiver.objects[created.name]["reason"] = "out of memory"
-    outcome = target.outcome(created)
+    outcome = target.outcomes([created]).get(created.request_id)
     assert outcome is not None and not outcome.completed and outcome.reason == "out of memory"
 
 
@@ -142,7 +149,8 @@ def test_an_unreachable_receiver_is_a_retryable_failure() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    target = WebhookTarget({"url": f"http://127.0.0.1:{port}/hooks", "timeout": 2})
+    target = WebhookTarget({"url": f"http://127.0.0.1:{port}/hooks", "timeout": 2},
+                           ledger_id=LEDGER)
     with pytest.raises(DeliveryFailed):
         target.create_if_absent(spec())
 

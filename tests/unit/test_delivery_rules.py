@@ -13,6 +13,8 @@ from quotagate.delivery.retry import RetryPolicy
 
 DNS_1123_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
+LEDGER = "0123456789abcdef0123456789abcdef"
+
 
 @pytest.mark.parametrize(
     ("tenant", "request_id"),
@@ -25,24 +27,28 @@ DNS_1123_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
     ],
 )
 def test_external_names_are_valid_dns_1123_labels(tenant: str, request_id: str) -> None:
-    name = external_name(tenant, request_id)
+    name = external_name(LEDGER, tenant, request_id)
     assert DNS_1123_LABEL.match(name), name
     assert len(name) <= 63
 
 
 def test_external_names_are_deterministic() -> None:
-    assert external_name("team-a", "job-1") == external_name("team-a", "job-1")
-    assert external_name("team-a", "job-1").startswith("team-a-job-1-")
+    assert external_name(LEDGER, "team-a", "job-1") == external_name(LEDGER, "team-a", "job-1")
+    assert external_name(LEDGER, "team-a", "job-1").startswith("team-a-job-1-")
+
+
+def test_the_ledger_is_part_of_the_name() -> None:
+    assert external_name(LEDGER, "team-a", "job-1") != external_name("other", "team-a", "job-1")
 
 
 def test_ids_that_read_alike_get_different_names() -> None:
     # Case folding and character replacement make these look the same...
-    assert external_name("team-a", "Job_1") != external_name("team-a", "job-1")
+    assert external_name(LEDGER, "team-a", "Job_1") != external_name(LEDGER, "team-a", "job-1")
     # ...and long ids sharing a 60-character prefix are cut to the same text.
     prefix = "x" * 100
-    assert external_name("team-a", prefix + "1") != external_name("team-a", prefix + "2")
+    assert external_name(LEDGER, "team-a", prefix + "1") != external_name(LEDGER, "team-a", prefix + "2")
     # The tenant is part of the identity.
-    assert external_name("team-a", "job-1") != external_name("team-b", "job-1")
+    assert external_name(LEDGER, "team-a", "job-1") != external_name(LEDGER, "team-b", "job-1")
 
 
 def test_label_values_pass_through_when_valid_and_hash_otherwise() -> None:
@@ -82,6 +88,9 @@ def test_webhook_urls_lose_their_credentials_in_messages() -> None:
     from quotagate.delivery.targets.webhook import redact
 
     assert redact("https://user:secret@hooks.example:8443/x?y=1") == (
-        "https://hooks.example:8443/x?y=1"
+        "https://hooks.example:8443/x?y=***"
+    )
+    assert redact("see http://h/x?token=abc&b=2 and https://a:b@c/") == (
+        "see http://h/x?token=***&b=*** and https://c/"
     )
     assert redact("http://127.0.0.1:9/hooks") == "http://127.0.0.1:9/hooks"

@@ -27,6 +27,8 @@ from quotagate.store.engine import database_url, redact
 @click.option("--worker-name", default=None,
               help="Name of the delivery worker and its lease (default HOST-PID). A stable "
               "name lets a restarted serve take its unfinished deliveries back at once.")
+@click.option("--concurrency", default=32, show_default=True, type=click.IntRange(1, 1024),
+              help="Deliveries the worker keeps in flight at once (docs/delivery.md).")
 @click.option("--tour", is_flag=True,
               help="Once up, walk through a short guided tour against this server "
               "(creates an admin token, tenants, pools, a process target and requests).")
@@ -34,7 +36,8 @@ from quotagate.store.engine import database_url, redact
 @reports_errors
 def serve(
     host: str, port: int, admit_interval: float, admit_batch: int, no_workers: bool,
-    log_level: str, access_log: bool, worker_name: str | None, tour: bool, db_url: str | None,
+    log_level: str, access_log: bool, worker_name: str | None, concurrency: int, tour: bool,
+    db_url: str | None,
 ) -> None:
     """Run the HTTP API, admission and delivery until SIGTERM."""
     from quotagate.http import service
@@ -60,7 +63,7 @@ def serve(
     sys.exit(service.run(
         gate, host=host, port=port, admit_interval=admit_interval, admit_batch=admit_batch,
         workers=not no_workers, log_level=log_level, access_log=access_log,
-        on_started=on_started, worker_name=worker_name,
+        on_started=on_started, worker_name=worker_name, concurrency=concurrency,
     ))
 
 

@@ -13,7 +13,8 @@ import click
 
 from quotagate.cli.common import db_option, echo_json, open_gate, render_table, reports_errors
 from quotagate.delivery.dispatcher import (
-    DEFAULT_CLAIM_TTL,
+    DEFAULT_BATCH,
+    DEFAULT_CONCURRENCY,
     DEFAULT_LEASE_TTL,
     DEFAULT_MAX_ATTEMPTS,
     Dispatcher,
@@ -29,15 +30,17 @@ from quotagate.store.lease import LeaseStore
               help="Worker name, also its lease's name (default: this host's name). "
               "A restarted worker of the same name takes over once the lease expires.")
 @click.option("--lease-ttl", type=float, default=DEFAULT_LEASE_TTL, show_default=True,
-              help="Seconds the lease lasts without renewal.")
-@click.option("--claim-ttl", type=float, default=DEFAULT_CLAIM_TTL, show_default=True,
-              help="Seconds a claimed delivery is reserved for this worker.")
+              help="Seconds the lease lasts without renewal; this worker's claims die "
+              "with it, so another worker takes them over that long after a crash.")
 @click.option("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, show_default=True,
               help="Failed deliveries before the request ends failed and its cost is released.")
 @click.option("--retry-base", type=float, default=1.0, show_default=True,
               help="First retry delay in seconds; doubles per failure.")
-@click.option("--batch", type=int, default=16, show_default=True,
-              help="Outbox rows claimed per pass.")
+@click.option("--batch", type=int, default=DEFAULT_BATCH, show_default=True,
+              help="Outbox rows claimed per pass; their bindings and marks are written in "
+              "one transaction.")
+@click.option("--concurrency", type=click.IntRange(1, 1024), default=DEFAULT_CONCURRENCY,
+              show_default=True, help="Deliveries kept in flight at once.")
 @click.option("--poll", "poll_interval", type=float, default=0.5, show_default=True,
               help="Seconds to wait when a pass found nothing to do.")
 @click.option("--admit/--no-admit", default=False, show_default=True,
@@ -49,8 +52,8 @@ from quotagate.store.lease import LeaseStore
 @db_option
 @reports_errors
 def worker(
-    worker_name: str | None, lease_ttl: float, claim_ttl: float, max_attempts: int,
-    retry_base: float, batch: int, poll_interval: float, admit: bool, once: bool,
+    worker_name: str | None, lease_ttl: float, max_attempts: int,
+    retry_base: float, batch: int, concurrency: int, poll_interval: float, admit: bool, once: bool,
     until_idle: bool, verbose: bool, db_url: str | None,
 ) -> None:
     """Deliver admitted requests to their targets until stopped (SIGTERM/SIGINT)."""
@@ -59,8 +62,8 @@ def worker(
     with open_gate(db_url) as gate:
         dispatcher = Dispatcher(
             gate, worker_name=worker_name or socket.gethostname().split(".")[0],
-            lease_ttl=lease_ttl, claim_ttl=claim_ttl, max_attempts=max_attempts,
-            retry_base=retry_base, batch=batch, poll_interval=poll_interval, admit=admit,
+            lease_ttl=lease_ttl, max_attempts=max_attempts, retry_base=retry_base,
+            batch=batch, concurrency=concurrency, poll_interval=poll_interval, admit=admit,
         )
         if once:
             try:
@@ -92,7 +95,7 @@ def _run_until_idle(dispatcher: Dispatcher, gate: Any, stop: threading.Event,
 
 def _idle(gate: Any) -> bool:
     counts = {row["state"]: row["count"] for row in _state_counts(gate)}
-    return not any(counts.get(state) for state in ("reserved", "delivered"))
+    return not any(counts.get(state) for state in ("reserved", "delivered", "cancelling"))
 
 
 def _state_counts(gate: Any) -> list[dict[str, Any]]:
@@ -117,6 +120,10 @@ def target() -> None:
 @click.option("--kind", type=click.Choice(KINDS), required=True)
 @click.option("--command", "command", help="process: the command line run per request.")
 @click.option("--run-dir", help="process: where run directories go (default ./quotagate-runs).")
+@click.option("--environment", help="process: names of worker environment variables the "
+              "command may inherit, comma-separated (beyond PATH, HOME, LANG).")
+@click.option("--stop-grace", type=float,
+              help="process: seconds between SIGTERM and SIGKILL on a stop (default 10).")
 @click.option("--url", help="webhook: the URL requests are POSTed to.")
 @click.option("--timeout", type=float, help="webhook: seconds per HTTP call (default 10).")
 @click.option("--namespace", help="kubernetes: namespace (default 'default').")

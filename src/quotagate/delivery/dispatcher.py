@@ -1,36 +1,49 @@
 """The outbox dispatcher behind ``quotagate worker``.
 
-One pass (``run_once``): make sure this worker holds its lease, claim due
-outbox rows, deliver each to its target, record the binding, mark it
-delivered; then read back outcomes of delivered requests and release their
-cost when the executor says they ended. ``run`` repeats passes until told to
-stop and then gives the lease up.
+One pass (``run_once``): make sure this worker holds its lease, claim a batch
+of due outbox rows, deliver them concurrently (a bounded thread pool,
+``concurrency``), then write every binding and ``delivered`` mark of the batch
+in one fenced transaction; carry out the stops of cancelled requests the same
+way; then read the outcomes of delivered requests, many per target call, and
+release their cost when the executor says they ended. ``run`` repeats passes
+until told to stop and then gives the lease up.
 
 Each worker holds one lease, ``worker/<name>`` (docs/decisions/201). Its
-generation fences every write it makes; the per-row claim token is the fencing
-token sent downstream.
+generation fences every write it makes; its claims live exactly as long as the
+lease (docs/decisions/212); the per-row claim token is the fencing token sent
+downstream, one higher at every claim (docs/decisions/213).
 
 Crash points for tests: ``QUOTAGATE_CRASH_AT=after_claim|after_create|after_binding``
-makes the worker SIGKILL itself at that step of its first delivery.
+makes the worker SIGKILL itself at that step of its first delivery batch
+(``after_binding``: once the batch's bindings and marks are committed).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
 import os
 import signal
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from quotagate.delivery import stats
+from quotagate.delivery.built_targets import BuiltTargets
 from quotagate.delivery.naming import external_name
 from quotagate.delivery.outbox import Claim, OutboxStore, RequestGone
+from quotagate.delivery.reasons import public_reason, redact_text
 from quotagate.delivery.registry import TargetConfig, TargetStore
 from quotagate.delivery.retry import RetryPolicy
-from quotagate.delivery.targets import Target, build_target
-from quotagate.delivery.targets.base import DeliverySpec, IdentityMismatch
+from quotagate.delivery.targets import Target
+from quotagate.delivery.targets.base import (
+    DeliverySpec,
+    ExternalObject,
+    IdentityMismatch,
+    StopResult,
+)
 from quotagate.domain.lease import Lease, validate_owner, validate_ttl
 from quotagate.domain.model import RequestState
 from quotagate.errors import Conflict, InvalidInput, QuotagateError, StaleGeneration
@@ -46,8 +59,12 @@ logger = logging.getLogger("quotagate.delivery")
 CRASH_ENVIRONMENT_VARIABLE = "QUOTAGATE_CRASH_AT"
 CRASH_POINTS = ("after_claim", "after_create", "after_binding")
 DEFAULT_LEASE_TTL = 15.0
-DEFAULT_CLAIM_TTL = 120.0
 DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_CONCURRENCY = 32
+DEFAULT_BATCH = 64
+DEFAULT_STOP_POLL = 1.0
+
+Result = TypeVar("Result")
 
 
 def lease_name(worker_name: str) -> str:
@@ -64,25 +81,29 @@ class Dispatcher:
         worker_name: str,
         lease_ttl: float = DEFAULT_LEASE_TTL,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-        batch: int = 16,
-        claim_ttl: float = DEFAULT_CLAIM_TTL,
+        batch: int = DEFAULT_BATCH,
+        concurrency: int = DEFAULT_CONCURRENCY,
         retry_base: float = 1.0,
         retry_max: float = 300.0,
         poll_interval: float = 0.5,
+        stop_poll: float = DEFAULT_STOP_POLL,
         admit: bool = False,
-        observe_limit: int = 100,
+        observe_limit: int = 500,
     ) -> None:
         self.gate = gate
         self.worker_name = validate_owner(worker_name)
         self.lease_name = lease_name(worker_name)
         self.lease_ttl = validate_ttl(lease_ttl)
-        self.claim_ttl = validate_ttl(claim_ttl)
         if batch < 1:
             raise InvalidInput("batch must be at least 1", code="invalid_batch")
+        if concurrency < 1:
+            raise InvalidInput("concurrency must be at least 1", code="invalid_concurrency")
         if observe_limit < 0:
             raise InvalidInput("observe limit must be 0 or more", code="invalid_observe_limit")
         self.batch = batch
+        self.concurrency = concurrency
         self.poll_interval = poll_interval
+        self.stop_poll = stop_poll
         self.admit = admit
         self.observe_limit = observe_limit
         self.retry = RetryPolicy(max_attempts, retry_base, retry_max)
@@ -90,9 +111,11 @@ class Dispatcher:
         self.outbox = OutboxStore(gate.engine, self.leases, gate.clock)
         self.targets = TargetStore(gate.engine, clock=gate.clock)
         self.actor = f"worker:{worker_name}"
+        self.ledger_id = gate.ledger_id
+        self.built = BuiltTargets(self.targets, ledger_id=self.ledger_id)
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._lease: Lease | None = None
         self._renewed_at = 0.0
-        self._built: dict[str, tuple[TargetConfig, Target]] = {}
         self._observed_up_to = ""
         self._waiting_logged = False
         crash_at = os.environ.get(CRASH_ENVIRONMENT_VARIABLE) or None
@@ -131,27 +154,31 @@ class Dispatcher:
             self.release()
 
     def release(self) -> None:
+        """Give the lease up, close the targets and the pool (the worker is shutting down)."""
         if self._lease is not None:
             try:
                 self.leases.release(self._lease)
             except QuotagateError as error:
                 logger.warning("worker %s: cannot release lease: %s", self.worker_name, error)
             self._lease = None
+        self.built.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def run_once(self) -> int:
-        """One pass; returns how many requests moved (admitted, delivered, ended)."""
+        """One pass; returns how many requests moved (admitted, delivered, stopped, ended)."""
         if not self._hold_lease():
             return 0
         moved = self.gate.admit_until_idle() if self.admit else 0
-        self._built.clear()  # pick up target changes once per pass
+        self.built.refresh()  # target changes reach a running worker once per pass
         lease = self._lease
         if lease is None:  # pragma: no cover - _hold_lease just set it
             return moved
-        for claim in self.outbox.claim(lease, self.batch, self.claim_ttl):
-            if self._lease is None:
-                break  # lease lost mid-batch: the rest would be refused anyway
-            moved += self._deliver(claim)
-            self._hold_lease()
+        moved += self._deliver_batch(lease, self.outbox.claim(lease, self.batch))
+        lease = self._lease
+        if lease is not None:
+            moved += self._stop_batch(lease, self.outbox.claim(lease, self.batch, stops=True))
         if self._lease is not None and self.observe_limit:
             moved += self._observe()
         return moved
@@ -191,61 +218,106 @@ class Dispatcher:
                        None if self._lease is None else self._lease.generation)
         self._lease = None
 
+    def _in_pool(self, calls: Sequence[Callable[[], Result]]) -> list[Result | BaseException]:
+        """Run ``calls`` concurrently; results (or exceptions) in order.
+
+        The lease is renewed while they run, so slow targets do not let it lapse.
+        """
+        if len(calls) == 1 or self.concurrency == 1:
+            return [_outcome_of(call) for call in calls]
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self.concurrency, thread_name_prefix=f"deliver-{self.worker_name}"
+            )
+        futures = [self._pool.submit(call) for call in calls]
+        pending = set(futures)
+        while pending:
+            _done, pending = concurrent.futures.wait(pending, timeout=self.lease_ttl / 3)
+            if pending:
+                self._hold_lease()
+        return [future.exception() or future.result() for future in futures]
+
     # -- delivery ----------------------------------------------------------------
 
-    def _deliver(self, claim: Claim) -> int:
+    def _deliver_batch(self, lease: Lease, claims: list[Claim]) -> int:
+        if not claims:
+            return 0
+        self._crash_point("after_claim")
+        results = self._in_pool([functools.partial(self._create, claim) for claim in claims])
+        created: list[tuple[Claim, str, ExternalObject]] = []
+        moved = 0
+        for claim, result in zip(claims, results, strict=True):
+            if isinstance(result, BaseException):
+                moved += self._delivery_error(claim, result)
+            else:
+                created.append((claim, *result))
+        if not created or self._lease is None:
+            return moved
         try:
-            config, target = self._target(claim.target)
-            spec = DeliverySpec(
-                request_id=claim.request_id, tenant=claim.tenant, cost=claim.cost,
-                payload=claim.payload, fencing_token=claim.token,
-                external_name=external_name(claim.tenant, claim.request_id),
-            )
-            self._crash_point("after_claim")
-            obtained = target.create_if_absent(spec)
-            self._crash_point("after_create")
-            self.outbox.record_binding(claim, config.name, obtained)
-            self._crash_point("after_binding")
-            self.outbox.mark_delivered(claim, actor=self.actor)
-            logger.info("worker %s: delivered %s to %s as %s (uid %s, token %d)",
-                        self.worker_name, claim.request_id, config.name, obtained.name,
-                        obtained.uid, claim.token)
-            return 1
+            written = self.outbox.record_deliveries(lease, created, actor=self.actor)
         except StaleGeneration as error:
             self._stale(error)
-            return 0
-        except RequestGone:
-            logger.warning("worker %s: %s left reserved during delivery; an external object "
-                           "may be left in place", self.worker_name, claim.request_id)
-            return 0
-        except (IdentityMismatch, Conflict) as error:
-            # Retrying cannot fix another request's object in our name.
-            return self._give_up(claim, error.message)
-        except QuotagateError as error:
-            return self._failed_attempt(claim, f"{error.code}: {error.message}")
-        except Exception as error:  # a target bug must not stop the worker
-            logger.exception("worker %s: delivering %s", self.worker_name, claim.request_id)
-            return self._failed_attempt(claim, f"{type(error).__name__}: {error}")
+            return moved
+        self._crash_point("after_binding")
+        for request_id in written.gone:
+            logger.info("worker %s: %s was cancelled during delivery; its stop follows",
+                        self.worker_name, request_id)
+        for claim, message in written.conflicts:
+            moved += self._give_up(claim, message, "delivery failed: binding conflict")
+        if written.lost:
+            logger.warning("worker %s: claims of %s were taken over; their writes were refused",
+                           self.worker_name, ", ".join(written.lost))
+        logger.info("worker %s: delivered %d of %d", self.worker_name, len(written.delivered),
+                    len(claims))
+        return moved + len(written.delivered)
 
-    def _failed_attempt(self, claim: Claim, error: str) -> int:
+    def _create(self, claim: Claim) -> tuple[str, ExternalObject]:
+        config, target = self.built.get(claim.target)
+        spec = DeliverySpec(
+            request_id=claim.request_id, tenant=claim.tenant, cost=claim.cost,
+            payload=claim.payload, fencing_token=claim.token,
+            external_name=external_name(self.ledger_id, claim.tenant, claim.request_id),
+            ledger_id=self.ledger_id,
+        )
+        obtained = target.create_if_absent(spec)
+        self._crash_point("after_create")
+        return config.name, obtained
+
+    def _delivery_error(self, claim: Claim, error: BaseException) -> int:
+        if isinstance(error, IdentityMismatch | Conflict):
+            # Retrying cannot fix another request's object in our name.
+            return self._give_up(claim, error.message,
+                                 f"delivery failed: {public_reason(error)}")
+        if isinstance(error, QuotagateError):
+            return self._failed_attempt(claim, f"{error.code}: {error.message}", error)
+        logger.error("worker %s: delivering %s", self.worker_name, claim.request_id,
+                     exc_info=error)
+        return self._failed_attempt(claim, f"{type(error).__name__}: {error}", error)
+
+    def _failed_attempt(self, claim: Claim, detail: str, error: BaseException) -> int:
+        """Retry later, or give up; ``detail`` (redacted) is kept for admins and logs."""
         stats.increment("delivery_errors")
+        detail = redact_text(detail)
         attempts = claim.attempts + 1
         if self.retry.gives_up(attempts):
-            return self._give_up(claim, f"delivery failed after {attempts} attempts: {error}")
-        retry_at = self.gate.clock.now() + self.retry.delay(attempts)
+            return self._give_up(claim, f"delivery failed after {attempts} attempts: {detail}",
+                                 f"delivery failed after {attempts} attempts: "
+                                 f"{public_reason(error)}")
+        error_text = detail
         logger.warning("worker %s: delivering %s failed (attempt %d): %s", self.worker_name,
-                       claim.request_id, attempts, error)
+                       claim.request_id, attempts, error_text)
         try:
-            self.outbox.record_failure(claim, error, retry_at)
+            self.outbox.record_failure(claim, error_text, self.retry.delay(attempts))
         except StaleGeneration as stale_error:
             self._stale(stale_error)
         except RequestGone:
             pass
         return 0
 
-    def _give_up(self, claim: Claim, reason: str) -> int:
+    def _give_up(self, claim: Claim, detail: str, reason: str) -> int:
+        """Fail the request: ``reason`` is what its tenant sees, ``detail`` goes to the log."""
         logger.error("worker %s: request %s failed: %s", self.worker_name, claim.request_id,
-                     reason)
+                     redact_text(detail))
         try:
             self.gate.ledger.release(
                 claim.request_id, RequestState.FAILED, reason=reason, actor=self.actor,
@@ -265,52 +337,118 @@ class Dispatcher:
             self._lost_lease()
 
     def _target(self, name: str | None) -> tuple[TargetConfig, Target]:
-        key = name or ""
-        if key not in self._built:
-            config = self.targets.resolve(name)
-            self._built[key] = (config, build_target(config.kind, config.config))
-        return self._built[key]
+        return self.built.get(name)
+
+    # -- stops -------------------------------------------------------------------
+
+    def _stop_batch(self, lease: Lease, claims: list[Claim]) -> int:
+        """Ask the targets to stop cancelled requests; return the cost of confirmed ones."""
+        if not claims:
+            return 0
+        results = self._in_pool([functools.partial(self._stop, claim) for claim in claims])
+        moved = 0
+        for claim, result in zip(claims, results, strict=True):
+            if self._lease is None:
+                break
+            if isinstance(result, BaseException):
+                detail = (f"{result.code}: {result.message}" if isinstance(result, QuotagateError)
+                          else f"{type(result).__name__}: {result}")
+                result = StopResult(stopped=False, reason=f"stop failed: {redact_text(detail)}")
+            if result.stopped:
+                moved += self._stopped(claim, result)
+                continue
+            stats.increment("stops_pending")
+            logger.info("worker %s: stop of %s not confirmed yet: %s", self.worker_name,
+                        claim.request_id, result.reason)
+            try:
+                self.outbox.record_failure(claim, result.reason or "stop not confirmed yet",
+                                           self.stop_poll)
+            except StaleGeneration as error:
+                self._stale(error)
+            except RequestGone:
+                pass
+        return moved
+
+    def _stop(self, claim: Claim) -> StopResult:
+        obtained = self.outbox.binding_of(claim.request_id)
+        target_name = claim.target if obtained is None else obtained[0]
+        _config, target = self.built.get(target_name)
+        if obtained is None:
+            # Never bound: a lost reply may still have created it under our name.
+            found = target.read(external_name(self.ledger_id, claim.tenant, claim.request_id))
+            if found is None:
+                return StopResult(stopped=True, reason="never delivered")
+            if found.request_id != claim.request_id or found.ledger_id != self.ledger_id:
+                return StopResult(stopped=True, reason="never delivered")  # not ours to stop
+            return target.stop(found, claim.token)
+        return target.stop(obtained[1], claim.token)
+
+    def _stopped(self, claim: Claim, result: StopResult) -> int:
+        try:
+            released = self.gate.ledger.release(
+                claim.request_id, RequestState.CANCELLED, reason=result.reason,
+                actor=self.actor, fence=self.outbox.fence(claim), stopped=True,
+            )
+        except StaleGeneration as error:
+            self._stale(error)
+            return 0
+        except (RequestGone, Conflict):
+            return 0
+        if released.released:
+            stats.increment("stopped")
+            logger.info("worker %s: stopped %s (%s)", self.worker_name, claim.request_id,
+                        result.reason)
+        return 1
 
     # -- outcomes ----------------------------------------------------------------
 
     def _observe(self) -> int:
         """Release delivered requests whose executor reports an end (fenced by the lease)."""
-        ended = 0
         watched = self.outbox.delivered_bindings(self.observe_limit, after=self._observed_up_to)
         # Next pass goes on from here; a short page means we reached the end: wrap around.
         self._observed_up_to = (
             watched[-1][2].request_id if len(watched) == self.observe_limit else ""
         )
+        by_target: dict[str, list[ExternalObject]] = {}
         for _tenant, target_name, obtained in watched:
-            lease = self._lease
-            if lease is None:
-                break
+            by_target.setdefault(target_name, []).append(obtained)
+        ended = 0
+        for target_name, objects in by_target.items():
             try:
-                _config, target = self._target(target_name)
-                outcome = target.outcome(obtained)
+                _config, target = self.built.get(target_name)
+                outcomes = target.outcomes(objects)
             except QuotagateError as error:
-                logger.warning("worker %s: reading the outcome of %s: %s", self.worker_name,
-                               obtained.request_id, error.message)
+                logger.warning("worker %s: reading outcomes from %s: %s", self.worker_name,
+                               target_name, redact_text(error.message))
                 continue
-            if outcome is None:
-                continue
-            state = RequestState.COMPLETED if outcome.completed else RequestState.FAILED
-            try:
-                result = self.gate.ledger.release(
-                    obtained.request_id, state, reason=outcome.reason, actor=self.actor,
-                    fence=functools.partial(self.leases.fence, lease=lease),
-                )
-            except StaleGeneration as error:
-                self._stale(error)
-                break
-            except Conflict:
-                continue  # another worker recorded the end first
-            if result.released:
-                stats.increment("completed" if outcome.completed else "failed")
-                ended += 1
+            for request_id, outcome in sorted(outcomes.items()):
+                lease = self._lease
+                if lease is None:
+                    return ended
+                state = RequestState.COMPLETED if outcome.completed else RequestState.FAILED
+                try:
+                    result = self.gate.ledger.release(
+                        request_id, state, reason=outcome.reason, actor=self.actor,
+                        fence=functools.partial(self.leases.fence, lease=lease),
+                    )
+                except StaleGeneration as error:
+                    self._stale(error)
+                    return ended
+                except Conflict:
+                    continue  # another worker (or a callback) recorded the end first
+                if result.released:
+                    stats.increment("completed" if outcome.completed else "failed")
+                    ended += 1
         return ended
 
     def _crash_point(self, name: str) -> None:
         if self._crash_at == name:
             logger.warning("worker %s: crash point %s: SIGKILL", self.worker_name, name)
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _outcome_of(call: Callable[[], Result]) -> Result | BaseException:
+    try:
+        return call()
+    except Exception as error:
+        return error

@@ -15,18 +15,19 @@ _INVALID = re.compile(r"[^a-z0-9-]+")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$")
 
 
-def digest(tenant: str, request_id: str, length: int = _HASH_LENGTH) -> str:
-    return hashlib.sha256(f"{tenant}/{request_id}".encode()).hexdigest()[:length]
+def digest(ledger_id: str, tenant: str, request_id: str, length: int = _HASH_LENGTH) -> str:
+    return hashlib.sha256(f"{ledger_id}/{tenant}/{request_id}".encode()).hexdigest()[:length]
 
 
-def external_name(tenant: str, request_id: str) -> str:
-    """A DNS-1123 label (≤ 63 characters) unique to (tenant, request id).
+def external_name(ledger_id: str, tenant: str, request_id: str) -> str:
+    """A DNS-1123 label (≤ 63 characters) unique to (ledger, tenant, request id).
 
     The readable part is lossy (case folded, odd characters replaced, long ids
-    cut), so a hash of the exact pair is always appended: ``A_1`` and ``a-1``,
-    or two long ids sharing a prefix, still get different names.
+    cut), so a hash of the exact triple is always appended: ``A_1`` and ``a-1``,
+    or two long ids sharing a prefix, still get different names, and two
+    ledgers delivering to one place do not collide on the same request id.
     """
-    suffix = digest(tenant, request_id)
+    suffix = digest(ledger_id, tenant, request_id)
     readable = _INVALID.sub("-", f"{tenant}-{request_id}".lower()).strip("-")
     readable = readable[: MAX_NAME - len(suffix) - 1].rstrip("-")
     return f"{readable}-{suffix}" if readable else f"qg-{suffix}"

@@ -15,7 +15,7 @@ Lock order, shared with the ledger: lease row, then request row, then outbox row
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,9 +34,11 @@ from quotagate.store.dialect import database_now, reading, run_transaction, supp
 from quotagate.store.lease import LeaseStore
 from quotagate.store.rows import decode_cost
 
-__all__ = ["Claim", "OutboxStore", "RequestGone"]
+__all__ = ["LEASE_PREFIX", "BatchResult", "Claim", "OutboxStore", "RequestGone"]
 
-_outbox, _request, _binding = schema.outbox, schema.request, schema.binding
+_outbox, _request, _binding, _lease = schema.outbox, schema.request, schema.binding, schema.lease
+# A worker's lease is named ``worker/<its name>``; its claims carry the name.
+LEASE_PREFIX = "worker/"
 _ERROR_LENGTH = 2048
 
 
@@ -54,6 +56,23 @@ class Claim:
     payload: Any = None
 
 
+@dataclass
+class BatchResult:
+    """What a batch write did with each of its deliveries."""
+
+    delivered: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)  # claim taken over: nothing written
+    gone: list[str] = field(default_factory=list)  # cancelled meanwhile: bound, not delivered
+    conflicts: list[tuple[Claim, str]] = field(default_factory=list)
+
+
+def _by_token(rows: Sequence[Any]) -> dict[int, list[str]]:
+    groups: dict[int, list[str]] = {}
+    for row in rows:
+        groups.setdefault(int(row.claim_token), []).append(row.request_id)
+    return groups
+
+
 class RequestGone(Exception):
     """The request left ``reserved`` (cancelled, say) while it was being delivered."""
 
@@ -66,59 +85,78 @@ class OutboxStore:
 
     # -- claiming --------------------------------------------------------------
 
-    def claim(self, lease: Lease, limit: int, claim_ttl: float) -> list[Claim]:
-        """Claim up to ``limit`` due, undelivered rows for this worker generation.
+    def claim(self, lease: Lease, limit: int, *, stops: bool = False) -> list[Claim]:
+        """Claim up to ``limit`` due rows for this worker generation.
 
-        Claimable: unclaimed, or the claim expired (by the database clock), or
-        claimed by an older generation of this very worker (its lease was
-        taken over, so that process is gone or fenced). Rows another worker
-        has locked are skipped, not waited for.
+        ``stops`` False: undelivered rows to deliver; True: rows whose request
+        is being cancelled, to stop. A row is claimable when nobody holds it,
+        or when its holder's lease is no longer alive (expired by the
+        database clock, or taken over by a newer generation): a claim lives
+        exactly as long as the lease it was made under (docs/decisions/212).
+        Due is judged by the database clock too; a first attempt is due at
+        once, whatever clock wrote the row. Rows another worker has locked are
+        skipped, not waited for.
         """
 
         def work(connection: sa.Connection) -> list[Claim]:
             self.leases.fence(connection, lease)
             now = database_now(connection)
+            holder = _lease.alias("holder")
+            holder_alive = (
+                sa.select(holder.c.name)
+                .where(
+                    holder.c.name == sa.literal(LEASE_PREFIX) + _outbox.c.claimed_by,
+                    holder.c.owner == _outbox.c.claimed_by,
+                    holder.c.generation == _outbox.c.claim_generation,
+                    holder.c.expires_at >= now,
+                )
+                .exists()
+            )
+            kind = (_outbox.c.stopping == sa.true()) if stops else sa.and_(
+                _outbox.c.stopping == sa.false(), _outbox.c.delivered == sa.false()
+            )
             query = (
                 sa.select(
                     _outbox.c.request_id, _outbox.c.tenant, _outbox.c.target,
                     _outbox.c.attempts, _outbox.c.claim_token,
                 )
                 .where(
-                    _outbox.c.delivered == sa.false(),
-                    _outbox.c.next_attempt_at <= self.clock.now(),
-                    sa.or_(
-                        _outbox.c.claimed_by.is_(None),
-                        _outbox.c.claimed_until < now,
-                        sa.and_(
-                            _outbox.c.claimed_by == lease.owner,
-                            _outbox.c.claim_generation < lease.generation,
-                        ),
-                    ),
+                    kind,
+                    sa.or_(_outbox.c.attempts == 0, _outbox.c.next_attempt_at <= now),
+                    sa.or_(_outbox.c.claimed_by.is_(None), ~holder_alive),
                 )
                 .order_by(_outbox.c.next_attempt_at, _outbox.c.request_id)
                 .limit(limit)
             )
             if supports_skip_locked(connection):
                 query = query.with_for_update(skip_locked=True)
-            claimed = []
-            for row in connection.execute(query).all():
-                # Conditioned on the token we read: on SQLite (no row locks,
-                # but one writer at a time) and everywhere else alike, a row
-                # claimed by someone else in between is simply not ours.
-                result = connection.execute(
+            candidates = connection.execute(query).all()
+            if not candidates:
+                return []
+            # One UPDATE for the batch, conditioned on the tokens we read: on
+            # SQLite (no row locks, but one writer at a time) and everywhere
+            # else alike, a row claimed by someone else in between is not ours.
+            for token, group in _by_token(candidates).items():
+                connection.execute(
                     _outbox.update()
                     .where(
-                        _outbox.c.request_id == row.request_id,
-                        _outbox.c.claim_token == row.claim_token,
-                        _outbox.c.delivered == sa.false(),
+                        _outbox.c.request_id.in_(group),
+                        _outbox.c.claim_token == token,
                     )
                     .values(
                         claimed_by=lease.owner, claim_generation=lease.generation,
-                        claimed_until=now + claim_ttl, claim_token=_outbox.c.claim_token + 1,
+                        claimed_until=lease.expires_at, claim_token=_outbox.c.claim_token + 1,
                     )
                 )
-                if result.rowcount == 1:
-                    claimed.append(row)
+            tokens = dict(connection.execute(
+                sa.select(_outbox.c.request_id, _outbox.c.claim_token).where(
+                    _outbox.c.request_id.in_([row.request_id for row in candidates]),
+                    _outbox.c.claimed_by == lease.owner,
+                    _outbox.c.claim_generation == lease.generation,
+                )
+            ).all())
+            claimed = [row for row in candidates
+                       if tokens.get(row.request_id) == int(row.claim_token) + 1]
             if not claimed:
                 return []
             # What the target needs, read once per batch rather than per delivery.
@@ -142,7 +180,7 @@ class OutboxStore:
             ]
 
         claims = run_transaction(self.engine, work)
-        stats.increment("claimed", len(claims))
+        stats.increment("stops_claimed" if stops else "claimed", len(claims))
         return claims
 
     def fence(self, claim: Claim) -> Callable[[sa.Connection], None]:
@@ -162,35 +200,103 @@ class OutboxStore:
 
     # -- fenced writes ---------------------------------------------------------
 
-    def record_binding(self, claim: Claim, target: str, obtained: ExternalObject) -> None:
-        """Record the external object's identity, once; a replay of the same one is a no-op."""
+    def record_deliveries(
+        self, lease: Lease, delivered: Sequence[tuple[Claim, str, ExternalObject]], *, actor: str
+    ) -> BatchResult:
+        """Bindings and ``delivered`` marks of a batch, in one fenced transaction.
 
-        def work(connection: sa.Connection) -> None:
-            self.leases.fence(connection, claim.lease)
-            self._hold(connection, claim)
-            existing = connection.execute(
-                sa.select(_binding).where(_binding.c.request_id == claim.request_id)
-            ).first()
-            if existing is not None:
-                if existing.external_name != obtained.name or (
-                    existing.uid is not None and existing.uid != obtained.uid
-                ):
-                    raise Conflict(
+        The lease is checked first: a stale generation's batch raises
+        StaleGeneration and writes nothing. Then each row's claim is checked; a
+        row whose claim was taken over is left out (``lost``), one whose
+        request left ``reserved`` meanwhile (a cancel) gets its binding, so the
+        stop finds the object, and gives its claim up (``gone``).
+        """
+        if not delivered:
+            return BatchResult()
+
+        def work(connection: sa.Connection) -> BatchResult:
+            self.leases.fence(connection, lease)
+            ids = sorted(claim.request_id for claim, _target, _obtained in delivered)
+            # Lock order: lease, request rows, outbox rows (ids sorted alike).
+            states = dict(connection.execute(
+                sa.select(_request.c.id, _request.c.state).where(_request.c.id.in_(ids))
+                .order_by(_request.c.id).with_for_update()
+            ).all())
+            held = self._held_rows(connection, ids)
+            existing = {row.request_id: row for row in connection.execute(
+                sa.select(_binding).where(_binding.c.request_id.in_(ids))
+            )}
+            now = self.clock.now()
+            result = BatchResult()
+            bindings, marked, entries = [], [], []
+            for claim, target, obtained in delivered:
+                if held.get(claim.request_id) != (claim.lease.owner, claim.lease.generation,
+                                                  claim.token, False):
+                    stats.increment("stale_writes")
+                    result.lost.append(claim.request_id)
+                    continue
+                bound = existing.get(claim.request_id)
+                if bound is not None and (bound.external_name != obtained.name or (
+                    bound.uid is not None and bound.uid != obtained.uid
+                )):
+                    result.conflicts.append((claim, (
                         f"request {claim.request_id!r} is already bound to "
-                        f"{existing.external_name!r} (uid {existing.uid}), not {obtained.name!r} "
-                        f"(uid {obtained.uid})",
-                        code="binding_conflict",
-                    )
-                return
-            connection.execute(_binding.insert().values(
-                request_id=claim.request_id, target=target, external_name=obtained.name,
-                uid=obtained.uid, fencing_token=claim.token, created=self.clock.now(),
-            ))
+                        f"{bound.external_name!r} (uid {bound.uid}), not {obtained.name!r} "
+                        f"(uid {obtained.uid})"
+                    )))
+                    continue
+                if bound is None:
+                    bindings.append({
+                        "request_id": claim.request_id, "target": target,
+                        "external_name": obtained.name, "uid": obtained.uid,
+                        "fencing_token": claim.token, "created": now,
+                    })
+                if states.get(claim.request_id) != RequestState.RESERVED.value:
+                    result.gone.append(claim.request_id)
+                    continue
+                marked.append(claim.request_id)
+                entries.append(AuditEntry(
+                    actor, "deliver", "delivered", claim.tenant, claim.request_id,
+                    f"fencing_token={claim.token}",
+                ))
+            if bindings:
+                connection.execute(_binding.insert(), bindings)
+            if result.gone:
+                connection.execute(
+                    _outbox.update().where(_outbox.c.request_id.in_(result.gone))
+                    .values(claimed_by=None, claim_generation=None, claimed_until=None)
+                )
+            if marked:
+                connection.execute(
+                    _outbox.update().where(_outbox.c.request_id.in_(marked))
+                    .values(delivered=True, delivered_at=now, claimed_until=None,
+                            last_error=None)
+                )
+                connection.execute(
+                    _request.update()
+                    .where(_request.c.id.in_(marked),
+                           _request.c.state == RequestState.RESERVED.value)
+                    .values(state=RequestState.DELIVERED.value, updated=now)
+                )
+                record(connection, now, *entries)
+            result.delivered.extend(marked)
+            return result
 
-        run_transaction(self.engine, work)
+        written = run_transaction(self.engine, work)
+        stats.increment("delivered", len(written.delivered))
+        return written
+
+    def record_binding(self, claim: Claim, target: str, obtained: ExternalObject) -> None:
+        """One delivery's binding alone (a crash point between binding and ``delivered``)."""
+        written = self.record_deliveries(claim.lease, [(claim, target, obtained)],
+                                         actor="unused")
+        if written.lost:
+            raise self._lost(claim)
+        if written.conflicts:
+            raise Conflict(written.conflicts[0][1], code="binding_conflict")
 
     def mark_delivered(self, claim: Claim, *, actor: str) -> None:
-        """Outbox row delivered and request ``delivered``, in one fenced transaction."""
+        """One delivery's binding (already written) and ``delivered`` mark."""
 
         def work(connection: sa.Connection) -> None:
             self.leases.fence(connection, claim.lease)
@@ -206,14 +312,12 @@ class OutboxStore:
                 _outbox.update().where(_outbox.c.request_id == claim.request_id)
                 .values(delivered=True, delivered_at=now, claimed_until=None, last_error=None)
             )
-            result = connection.execute(
+            connection.execute(
                 _request.update()
                 .where(_request.c.id == claim.request_id,
                        _request.c.state == RequestState.RESERVED.value)
                 .values(state=RequestState.DELIVERED.value, updated=now)
             )
-            if result.rowcount != 1:  # pragma: no cover - the row lock above forbids it
-                raise RequestGone(claim.request_id)
             record(connection, now, AuditEntry(
                 actor, "deliver", "delivered", claim.tenant, claim.request_id,
                 f"fencing_token={claim.token}",
@@ -222,8 +326,11 @@ class OutboxStore:
         run_transaction(self.engine, work)
         stats.increment("delivered")
 
-    def record_failure(self, claim: Claim, error: str, retry_at: float) -> None:
-        """Count a failed attempt, keep its error, free the row until ``retry_at``."""
+    def record_failure(self, claim: Claim, error: str, retry_in: float) -> None:
+        """Count a failed attempt (or an unconfirmed stop), keep its error, free the row.
+
+        The row is due again ``retry_in`` seconds from now by the database clock.
+        """
 
         def work(connection: sa.Connection) -> None:
             self.leases.fence(connection, claim.lease)
@@ -231,8 +338,8 @@ class OutboxStore:
             connection.execute(
                 _outbox.update().where(_outbox.c.request_id == claim.request_id).values(
                     attempts=_outbox.c.attempts + 1, last_error=error[:_ERROR_LENGTH],
-                    next_attempt_at=retry_at, claimed_by=None, claim_generation=None,
-                    claimed_until=None,
+                    next_attempt_at=database_now(connection) + retry_in, claimed_by=None,
+                    claim_generation=None, claimed_until=None,
                 )
             )
 
@@ -240,6 +347,16 @@ class OutboxStore:
         stats.increment("retried")
 
     # -- reads -----------------------------------------------------------------
+
+    def binding_of(self, request_id: str) -> tuple[str, ExternalObject] | None:
+        """(target, object) the request is bound to, or None if it never was."""
+        with reading(self.engine) as connection:
+            row = connection.execute(
+                sa.select(_binding).where(_binding.c.request_id == request_id)
+            ).first()
+        if row is None:
+            return None
+        return row.target, ExternalObject(row.external_name, row.uid, row.request_id)
 
     def delivered_bindings(
         self, limit: int, after: str = ""
@@ -267,22 +384,49 @@ class OutboxStore:
     # -- helpers ---------------------------------------------------------------
 
     @staticmethod
-    def _hold(connection: sa.Connection, claim: Claim) -> None:
+    def _held_rows(
+        connection: sa.Connection, ids: Sequence[str]
+    ) -> dict[str, tuple[str | None, int | None, int, bool]]:
+        """Lock the outbox rows; (owner, generation, token, delivered) of each."""
+        return {
+            row.request_id: (
+                row.claimed_by,
+                None if row.claim_generation is None else int(row.claim_generation),
+                int(row.claim_token), bool(row.delivered),
+            )
+            for row in connection.execute(
+                sa.select(_outbox.c.request_id, _outbox.c.claimed_by, _outbox.c.claim_generation,
+                          _outbox.c.claim_token, _outbox.c.delivered)
+                .where(_outbox.c.request_id.in_(ids))
+                .order_by(_outbox.c.request_id)
+                .with_for_update()
+            )
+        }
+
+    @classmethod
+    def _hold(cls, connection: sa.Connection, claim: Claim) -> None:
         """Lock the outbox row and check the claim is still this one."""
         row = connection.execute(
             sa.select(_outbox.c.claimed_by, _outbox.c.claim_generation, _outbox.c.claim_token,
-                      _outbox.c.delivered)
+                      _outbox.c.delivered, _outbox.c.stopping)
             .where(_outbox.c.request_id == claim.request_id)
             .with_for_update()
         ).first()
         if row is None:  # released (cancelled, say): its outbox row went with it
             raise RequestGone(claim.request_id)
-        if (row.claimed_by, row.claim_generation, row.claim_token, bool(row.delivered)) != (
+        # A delivery claim is void once the row is delivered; a stop claim is
+        # on a row that may well be delivered.
+        delivered = bool(row.delivered) and not row.stopping
+        if (row.claimed_by, row.claim_generation, row.claim_token, delivered) != (
             claim.lease.owner, claim.lease.generation, claim.token, False,
         ):
             stats.increment("stale_writes")
-            raise StaleGeneration(
-                f"request {claim.request_id!r}: claim {claim.token} of {claim.lease.owner!r} "
-                f"generation {claim.lease.generation} was taken over; write refused",
-                code="claim_lost", request_id=claim.request_id,
-            )
+            raise cls._lost(claim)
+
+    @staticmethod
+    def _lost(claim: Claim) -> StaleGeneration:
+        return StaleGeneration(
+            f"request {claim.request_id!r}: claim {claim.token} of {claim.lease.owner!r} "
+            f"generation {claim.lease.generation} was taken over; write refused",
+            code="claim_lost", request_id=claim.request_id,
+        )

@@ -18,6 +18,9 @@ COUNTERS = (
     "stale_writes",
     "leases_acquired",
     "leases_lost",
+    "stops_claimed",
+    "stops_pending",
+    "stopped",
 )
 
 _lock = threading.Lock()

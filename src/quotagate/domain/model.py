@@ -27,6 +27,9 @@ class RequestState(enum.StrEnum):
     WAITING = "waiting"
     RESERVED = "reserved"
     DELIVERED = "delivered"
+    # Cancelled while reserved or delivered: still charged until the target
+    # confirms the work stopped (docs/decisions/211).
+    CANCELLING = "cancelling"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -34,7 +37,9 @@ class RequestState(enum.StrEnum):
     REJECTED = "rejected"
 
 
-CHARGED_STATES = frozenset({RequestState.RESERVED, RequestState.DELIVERED})
+CHARGED_STATES = frozenset(
+    {RequestState.RESERVED, RequestState.DELIVERED, RequestState.CANCELLING}
+)
 FINAL_STATES = frozenset(
     {
         RequestState.COMPLETED,

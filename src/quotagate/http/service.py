@@ -83,12 +83,13 @@ class AdmissionLoop:
         self.metrics.record_admissions(admitted, created, self.gate.clock.now())
 
 
-def load_dispatcher(gate: Quotagate, worker_name: str | None = None) -> Worker | None:
+def load_dispatcher(
+    gate: Quotagate, worker_name: str | None = None, concurrency: int = 32
+) -> Worker | None:
     """The delivery dispatcher, if this installation has it.
 
     The default name is unique per process; a stable name (one per host, say)
-    lets a restarted ``serve`` take its predecessor's claimed rows back at once
-    instead of waiting for their claims to expire.
+    makes a restarted ``serve`` the same worker, with its lease's history.
     """
     try:
         from quotagate.delivery.dispatcher import Dispatcher  # type: ignore[import-not-found,unused-ignore]
@@ -96,7 +97,7 @@ def load_dispatcher(gate: Quotagate, worker_name: str | None = None) -> Worker |
         log.info("no delivery dispatcher installed; serving API and admission only")
         return None
     worker_name = worker_name or f"{socket.gethostname()}-{os.getpid()}"
-    dispatcher: Worker = Dispatcher(gate, worker_name=worker_name)
+    dispatcher: Worker = Dispatcher(gate, worker_name=worker_name, concurrency=concurrency)
     return dispatcher
 
 
@@ -112,6 +113,7 @@ def run(
     access_log: bool = False,
     on_started: Callable[[], None] | None = None,
     worker_name: str | None = None,
+    concurrency: int = 32,
 ) -> int:
     """Serve until SIGTERM/SIGINT; return the exit status.
 
@@ -131,7 +133,7 @@ def run(
         loops: list[tuple[str, Worker]] = [
             ("admission", AdmissionLoop(gate, metrics, batch=admit_batch, interval=admit_interval))
         ]
-        dispatcher = load_dispatcher(gate, worker_name)
+        dispatcher = load_dispatcher(gate, worker_name, concurrency)
         if dispatcher is not None:
             loops.append(("dispatcher", dispatcher))
         threads = [threading.Thread(target=worker.run, args=(stop,), name=name)

@@ -79,7 +79,7 @@ class LedgerCollector(Collector):
                 .group_by(schema.request.c.tenant, schema.request.c.state)
             ).all()
             outbox = schema.outbox
-            pending = sa.and_(outbox.c.delivered == sa.false())
+            pending = sa.and_(outbox.c.delivered == sa.false(), outbox.c.stopping == sa.false())
             deliveries = connection.execute(
                 sa.select(
                     outbox.c.tenant,
@@ -87,6 +87,7 @@ class LedgerCollector(Collector):
                     sa.func.sum(outbox.c.attempts),
                     sa.func.sum(sa.case((sa.and_(pending, outbox.c.last_error.is_not(None)), 1),
                                         else_=0)),
+                    sa.func.sum(sa.case((outbox.c.stopping == sa.true(), 1), else_=0)),
                 ).group_by(outbox.c.tenant)
             ).all()
             leases = connection.execute(
@@ -129,11 +130,15 @@ class LedgerCollector(Collector):
         failing = GaugeMetricFamily("quotagate_outbox_delivery_failing",
                                     "Undelivered outbox rows whose last attempt failed",
                                     labels=["tenant"])
-        for tenant, pending_count, attempt_count, failing_count in deliveries:
+        stopping = GaugeMetricFamily("quotagate_stops_pending",
+                                     "Cancelled requests still charged: their stop is not "
+                                     "confirmed yet", labels=["tenant"])
+        for tenant, pending_count, attempt_count, failing_count, stop_count in deliveries:
             backlog.add_metric([tenant], int(pending_count or 0))
             attempts.add_metric([tenant], int(attempt_count or 0))
             failing.add_metric([tenant], int(failing_count or 0))
-        families += [backlog, attempts, failing]
+            stopping.add_metric([tenant], int(stop_count or 0))
+        families += [backlog, attempts, failing, stopping]
         generation = GaugeMetricFamily("quotagate_lease_generation",
                                        "Current generation (fencing token) of each lease",
                                        labels=["lease"])
@@ -156,6 +161,9 @@ _DELIVERY_COUNTERS = {
                      "Writes refused because a newer lease generation exists"),
     "leases_acquired": ("quotagate_leases_acquired", "Leases this process acquired"),
     "leases_lost": ("quotagate_leases_lost", "Leases this process lost to a newer generation"),
+    "stops_claimed": ("quotagate_stop_claims", "Outbox rows claimed to stop their request"),
+    "stops_pending": ("quotagate_stops_unconfirmed", "Stop attempts the target did not confirm"),
+    "stopped": ("quotagate_stops_confirmed", "Cancelled requests whose stop was confirmed"),
 }
 
 

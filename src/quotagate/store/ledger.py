@@ -52,6 +52,9 @@ DEFAULT_ADMISSION_WINDOW = 32
 _MAX_EXPIRED_PER_PASS = 1000
 
 
+_STOPPABLE = frozenset({RequestState.RESERVED, RequestState.DELIVERED})
+
+
 class CapacityChanged(Exception):
     """A conditional charge missed: the snapshot was stale. The transaction is rerun."""
 
@@ -417,6 +420,7 @@ class Ledger:
         actor: str = "system",
         tenant: str | None = None,
         fence: Callable[[sa.Connection], None] | None = None,
+        stopped: bool = False,
     ) -> ReleaseResult:
         """Move a request to a final state, returning its charged cost exactly once.
 
@@ -424,13 +428,19 @@ class Ledger:
         reported as not found. ``fence``, when given, runs first inside the same
         transaction (a worker's lease check); it raises StaleGeneration to refuse
         the release, which then changes nothing.
+
+        Cancelling a ``reserved`` or ``delivered`` request is a stop: it becomes
+        ``cancelling``, still charged, and its outbox row a stop for a worker to
+        carry out. Only the worker that saw the target confirm the stop passes
+        ``stopped=True``, which makes it ``cancelled`` and returns the cost
+        (docs/decisions/211). A waiting request is cancelled at once.
         """
         if to_state not in (RequestState.COMPLETED, RequestState.FAILED, RequestState.CANCELLED):
             raise InvalidInput(f"cannot release to state {to_state}", code="invalid_state")
         return run_transaction(
             self.engine,
             lambda connection: self._release(
-                connection, request_id, to_state, reason, actor, tenant, fence
+                connection, request_id, to_state, reason, actor, tenant, fence, stopped
             ),
         )
 
@@ -443,6 +453,7 @@ class Ledger:
         actor: str,
         tenant: str | None,
         fence: Callable[[sa.Connection], None] | None = None,
+        stopped: bool = False,
     ) -> ReleaseResult:
         if fence is not None:
             fence(connection)
@@ -456,6 +467,18 @@ class Ledger:
         current = RequestState(row["state"])
         if current == to_state:
             return ReleaseResult(request_from_row(row), released={})
+        if to_state == RequestState.CANCELLED and current in _STOPPABLE and not stopped:
+            return self._begin_stop(connection, row, reason, actor)
+        if current == RequestState.CANCELLING:
+            if to_state == RequestState.CANCELLED and stopped:
+                pass  # the confirmed stop: fall through to the release
+            elif to_state == RequestState.CANCELLED:
+                return ReleaseResult(request_from_row(row), released={})  # already stopping
+            else:
+                raise Conflict(
+                    f"request {request_id!r} is cancelling; only the confirmed stop ends it",
+                    code="invalid_transition",
+                )
         allowed = current in CHARGED_STATES or (
             current == RequestState.WAITING and to_state == RequestState.CANCELLED
         )
@@ -477,11 +500,13 @@ class Ledger:
             cost = decode_cost(row["cost"])
             self._uncharge(connection, row["tenant"], row["pool"], cost)
             released = cost
-            # An undelivered outbox row must not be delivered any more.
+            # An undelivered outbox row must not be delivered any more; a
+            # stop's row is done.
             connection.execute(
                 schema.outbox.delete().where(
                     schema.outbox.c.request_id == request_id,
-                    schema.outbox.c.delivered == sa.false(),
+                    sa.or_(schema.outbox.c.delivered == sa.false(),
+                           schema.outbox.c.stopping == sa.true()),
                 )
             )
         record(
@@ -493,6 +518,32 @@ class Ledger:
         updated = dict(row)
         updated.update(state=to_state.value, updated=now, reason=reason)
         return ReleaseResult(request_from_row(updated), released=released)
+
+    def _begin_stop(
+        self, connection: sa.Connection, row: Any, reason: str | None, actor: str
+    ) -> ReleaseResult:
+        """``reserved``/``delivered`` → ``cancelling``: charged until the target confirms."""
+        now = self.clock.now()
+        connection.execute(
+            schema.request.update()
+            .where(schema.request.c.id == row["id"], schema.request.c.state == row["state"])
+            .values(state=RequestState.CANCELLING.value, updated=now, reason=reason)
+        )
+        # Due at once (attempts 0). A delivered row's claim is spent: free it.
+        # An undelivered row's claim stays with the worker delivering it
+        # until its batch notices the cancel or its lease dies.
+        outbox = schema.outbox
+        connection.execute(
+            outbox.update().where(outbox.c.request_id == row["id"])
+            .values(stopping=True, attempts=0, last_error=None,
+                    claimed_by=sa.case((outbox.c.delivered == sa.true(), sa.null()),
+                                       else_=outbox.c.claimed_by))
+        )
+        record(connection, now, AuditEntry(actor, "cancel", "stopping", row["tenant"],
+                                           row["id"], reason))
+        updated = dict(row)
+        updated.update(state=RequestState.CANCELLING.value, updated=now, reason=reason)
+        return ReleaseResult(request_from_row(updated), released={})
 
     @staticmethod
     def _uncharge(connection: sa.Connection, tenant: str, pool: str, cost: dict[str, int]) -> None:

@@ -101,6 +101,9 @@ outbox = sa.Table(
     sa.Column("delivered", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("delivered_at", TIME, nullable=True),
     sa.Column("last_error", sa.String(2048), nullable=True),
+    # Set when the request is cancelled while reserved or delivered: the row is
+    # then a stop to carry out, claimed and fenced like a delivery.
+    sa.Column("stopping", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Index(None, "delivered", "next_attempt_at"),
 )
 
@@ -170,4 +173,13 @@ rate_bucket = sa.Table(
     sa.Column("refill_per_second", sa.Double, nullable=False),
     sa.Column("tokens", sa.Double, nullable=False),
     sa.Column("updated", TIME, nullable=False),
+)
+
+# Facts about the ledger itself, one row each; today only ``ledger_id``, the
+# identity that init gives every ledger and that goes into every external object.
+ledger_meta = sa.Table(
+    "qg_meta",
+    metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.String(256), nullable=False),
 )

@@ -64,7 +64,7 @@ class LedgerViews:
             sa.select(
                 request.c.id, request.c.tenant, request.c.cost, request.c.state, request.c.pool,
                 request.c.priority, request.c.created,
-                outbox.c.delivered, outbox.c.attempts, outbox.c.last_error,
+                outbox.c.delivered, outbox.c.stopping, outbox.c.attempts, outbox.c.last_error,
                 binding.c.external_name, binding.c.uid,
             )
             .select_from(
@@ -86,6 +86,7 @@ class LedgerViews:
                     "priority": row.priority,
                     "created": row.created,
                     "outbox": None if row.delivered is None else (
+                        "stopping" if row.stopping else
                         "delivered" if row.delivered else "pending"
                     ),
                     "attempts": row.attempts,
@@ -204,7 +205,9 @@ class LedgerViews:
                 )
                 .where(
                     schema.outbox.c.delivered == sa.false(),
-                    schema.request.c.state != RequestState.RESERVED.value,
+                    schema.request.c.state.not_in(
+                        [RequestState.RESERVED.value, RequestState.CANCELLING.value]
+                    ),
                 )
             ).scalars().all()
         tenant_costs: dict[str, list[dict[str, int]]] = {}

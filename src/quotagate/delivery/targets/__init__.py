@@ -11,6 +11,7 @@ from quotagate.delivery.targets.base import (
     ExternalObject,
     IdentityMismatch,
     Outcome,
+    StopResult,
     Target,
 )
 from quotagate.errors import InvalidInput
@@ -24,6 +25,7 @@ __all__ = [
     "ExternalObject",
     "IdentityMismatch",
     "Outcome",
+    "StopResult",
     "Target",
     "build_target",
     "validate_config",
@@ -52,10 +54,11 @@ def validate_config(kind: str, config: Mapping[str, Any]) -> dict[str, Any]:
     return validate(config)
 
 
-def build_target(kind: str, config: Mapping[str, Any]) -> Target:
+def build_target(kind: str, config: Mapping[str, Any], *, ledger_id: str) -> Target:
+    """A target of ``kind``; ``ledger_id`` goes into every object it creates."""
     module = _module(kind)
     classes: dict[str, Any] = {
         "process": "ProcessTarget", "webhook": "WebhookTarget", "kubernetes": "KubernetesTarget",
     }
-    target: Target = getattr(module, classes[kind])(config)
+    target: Target = getattr(module, classes[kind])(config, ledger_id=ledger_id)
     return target

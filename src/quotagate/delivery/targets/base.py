@@ -3,12 +3,17 @@
 A target creates an external object under a deterministic name if it does not
 exist yet, and reads it back by name. "Already exists" is not an error but a
 lost reply being resolved: the object is read back and its identity (the
-request id it carries) is checked before it is bound.
+ledger id and request id it carries) is checked before it is bound.
+
+A target also reports how many objects ended in one call (``outcomes``) and
+asks its executor to stop one (``stop``, idempotent: asking again is how a
+worker polls until the stop is confirmed). A worker builds each target once
+and calls ``close`` when it shuts down or the target's configuration changes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,6 +30,7 @@ class DeliverySpec:
     payload: Any
     fencing_token: int
     external_name: str
+    ledger_id: str
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,7 @@ class ExternalObject:
     uid: str | None
     request_id: str
     created_now: bool = False
+    ledger_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,14 @@ class Outcome:
 
     completed: bool
     reason: str | None = None
+
+
+@dataclass(frozen=True)
+class StopResult:
+    """What a stop request achieved so far."""
+
+    stopped: bool  # True only once the executor confirms the work no longer runs, or it is gone
+    reason: str | None = None  # why not yet, or how it ended
 
 
 class DeliveryFailed(QuotagateError):
@@ -72,16 +87,30 @@ class Target(Protocol):
         """The object by name, or None if it does not exist."""
         ...
 
-    def outcome(self, obtained: ExternalObject) -> Outcome | None:
-        """Completed or failed, if the executor says so; None while it runs or cannot tell."""
+    def outcomes(self, objects: Sequence[ExternalObject]) -> dict[str, Outcome]:
+        """The outcomes of those ``objects`` that ended, keyed by request id.
+
+        Objects still running (or whose executor cannot tell yet) are absent; an
+        object that disappeared after it was bound is ``Outcome(completed=False)``.
+        """
+        ...
+
+    def stop(self, obtained: ExternalObject, fencing_token: int) -> StopResult:
+        """Ask the executor to stop the work; idempotent, so asking again polls."""
+        ...
+
+    def close(self) -> None:
+        """Release clients and pools."""
         ...
 
 
 def check_identity(found: ExternalObject, spec: DeliverySpec) -> ExternalObject:
-    if found.request_id != spec.request_id:
+    """``found`` if it is this ledger's object for this request; IdentityMismatch otherwise."""
+    if found.request_id != spec.request_id or found.ledger_id != spec.ledger_id:
         raise IdentityMismatch(
-            f"{spec.external_name!r} already exists for request {found.request_id!r}, "
-            f"not {spec.request_id!r}; refusing to bind another request's object",
+            f"{spec.external_name!r} already exists for request {found.request_id!r} of "
+            f"ledger {found.ledger_id!r}, not request {spec.request_id!r} of ledger "
+            f"{spec.ledger_id!r}; refusing to bind another request's object",
             external_name=spec.external_name,
         )
     return found

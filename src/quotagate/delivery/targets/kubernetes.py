@@ -9,7 +9,7 @@ read back: ours (same request id) → bind its UID; another's → fail loudly.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from quotagate.delivery.naming import label_value
@@ -18,12 +18,15 @@ from quotagate.delivery.targets.base import (
     DeliverySpec,
     ExternalObject,
     Outcome,
+    StopResult,
     check_identity,
 )
 from quotagate.errors import InvalidInput
 
 LABEL_REQUEST_ID = "quotagate.io/request-id"
 LABEL_TENANT = "quotagate.io/tenant"
+LABEL_LEDGER = "quotagate.io/ledger"
+ANNOTATION_LEDGER_ID = "quotagate.io/ledger-id"
 ANNOTATION_REQUEST_ID = "quotagate.io/request-id"
 ANNOTATION_FENCING_TOKEN = "quotagate.io/fencing-token"
 DEFAULTS = {
@@ -71,7 +74,8 @@ def _kubernetes() -> tuple[Any, Any, Any]:
 class KubernetesTarget:
     kind = "kubernetes"
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, Any], *, ledger_id: str) -> None:
+        self.ledger_id = ledger_id
         self.config = validate_config(config)
         client, kube_config, self._api_exception = _kubernetes()
         configuration = client.Configuration()
@@ -100,10 +104,12 @@ class KubernetesTarget:
                 "labels": {
                     LABEL_REQUEST_ID: label_value(spec.request_id),
                     LABEL_TENANT: spec.tenant,
+                    LABEL_LEDGER: label_value(spec.ledger_id),
                     "app.kubernetes.io/managed-by": "quotagate",
                 },
                 "annotations": {
                     ANNOTATION_REQUEST_ID: spec.request_id,
+                    ANNOTATION_LEDGER_ID: spec.ledger_id,
                     ANNOTATION_FENCING_TOKEN: str(spec.fencing_token),
                 },
             },
@@ -130,13 +136,25 @@ class KubernetesTarget:
             return check_identity(found, spec)
         obtained = self._identity(created)
         return check_identity(
-            ExternalObject(obtained.name, obtained.uid, obtained.request_id, created_now=True),
+            ExternalObject(obtained.name, obtained.uid, obtained.request_id, created_now=True,
+                           ledger_id=obtained.ledger_id),
             spec,
         )
 
     def read(self, name: str) -> ExternalObject | None:
         found = self._get(name)
         return None if found is None else self._identity(found)
+
+    def outcomes(self, objects: Sequence[ExternalObject]) -> dict[str, Outcome]:
+        found = {obtained.request_id: self.outcome(obtained) for obtained in objects}
+        return {request_id: outcome for request_id, outcome in found.items()
+                if outcome is not None}
+
+    def stop(self, obtained: ExternalObject, fencing_token: int) -> StopResult:
+        return StopResult(stopped=False, reason="the kubernetes target cannot stop objects yet")
+
+    def close(self) -> None:
+        self.api.api_client.close()
 
     def outcome(self, obtained: ExternalObject) -> Outcome | None:
         found = self._get(obtained.name)
@@ -182,4 +200,5 @@ class KubernetesTarget:
         if labels.get(LABEL_REQUEST_ID) != label_value(str(request_id)):
             request_id = f"(label {labels.get(LABEL_REQUEST_ID)!r})"
         return ExternalObject(name=str(metadata.get("name")), uid=metadata.get("uid"),
-                              request_id=str(request_id))
+                              request_id=str(request_id),
+                              ledger_id=annotations.get(ANNOTATION_LEDGER_ID))

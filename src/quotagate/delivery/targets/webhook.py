@@ -1,30 +1,39 @@
 """The ``webhook`` target: POST each request once in effect to an HTTP endpoint.
 
-The receiver gets ``Idempotency-Key: <request id>`` and the fencing token in a
-header, so it can both deduplicate retries and refuse a stale worker. Its
+The receiver gets ``Idempotency-Key: <request id>``, the fencing token and the
+ledger id in headers (``Quotagate-Fencing-Token``, ``Quotagate-Ledger``), so
+it can deduplicate retries, refuse a stale worker and tell ledgers apart. Its
 answer's ``id`` is recorded as the binding's UID; ``GET <url>/<name>`` reads an
 object back after a lost reply (or a 409) and, if it carries a ``state`` of
-``completed`` or ``failed``, tells the worker how the work ended.
+``completed`` or ``failed``, tells the worker how the work ended (a receiver
+may instead call back, see docs/delivery.md). ``DELETE <url>/<name>`` asks it
+to stop: 200/204/404 confirm (404: it is gone), 202 means "stopping, ask again".
+
+One ``httpx.Client`` per target keeps connections open across deliveries.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from quotagate.delivery.reasons import redact_text
 from quotagate.delivery.targets.base import (
     DeliveryFailed,
     DeliverySpec,
     ExternalObject,
     Outcome,
+    StopResult,
     check_identity,
 )
 from quotagate.errors import InvalidInput
 
 FENCING_HEADER = "Quotagate-Fencing-Token"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+LEDGER_HEADER = "Quotagate-Ledger"
 _FINAL = {"completed": True, "succeeded": True, "failed": False}
 
 
@@ -42,14 +51,8 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def redact(url: str) -> str:
-    """The URL without user and password, safe for logs and error messages."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return parts._replace(netloc=host).geturl()
+    """The URL without user, password or query values, safe for logs and error messages."""
+    return redact_text(url)
 
 
 def _httpx() -> Any:
@@ -60,46 +63,63 @@ def _httpx() -> Any:
             "the webhook target needs httpx: pip install 'quotagate[webhook]'",
             code="extra_missing",
         ) from error
+    # httpx logs every request's full URL at INFO, query-string secrets
+    # included; our own messages carry the redacted URL instead.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING,
+                                            logging.getLogger("httpx").level))
     return httpx
 
 
 class WebhookTarget:
     kind = "webhook"
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, Any], *, ledger_id: str,
+                 max_connections: int = 64) -> None:
+        self.ledger_id = ledger_id
         checked = validate_config(config)
         self.url: str = checked["url"]
         self.timeout: float = checked["timeout"]
         self._httpx = _httpx()
+        self._client = self._httpx.Client(
+            timeout=self.timeout,
+            limits=self._httpx.Limits(max_connections=max_connections,
+                                      max_keepalive_connections=max_connections),
+        )
 
     def create_if_absent(self, spec: DeliverySpec) -> ExternalObject:
         body = {
             "name": spec.external_name,
+            "ledger_id": spec.ledger_id,
             "request_id": spec.request_id,
             "tenant": spec.tenant,
             "cost": dict(spec.cost),
             "payload": spec.payload,
             "fencing_token": spec.fencing_token,
         }
-        headers = {IDEMPOTENCY_HEADER: spec.request_id, FENCING_HEADER: str(spec.fencing_token)}
+        headers = {IDEMPOTENCY_HEADER: spec.request_id, FENCING_HEADER: str(spec.fencing_token),
+                   LEDGER_HEADER: spec.ledger_id}
         response = self._call("POST", self.url, json=body, headers=headers)
         if response.status_code == 409:
             found = self.read(spec.external_name)
             if found is None:
                 raise DeliveryFailed(
-                    f"webhook answered 409 for {spec.external_name!r} but GET finds nothing"
+                    f"webhook answered 409 for {spec.external_name!r} but GET finds nothing",
+                    public="webhook answered 409",
                 )
             return check_identity(found, spec)
         if not 200 <= response.status_code < 300:
-            raise DeliveryFailed(
-                f"webhook answered {response.status_code}: {response.text[:200]}"
-            )
+            # The receiver's body may echo anything (the payload, its own
+            # secrets): it goes nowhere, not even into the admin's error.
+            raise DeliveryFailed(f"webhook POST {redact(self.url)} answered "
+                                 f"{response.status_code}",
+                                 public=f"webhook answered {response.status_code}")
         answer = self._json(response)
         created = ExternalObject(
             name=spec.external_name,
             uid=None if answer.get("id") is None else str(answer["id"]),
             request_id=str(answer.get("request_id", spec.request_id)),
             created_now=True,
+            ledger_id=str(answer.get("ledger_id", spec.ledger_id)),
         )
         return check_identity(created, spec)
 
@@ -111,31 +131,61 @@ class WebhookTarget:
             name=name,
             uid=None if answer.get("id") is None else str(answer["id"]),
             request_id=str(answer.get("request_id", "")),
+            ledger_id=None if answer.get("ledger_id") is None else str(answer["ledger_id"]),
         )
 
-    def outcome(self, obtained: ExternalObject) -> Outcome | None:
-        answer = self._get(obtained.name)
-        state = None if answer is None else answer.get("state")
-        if state not in _FINAL:
-            return None
-        reason = answer.get("reason") if answer is not None else None
-        return Outcome(completed=_FINAL[state], reason=None if reason is None else str(reason))
+    def outcomes(self, objects: Sequence[ExternalObject]) -> dict[str, Outcome]:
+        """One GET per object over the shared connection pool (receivers that call
+        back need no polling at all); a 404 after binding ends the request failed."""
+        ended: dict[str, Outcome] = {}
+        for obtained in objects:
+            answer = self._get(obtained.name)
+            if answer is None:
+                ended[obtained.request_id] = Outcome(
+                    completed=False, reason="the webhook object disappeared")
+                continue
+            state = answer.get("state")
+            if state in _FINAL:
+                reason = answer.get("reason")
+                ended[obtained.request_id] = Outcome(
+                    completed=_FINAL[state], reason=None if reason is None else str(reason)
+                )
+        return ended
+
+    def stop(self, obtained: ExternalObject, fencing_token: int) -> StopResult:
+        headers = {IDEMPOTENCY_HEADER: obtained.request_id, FENCING_HEADER: str(fencing_token),
+                   LEDGER_HEADER: self.ledger_id}
+        response = self._call("DELETE", f"{self.url}/{quote(obtained.name, safe='')}",
+                              headers=headers)
+        if response.status_code == 404:
+            return StopResult(stopped=True, reason="the webhook object is gone")
+        if response.status_code in (200, 204):
+            return StopResult(stopped=True, reason="the webhook receiver confirmed the stop")
+        if response.status_code == 202:
+            return StopResult(stopped=False, reason="the webhook receiver is stopping it")
+        return StopResult(stopped=False,
+                          reason=f"webhook DELETE answered {response.status_code}")
+
+    def close(self) -> None:
+        self._client.close()
 
     def _get(self, name: str) -> dict[str, Any] | None:
         response = self._call("GET", f"{self.url}/{quote(name, safe='')}")
         if response.status_code == 404:
             return None
         if response.status_code != 200:
-            raise DeliveryFailed(f"webhook GET answered {response.status_code}")
+            raise DeliveryFailed(f"webhook GET answered {response.status_code}",
+                                 public=f"webhook answered {response.status_code}")
         return self._json(response)
 
     def _call(self, method: str, url: str, **options: Any) -> Any:
         try:
-            return self._httpx.request(method, url, timeout=self.timeout, **options)
+            return self._client.request(method, url, **options)
         except self._httpx.HTTPError as error:
             raise DeliveryFailed(
                 f"webhook {method} {redact(url)} failed: {type(error).__name__}: "
-                f"{str(error).replace(url, redact(url))}"
+                f"{str(error).replace(url, redact(url))}",
+                public=f"webhook unreachable ({type(error).__name__})",
             ) from error
 
     @staticmethod

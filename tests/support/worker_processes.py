@@ -1,0 +1,56 @@
+"""``quotagate worker`` as real child processes, for the crash and concurrency tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import sqlalchemy as sa
+
+from quotagate import Quotagate
+
+WORKER = "from quotagate.cli.main import main; main()"
+FAST_OPTIONS = ["--lease-ttl", "1", "--poll", "0.05", "--retry-base", "0.2"]
+
+
+def start_worker(db_url: str, name: str, *extra: str, crash_at: str | None = None,
+                 environment: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    env = {key: value for key, value in os.environ.items() if key != "QUOTAGATE_CRASH_AT"}
+    env.update(environment or {})
+    if crash_at is not None:
+        env["QUOTAGATE_CRASH_AT"] = crash_at
+    return subprocess.Popen(
+        [sys.executable, "-c", WORKER, "worker", "--db", db_url, "--name", name,
+         *FAST_OPTIONS, *extra],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+def finish(worker: subprocess.Popen[bytes], timeout: float = 120,
+           allowed: tuple[int, ...] = (0, -signal.SIGKILL)) -> int:
+    _out, err = worker.communicate(timeout=timeout)
+    if worker.returncode not in allowed:
+        raise AssertionError(f"worker exited {worker.returncode}: {err.decode()[-2000:]}")
+    return worker.returncode
+
+
+def stop_all(workers: list[subprocess.Popen[bytes]]) -> None:
+    for worker in workers:
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    for worker in workers:
+        try:
+            worker.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+
+
+def table(gate: Quotagate, which: sa.Table) -> list[Any]:
+    with gate.engine.connect() as connection:
+        return list(connection.execute(sa.select(which)).mappings())
