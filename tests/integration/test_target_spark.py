@@ -22,6 +22,7 @@ from quotagate.delivery.naming import external_name
 from quotagate.delivery.registry import TargetStore
 from quotagate.streaming import SinkStore
 from quotagate.streaming.checkpoint import read_checkpoint
+from quotagate.streaming.diagnose import StreamingLocation, diagnose
 from quotagate.streaming.lab.checkpoint import FAST_START
 from support.databases import fresh_database
 from support.spark import require_spark, write_events
@@ -95,6 +96,11 @@ def test_a_streaming_job_runs_fenced_on_its_own_checkpoint_and_completes_the_req
         assert marker.query == name  # $QUOTAGATE_QUERY_NAME
         assert (marker.request_id, marker.fencing_token) == ("stream-1", binding["fencing_token"])
         assert sink.fence_token("stream-1") == binding["fencing_token"]
+    # diagnose finds the checkpoint and the query name from the target by itself.
+    layers = {layer.name: layer for layer in diagnose(gate, "stream-1", StreamingLocation(sink_url=sink_url))}
+    assert layers["checkpoint"].facts["checkpoint"]["location"] == str(checkpoint)
+    assert layers["checkpoint"].verdict.startswith("in step: the commit log and the sink both end at batch 0")
+    assert layers["idempotency"].verdict == "1 batch(es), none written twice"
     seen = json.loads((tmp_path / "runs" / name / "environment.json").read_text())
     assert "QUOTAGATE_DB" not in seen and "QUOTAGATE_RATE_STORE" not in seen
     assert {"QUOTAGATE_REQUEST_ID", "QUOTAGATE_FENCING_TOKEN", "QUOTAGATE_CHECKPOINT_LOCATION"} <= set(seen)

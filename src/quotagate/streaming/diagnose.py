@@ -21,6 +21,8 @@ from typing import Any
 
 from quotagate.app import Quotagate
 from quotagate.delivery.dispatcher import lease_name
+from quotagate.delivery.registry import TargetStore
+from quotagate.delivery.targets.spark_launcher import checkpoint_location
 from quotagate.domain.model import RequestState
 from quotagate.errors import NotFound, QuotagateError
 from quotagate.store.lease import LeaseStore
@@ -57,9 +59,9 @@ def diagnose(gate: Quotagate, request_id: str, where: StreamingLocation | None =
         return layers
     trail = gate.delivery_trail(request_id)
     layers.append(_lease(gate, trail.outbox, trail.binding))
-    location = where or StreamingLocation()
+    location = _spark_defaults(gate, request.tenant, trail.binding, where or StreamingLocation())
     if location.checkpoint is None and location.sink_url is None:
-        layers.append(Layer("checkpoint", "not a streaming request, or no checkpoint/sink given "
+        layers.append(Layer("checkpoint", "not delivered by a spark target, and no checkpoint/sink given "
                                           "(--checkpoint, --sink-db); nothing to compare"))
         return layers
     markers: list[BatchMarker] | None = None
@@ -75,6 +77,22 @@ def diagnose(gate: Quotagate, request_id: str, where: StreamingLocation | None =
     layers.append(_checkpoint(state, markers, rows_in_table))
     layers.append(_idempotency(markers, fence_token, trail.binding))
     return layers
+
+
+def _spark_defaults(gate: Quotagate, tenant: str, binding: dict[str, Any] | None,
+                    given: StreamingLocation) -> StreamingLocation:
+    """A request delivered by a spark target has a known checkpoint and query name."""
+    if binding is None:
+        return given
+    try:
+        target = TargetStore(gate.engine).resolve(binding["target"])
+    except NotFound:
+        return given
+    if target.kind != "spark":
+        return given
+    checkpoint = given.checkpoint or str(checkpoint_location(
+        target.config["checkpoint_root"], gate.ledger_id, tenant, binding["external_name"]))
+    return StreamingLocation(checkpoint, given.sink_url, given.query or binding["external_name"])
 
 
 def _quota(gate: Quotagate, tenant: str, state: RequestState, reason: str | None) -> Layer:
