@@ -292,15 +292,21 @@ def _has_unique_key(engine: Engine, name: str, keys: Sequence[str]) -> bool:
 
 
 def _create_racing(engine: Engine, create: Callable[[], None]) -> None:
-    """Run DDL that another writer may be running at the same moment."""
+    """Run DDL (``checkfirst``) that another writer may be running at the same moment.
+
+    Engines report the lost race differently (PostgreSQL as a duplicate key in
+    its catalogue, MySQL as "already exists"), so any failure is retried: the
+    next ``checkfirst`` skips what the other writer created. A real error fails
+    every time and is raised.
+    """
     for attempt in range(3):
         try:
             create()
             return
-        except (IntegrityError, OperationalError, ProgrammingError) as error:
-            # "already exists": a concurrent writer won; checkfirst sees it next time.
-            if attempt == 2 or "exist" not in str(error.orig).lower():
+        except (IntegrityError, OperationalError, ProgrammingError):
+            if attempt == 2:
                 raise
+            time.sleep(0.05 * (attempt + 1))
 
 
 def _check_fence(connection: sa.Connection, fencing: Fencing, now: float) -> int:
