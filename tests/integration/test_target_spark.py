@@ -20,6 +20,7 @@ from quotagate import InvalidInput, Quotagate, RequestState
 from quotagate.delivery.dispatcher import Dispatcher
 from quotagate.delivery.naming import external_name
 from quotagate.delivery.registry import TargetStore
+from quotagate.delivery.targets.spark import SparkTarget
 from quotagate.streaming import SinkStore
 from quotagate.streaming.checkpoint import read_checkpoint
 from quotagate.streaming.diagnose import StreamingLocation, diagnose
@@ -141,3 +142,11 @@ def test_a_bad_spark_target_is_refused(config: dict[str, Any], message: str, tmp
         with pytest.raises(InvalidInput, match=message):
             TargetStore(gate.engine).set("streaming", "spark", config)
         assert TargetStore(gate.engine).list() == []
+
+
+def test_a_module_job_runs_with_the_workers_interpreter_through_the_launcher(tmp_path: Path) -> None:
+    target = SparkTarget({"module": "jobs.events", "checkpoint_root": str(tmp_path / "c")}, ledger_id="ledger-1")
+    assert target.process.command[-3:] == [sys.executable, "-m", "jobs.events"]
+    assert target.process.command[2:5] == [str(tmp_path / "c"), "ledger-1", "--"]
+    assert target.checkpoint_location("team-a", "team-a-job-1-0123456789") == (
+        tmp_path / "c" / "ledger-1" / "team-a" / "team-a-job-1-0123456789")

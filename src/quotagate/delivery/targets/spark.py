@@ -53,8 +53,8 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if command is not None and (not isinstance(command, list) or not command
                                 or not all(isinstance(part, str) for part in command)):
         raise InvalidInput("command must be a command line", code="invalid_target_config")
-    python = config.get("python") or sys.executable
-    if not isinstance(python, str):
+    python = config.get("python")
+    if python is not None and not isinstance(python, str):
         raise InvalidInput("python must be the path of an interpreter", code="invalid_target_config")
     root = config.get("checkpoint_root") or DEFAULT_CHECKPOINT_ROOT
     if not isinstance(root, str):
@@ -73,7 +73,8 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     checked["checkpoint_root"] = str(Path(root).expanduser().resolve())
     if module is not None:
         checked["module"] = module
-        checked["python"] = python
+        if python is not None:
+            checked["python"] = python
     else:
         checked["command"] = command
     return checked
@@ -81,7 +82,9 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def job_command(checked: Mapping[str, Any]) -> list[str]:
     if "module" in checked:
-        return [checked["python"], "-m", checked["module"]]
+        # The worker's own interpreter unless the target names one: the job then sees
+        # the same installed packages (quotagate[spark]) as the worker.
+        return [checked.get("python") or sys.executable, "-m", checked["module"]]
     return list(checked["command"])
 
 
