@@ -67,3 +67,10 @@ def test_an_unknown_scenario_is_refused(tmp_path: Path) -> None:
     result = run("lab", "everything", db="sqlite:///unused.db", cwd=tmp_path, expect=2)
     assert "everything" in result.stderr
 
+
+
+def test_an_unreachable_server_is_reported_without_its_password_and_runs_nothing(tmp_path: Path) -> None:
+    result = run("lab", "quota", "--db", "postgresql://postgres:s3cret@127.0.0.1:1/test",
+                 db="sqlite:///unused.db", cwd=tmp_path, expect=6)
+    assert "lab_database_unavailable" in result.stderr and "s3cret" not in result.stderr
+    assert result.stdout == ""

@@ -17,6 +17,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from quotagate.errors import StoreUnavailable
 from quotagate.store.engine import create_engine, normalise_url, redact
 
 _EXISTS = {
@@ -61,8 +62,15 @@ def throwaway_database(
     admin = create_engine(url.render_as_string(hide_password=False), isolation_level="AUTOCOMMIT")
     cleanup = Cleanup(f"{redact(url.render_as_string(hide_password=False))} → {name}")
     try:
-        with admin.connect() as connection:
-            connection.exec_driver_sql(f"CREATE DATABASE {name}")
+        try:
+            with admin.connect() as connection:
+                connection.exec_driver_sql(f"CREATE DATABASE {name}")
+        except sa.exc.DBAPIError as error:
+            raise StoreUnavailable(
+                f"cannot create a lab database on {redact(url.render_as_string(hide_password=False))}: "
+                f"{str(error.orig).splitlines()[0]}; nothing was created",
+                code="lab_database_unavailable",
+            ) from error
         cleanups.append(cleanup)
         try:
             yield url.set(database=name).render_as_string(hide_password=False)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quotagate.errors import InvalidInput
+from quotagate.errors import InvalidInput, StoreUnavailable
 from quotagate.streaming.lab import checkpoint, gate, lease, quota
 from quotagate.streaming.lab.databases import Cleanup, new_run_id, throwaway_database
 from quotagate.streaming.lab.observations import Observation
@@ -86,6 +86,8 @@ def run_lab(names: Sequence[str], db_url: str | None = None, *, keep_workdir: bo
             try:
                 with throwaway_database(db_url, workdir, report.run_id, name, report.cleanups) as url:
                     observations = scenario(url, scenario_dir)
+            except StoreUnavailable:
+                raise  # no database for any scenario: nothing to run
             except Exception as error:  # one scenario's failure must not hide the others' results
                 report.failures[name] = f"{type(error).__name__}: {error}"
                 continue
