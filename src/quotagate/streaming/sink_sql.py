@@ -1,8 +1,8 @@
 """Insert-if-absent on a unique key, the one statement whose form differs per engine.
 
-Every form is a single multi-row INSERT that tells how many rows it actually
-inserted (RETURNING, or MySQL's row count); the rest of the chunk were already
-present: conflicts.
+Every form tells how many rows it actually inserted (RETURNING, or MySQL's row
+count of one multi-row statement); the rest of the chunk were already present:
+conflicts.
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ def insert_if_absent(
     dialect = connection.dialect.name
     if dialect == "postgresql":
         statement: sa.Executable = (
-            postgresql_insert(table).values(list(rows)).on_conflict_do_nothing(index_elements=list(key_columns))
+            postgresql_insert(table).on_conflict_do_nothing(index_elements=list(key_columns))
             .returning(table.c[key_columns[0]])
         )
     elif dialect == "sqlite":
         statement = (
-            sqlite_insert(table).values(list(rows)).on_conflict_do_nothing(index_elements=list(key_columns))
+            sqlite_insert(table).on_conflict_do_nothing(index_elements=list(key_columns))
             .returning(table.c[key_columns[0]])
         )
     elif dialect == "mysql":
@@ -55,11 +55,13 @@ def insert_if_absent(
         statement = table.insert().values(list(rows)).prefix_with("IGNORE")
     else:  # pragma: no cover - create_engine admits only the three engines
         raise InvalidInput(f"the {dialect} engine is not supported", code="invalid_database_url")
-    result = connection.execute(statement)
     if dialect != "mysql":
-        # RETURNING names exactly the rows inserted; psycopg's row count for a
-        # multi-row INSERT … ON CONFLICT is not reliable.
-        return len(result.all())
+        # One cached statement, executed for many rows: SQLAlchemy batches it into
+        # multi-row INSERTs itself ("insertmanyvalues"), and RETURNING names exactly
+        # the rows inserted (psycopg's row count for INSERT … ON CONFLICT is not reliable).
+        return len(connection.execute(statement, [dict(row) for row in rows]).all())
+    # On MySQL one literal multi-row statement, so that SHOW WARNINGS covers all of it.
+    result = connection.execute(statement)
     _refuse_other_warnings(connection)
     return int(result.rowcount)
 
