@@ -290,6 +290,11 @@ def test_a_stop_the_executor_never_confirms_keeps_the_cost_charged(
     assert ledger.check_invariants() == []
     [shown] = ledger.inspect()["requests"]
     assert shown["outbox"] == "stopping" and "stopping it" in shown["last_error"]
+    explained = ledger.explain(request_id)
+    assert explained["state"] == "cancelling" and explained["stop_attempts"] >= 5
+    assert "stopping it" in explained["last_answer"]
+    as_tenant = ledger.views.explain(request_id, tenant="team-a")
+    assert "still charged" in as_tenant["reason"] and "last_answer" not in as_tenant
     # Nobody else can end it early either: complete/fail are refused while cancelling.
     with pytest.raises(Exception, match="cancelling"):
         ledger.complete(request_id)

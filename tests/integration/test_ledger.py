@@ -138,10 +138,22 @@ def test_cancelling_a_waiting_request_charges_and_returns_nothing(ledger: Quotag
         ledger.cancel("never-submitted")
 
 
-def test_cancelling_a_reserved_request_returns_its_cost(ledger: Quotagate) -> None:
+def test_cancelling_a_reserved_request_is_a_stop_that_returns_its_cost_once_confirmed(
+    ledger: Quotagate,
+) -> None:
     ledger.submit("job-0", "team-a", {"gpu": 2})
     ledger.admit()
-    assert ledger.cancel("job-0").released == {"gpu": 2}
+    stopping = ledger.cancel("job-0")
+    assert stopping.released == {} and stopping.request.state is RequestState.CANCELLING
+    assert ledger.usage()["tenants"][0]["used"] == 2  # charged until the stop is confirmed
+    assert ledger.cancel("job-0").released == {}  # cancelling again changes nothing
+    with pytest.raises(Conflict):
+        ledger.complete("job-0")  # nor can it be ended any other way
+    assert count(ledger, schema.outbox) == 1 and ledger.check_invariants() == []
+    # The worker that saw the target confirm the stop releases it.
+    confirmed = ledger.ledger.release("job-0", RequestState.CANCELLED, stopped=True)
+    assert confirmed.released == {"gpu": 2} and confirmed.request.state is RequestState.CANCELLED
+    assert ledger.ledger.release("job-0", RequestState.CANCELLED, stopped=True).released == {}
     assert count(ledger, schema.outbox) == 0
     assert ledger.check_invariants() == []
 

@@ -115,7 +115,9 @@ complete = _release_command("complete", RequestState.COMPLETED,
                             "Mark a request completed and return its cost.")
 fail = _release_command("fail", RequestState.FAILED, "Mark a request failed and return its cost.")
 cancel = _release_command("cancel", RequestState.CANCELLED,
-                          "Cancel a request; a reserved one returns its cost.")
+                          "Cancel a request: a waiting one at once; a reserved or delivered one "
+                          "becomes cancelling and returns its cost once a worker has seen its "
+                          "target confirm the stop (docs/delivery.md).")
 
 
 @click.command()

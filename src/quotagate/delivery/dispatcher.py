@@ -63,6 +63,8 @@ DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_CONCURRENCY = 32
 DEFAULT_BATCH = 64
 DEFAULT_STOP_POLL = 1.0
+TARGET_REFRESH_INTERVAL = 1.0
+MAX_BATCHES_PER_PASS = 16
 
 Result = TypeVar("Result")
 
@@ -114,8 +116,10 @@ class Dispatcher:
         self.ledger_id = gate.ledger_id
         self.built = BuiltTargets(self.targets, ledger_id=self.ledger_id)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._write_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._lease: Lease | None = None
         self._renewed_at = 0.0
+        self._refreshed_at = -TARGET_REFRESH_INTERVAL
         self._observed_up_to = ""
         self._waiting_logged = False
         crash_at = os.environ.get(CRASH_ENVIRONMENT_VARIABLE) or None
@@ -162,25 +166,59 @@ class Dispatcher:
                 logger.warning("worker %s: cannot release lease: %s", self.worker_name, error)
             self._lease = None
         self.built.close()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        for pool in (self._pool, self._write_pool):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._pool = self._write_pool = None
 
     def run_once(self) -> int:
         """One pass; returns how many requests moved (admitted, delivered, stopped, ended)."""
         if not self._hold_lease():
             return 0
         moved = self.gate.admit_until_idle() if self.admit else 0
-        self.built.refresh()  # target changes reach a running worker once per pass
+        if time.monotonic() - self._refreshed_at >= TARGET_REFRESH_INTERVAL:
+            # Target changes reach a running worker within a second, without
+            # a query per pass.
+            self.built.refresh()
+            self._refreshed_at = time.monotonic()
         lease = self._lease
         if lease is None:  # pragma: no cover - _hold_lease just set it
             return moved
-        moved += self._deliver_batch(lease, self.outbox.claim(lease, self.batch))
-        lease = self._lease
-        if lease is not None:
-            moved += self._stop_batch(lease, self.outbox.claim(lease, self.batch, stops=True))
+        moved += self._work_through(lease)
         if self._lease is not None and self.observe_limit:
             moved += self._observe()
+        return moved
+
+    def _work_through(self, lease: Lease) -> int:
+        """Claimed batches, one after another, each written while the next is delivered.
+
+        Writing batch N (a database round trip) overlaps claiming and
+        delivering batch N+1; they hold different rows. A pass goes on while
+        batches come back full, up to ``MAX_BATCHES_PER_PASS``. With a crash
+        point set, batches run one at a time so the tests know where it hits.
+        """
+        moved = 0
+        writing: concurrent.futures.Future[int] | None = None
+        for _batch in range(MAX_BATCHES_PER_PASS):
+            claims = self.outbox.claim_work(lease, self.batch)
+            deliveries = [claim for claim in claims if not claim.stop]
+            created, failed = self._create_all(deliveries)
+            moved += failed
+            if writing is not None:
+                moved += writing.result()
+                writing = None
+            if created and self._lease is not None:
+                if self._crash_at is None:
+                    writing = self._writer().submit(self._write_batch, lease, created)
+                else:
+                    moved += self._write_batch(lease, created)
+            if self._lease is not None:
+                moved += self._stop_batch(lease, [claim for claim in claims if claim.stop])
+            self._hold_lease()
+            if len(claims) < self.batch or self._lease is None or self._crash_at is not None:
+                break
+        if writing is not None:
+            moved += writing.result()
         return moved
 
     # -- lease -------------------------------------------------------------------
@@ -239,37 +277,50 @@ class Dispatcher:
 
     # -- delivery ----------------------------------------------------------------
 
-    def _deliver_batch(self, lease: Lease, claims: list[Claim]) -> int:
+    def _create_all(
+        self, claims: list[Claim]
+    ) -> tuple[list[tuple[Claim, str, ExternalObject]], int]:
+        """Create the batch's objects concurrently; (created, requests that ended failed)."""
         if not claims:
-            return 0
+            return [], 0
         self._crash_point("after_claim")
         results = self._in_pool([functools.partial(self._create, claim) for claim in claims])
         created: list[tuple[Claim, str, ExternalObject]] = []
-        moved = 0
+        failed = 0
         for claim, result in zip(claims, results, strict=True):
             if isinstance(result, BaseException):
-                moved += self._delivery_error(claim, result)
+                failed += self._delivery_error(claim, result)
             else:
                 created.append((claim, *result))
-        if not created or self._lease is None:
-            return moved
+        return created, failed
+
+    def _write_batch(self, lease: Lease, created: list[tuple[Claim, str, ExternalObject]]) -> int:
+        """Bindings and delivered marks of one batch, one fenced transaction."""
         try:
             written = self.outbox.record_deliveries(lease, created, actor=self.actor)
         except StaleGeneration as error:
             self._stale(error)
-            return moved
+            return 0
         self._crash_point("after_binding")
         for request_id in written.gone:
             logger.info("worker %s: %s was cancelled during delivery; its stop follows",
                         self.worker_name, request_id)
+        moved = 0
         for claim, message in written.conflicts:
             moved += self._give_up(claim, message, "delivery failed: binding conflict")
         if written.lost:
             logger.warning("worker %s: claims of %s were taken over; their writes were refused",
                            self.worker_name, ", ".join(written.lost))
         logger.info("worker %s: delivered %d of %d", self.worker_name, len(written.delivered),
-                    len(claims))
+                    len(created))
         return moved + len(written.delivered)
+
+    def _writer(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._write_pool is None:
+            self._write_pool = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix=f"write-{self.worker_name}"
+            )
+        return self._write_pool
 
     def _create(self, claim: Claim) -> tuple[str, ExternalObject]:
         config, target = self.built.get(claim.target)

@@ -54,6 +54,7 @@ class Claim:
     lease: Lease
     cost: dict[str, int] = field(default_factory=dict)
     payload: Any = None
+    stop: bool = False  # a stop to carry out, not a delivery
 
 
 @dataclass
@@ -86,10 +87,18 @@ class OutboxStore:
     # -- claiming --------------------------------------------------------------
 
     def claim(self, lease: Lease, limit: int, *, stops: bool = False) -> list[Claim]:
-        """Claim up to ``limit`` due rows for this worker generation.
+        """Claim up to ``limit`` due rows of one kind: deliveries, or (``stops``) stops."""
+        if stops:
+            return self.claim_work(lease, limit, deliveries=False)
+        return self.claim_work(lease, limit, stops=False)
 
-        ``stops`` False: undelivered rows to deliver; True: rows whose request
-        is being cancelled, to stop. A row is claimable when nobody holds it,
+    def claim_work(
+        self, lease: Lease, limit: int, *, deliveries: bool = True, stops: bool = True
+    ) -> list[Claim]:
+        """Claim up to ``limit`` due rows for this worker generation, in one transaction.
+
+        Deliveries: undelivered rows; stops: rows whose request is being
+        cancelled (``Claim.stop``). A row is claimable when nobody holds it,
         or when its holder's lease is no longer alive (expired by the
         database clock, or taken over by a newer generation): a claim lives
         exactly as long as the lease it was made under (docs/decisions/212).
@@ -112,32 +121,40 @@ class OutboxStore:
                 )
                 .exists()
             )
-            kind = (_outbox.c.stopping == sa.true()) if stops else sa.and_(
-                _outbox.c.stopping == sa.false(), _outbox.c.delivered == sa.false()
+            claimable = sa.and_(
+                sa.or_(_outbox.c.attempts == 0, _outbox.c.next_attempt_at <= now),
+                sa.or_(_outbox.c.claimed_by.is_(None), ~holder_alive),
             )
-            query = (
-                sa.select(
-                    _outbox.c.request_id, _outbox.c.tenant, _outbox.c.target,
-                    _outbox.c.attempts, _outbox.c.claim_token,
-                )
-                .where(
-                    kind,
-                    sa.or_(_outbox.c.attempts == 0, _outbox.c.next_attempt_at <= now),
-                    sa.or_(_outbox.c.claimed_by.is_(None), ~holder_alive),
-                )
-                .order_by(_outbox.c.next_attempt_at, _outbox.c.request_id)
-                .limit(limit)
-            )
-            if supports_skip_locked(connection):
-                query = query.with_for_update(skip_locked=True)
-            candidates = connection.execute(query).all()
+            columns = (_outbox.c.request_id, _outbox.c.tenant, _outbox.c.target,
+                       _outbox.c.attempts, _outbox.c.claim_token, _outbox.c.stopping)
+            # One query per kind, each read from its own index, rather than one
+            # OR that would scan every delivered row the outbox keeps.
+            queries = []
+            if stops:
+                queries.append(sa.select(*columns).where(_outbox.c.stopping == sa.true(),
+                                                         claimable))
+            if deliveries:
+                queries.append(sa.select(*columns).where(
+                    _outbox.c.delivered == sa.false(), _outbox.c.stopping == sa.false(),
+                    claimable,
+                ))
+            candidates: list[Any] = []
+            for query in queries:
+                query = query.order_by(_outbox.c.next_attempt_at, _outbox.c.request_id).limit(
+                    limit - len(candidates))
+                if supports_skip_locked(connection):
+                    query = query.with_for_update(skip_locked=True)
+                candidates += connection.execute(query).all()
+                if len(candidates) >= limit:
+                    break
             if not candidates:
                 return []
             # One UPDATE for the batch, conditioned on the tokens we read: on
             # SQLite (no row locks, but one writer at a time) and everywhere
             # else alike, a row claimed by someone else in between is not ours.
+            updated = 0
             for token, group in _by_token(candidates).items():
-                connection.execute(
+                updated += connection.execute(
                     _outbox.update()
                     .where(
                         _outbox.c.request_id.in_(group),
@@ -147,16 +164,19 @@ class OutboxStore:
                         claimed_by=lease.owner, claim_generation=lease.generation,
                         claimed_until=lease.expires_at, claim_token=_outbox.c.claim_token + 1,
                     )
-                )
-            tokens = dict(connection.execute(
-                sa.select(_outbox.c.request_id, _outbox.c.claim_token).where(
-                    _outbox.c.request_id.in_([row.request_id for row in candidates]),
-                    _outbox.c.claimed_by == lease.owner,
-                    _outbox.c.claim_generation == lease.generation,
-                )
-            ).all())
-            claimed = [row for row in candidates
-                       if tokens.get(row.request_id) == int(row.claim_token) + 1]
+                ).rowcount
+            claimed = candidates
+            if updated != len(candidates):
+                # Some were claimed by someone else in between: find which are ours.
+                tokens = dict(connection.execute(
+                    sa.select(_outbox.c.request_id, _outbox.c.claim_token).where(
+                        _outbox.c.request_id.in_([row.request_id for row in candidates]),
+                        _outbox.c.claimed_by == lease.owner,
+                        _outbox.c.claim_generation == lease.generation,
+                    )
+                ).all())
+                claimed = [row for row in candidates
+                           if tokens.get(row.request_id) == int(row.claim_token) + 1]
             if not claimed:
                 return []
             # What the target needs, read once per batch rather than per delivery.
@@ -174,13 +194,16 @@ class OutboxStore:
                     int(row.claim_token) + 1, lease,
                     decode_cost(requests[row.request_id].cost),
                     json.loads(requests[row.request_id].payload),
+                    stop=bool(row.stopping),
                 )
                 for row in claimed
                 if row.request_id in requests
             ]
 
         claims = run_transaction(self.engine, work)
-        stats.increment("stops_claimed" if stops else "claimed", len(claims))
+        stopping = sum(1 for claim in claims if claim.stop)
+        stats.increment("stops_claimed", stopping)
+        stats.increment("claimed", len(claims) - stopping)
         return claims
 
     def fence(self, claim: Claim) -> Callable[[sa.Connection], None]:
@@ -223,9 +246,11 @@ class OutboxStore:
                 .order_by(_request.c.id).with_for_update()
             ).all())
             held = self._held_rows(connection, ids)
+            # Only a row claimed before can have a binding already (a replay).
+            replays = [claim.request_id for claim, _t, _o in delivered if claim.token > 1]
             existing = {row.request_id: row for row in connection.execute(
-                sa.select(_binding).where(_binding.c.request_id.in_(ids))
-            )}
+                sa.select(_binding).where(_binding.c.request_id.in_(replays))
+            )} if replays else {}
             now = self.clock.now()
             result = BatchResult()
             bindings, marked, entries = [], [], []

@@ -127,10 +127,14 @@ class LeaseStore:
         The locking read orders this transaction against a takeover: either the
         takeover waits for our commit (and its holder sees our writes), or we
         see its new generation here and refuse. Raises StaleGeneration.
+
+        A shared lock is enough for that (a takeover is an UPDATE, which waits
+        for it), and it lets one worker's own fenced transactions overlap: the
+        batch being written and the next batch being claimed (docs/decisions/216).
         """
         query = sa.select(_lease.c.owner, _lease.c.generation).where(
             _lease.c.name == lease.name
-        ).with_for_update()
+        ).with_for_update(read=True)
         row = connection.execute(query).first()
         if row is None or row.owner != lease.owner or int(row.generation) != lease.generation:
             raise stale(lease, "fenced write")

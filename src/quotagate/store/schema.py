@@ -105,6 +105,7 @@ outbox = sa.Table(
     # then a stop to carry out, claimed and fenced like a delivery.
     sa.Column("stopping", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Index(None, "delivered", "next_attempt_at"),
+    sa.Index(None, "stopping", "next_attempt_at"),
 )
 
 binding = sa.Table(

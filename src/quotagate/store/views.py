@@ -119,6 +119,25 @@ class LedgerViews:
             query = query.where(request.c.tenant == row["tenant"])
         return int(connection.execute(query).scalar_one()) + 1
 
+    @staticmethod
+    def _explain_stop(connection: sa.Connection, row: Any, *, admin: bool) -> dict[str, Any]:
+        """A cancelled request still charged: its stop awaits the target's confirmation."""
+        stop = connection.execute(
+            sa.select(schema.outbox.c.attempts, schema.outbox.c.last_error)
+            .where(schema.outbox.c.request_id == row["id"])
+        ).first()
+        attempts = 0 if stop is None else int(stop.attempts)
+        explained: dict[str, Any] = {
+            "id": row["id"], "state": row["state"], "waiting": False,
+            "stop_attempts": attempts,
+            "reason": "cancelled; still charged until its target confirms the work stopped "
+                      f"({attempts} unconfirmed stop attempts so far)",
+        }
+        if admin and stop is not None:
+            # The target's own answer is for operators (docs/decisions/214).
+            explained["last_answer"] = stop.last_error
+        return explained
+
     def explain(self, request_id: str, *, tenant: str | None = None) -> dict[str, Any]:
         """Why a waiting request is not admitted yet."""
         with reading(self.engine) as connection:
@@ -127,6 +146,8 @@ class LedgerViews:
             ).mappings().first()
             if row is None or (tenant is not None and row["tenant"] != tenant):
                 raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
+            if row["state"] == RequestState.CANCELLING.value:
+                return self._explain_stop(connection, row, admin=tenant is None)
             if row["state"] != RequestState.WAITING.value:
                 return {"id": request_id, "state": row["state"], "waiting": False,
                         "reason": f"request is {row['state']}, not waiting"}

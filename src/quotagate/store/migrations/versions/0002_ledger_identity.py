@@ -27,11 +27,14 @@ def upgrade() -> None:
     with op.batch_alter_table("qg_outbox") as batch:
         batch.add_column(sa.Column("stopping", sa.Boolean(), server_default=sa.false(),
                                    nullable=False))
+        batch.create_index(batch.f("ix_qg_outbox_stopping_next_attempt_at"),
+                           ["stopping", "next_attempt_at"], unique=False)
     # A ledger created before this revision gets its identity here.
     op.bulk_insert(meta, [{"key": "ledger_id", "value": uuid.uuid4().hex}])
 
 
 def downgrade() -> None:
     with op.batch_alter_table("qg_outbox") as batch:
+        batch.drop_index(batch.f("ix_qg_outbox_stopping_next_attempt_at"))
         batch.drop_column("stopping")
     op.drop_table("qg_meta")
