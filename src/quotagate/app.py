@@ -19,6 +19,7 @@ from quotagate.rate.quotas import RateQuotas
 from quotagate.rate.sql import SqlRateStore
 from quotagate.store import identity, migrate
 from quotagate.store.config import Configuration
+from quotagate.store.diagnosis import DeliveryTrail, delivery_trail
 from quotagate.store.engine import create_engine, database_url
 from quotagate.store.ledger import (
     DEFAULT_ADMISSION_WINDOW,
@@ -177,6 +178,10 @@ class Quotagate:
 
     def explain(self, request_id: str) -> dict[str, Any]:
         return self.views.explain(request_id)
+
+    def delivery_trail(self, request_id: str) -> DeliveryTrail:
+        """Outbox row, binding and audit entries of one request (for ``quotagate diagnose``)."""
+        return delivery_trail(self.engine, request_id)
 
     def usage(self) -> dict[str, list[dict[str, Any]]]:
         return self.views.usage()

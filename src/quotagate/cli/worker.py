@@ -119,7 +119,11 @@ def target() -> None:
 @target.command("set")
 @click.argument("name")
 @click.option("--kind", type=click.Choice(KINDS), required=True)
-@click.option("--command", "command", help="process: the command line run per request.")
+@click.option("--command", "command", help="process: the command line run per request; "
+              "spark: the job's entry point, e.g. 'spark-submit job.py'.")
+@click.option("--module", help="spark: a Python module run as the job (python -m MODULE).")
+@click.option("--checkpoint-root", help="spark: where checkpoints go, ROOT/LEDGER/TENANT/NAME "
+              "(default ./quotagate-checkpoints).")
 @click.option("--run-dir", help="process: where run directories go (default ./quotagate-runs).")
 @click.option("--environment", help="process: names of worker environment variables the "
               "command may inherit, comma-separated (beyond PATH, HOME, LANG).")

@@ -16,7 +16,7 @@ from quotagate.delivery.targets.base import (
 )
 from quotagate.errors import InvalidInput
 
-KINDS = ("process", "webhook", "kubernetes")
+KINDS = ("process", "webhook", "kubernetes", "spark")
 
 __all__ = [
     "KINDS",
@@ -44,6 +44,9 @@ def _module(kind: str) -> Any:
     if kind == "kubernetes":
         from quotagate.delivery.targets import kubernetes
         return kubernetes
+    if kind == "spark":
+        from quotagate.delivery.targets import spark
+        return spark
     raise InvalidInput(
         f"target kind {kind!r} is not one of {', '.join(KINDS)}", code="invalid_target_kind"
     )
@@ -59,6 +62,7 @@ def build_target(kind: str, config: Mapping[str, Any], *, ledger_id: str) -> Tar
     module = _module(kind)
     classes: dict[str, Any] = {
         "process": "ProcessTarget", "webhook": "WebhookTarget", "kubernetes": "KubernetesTarget",
+        "spark": "SparkTarget",
     }
     target: Target = getattr(module, classes[kind])(config, ledger_id=ledger_id)
     return target
