@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from quotagate import ManualClock, Quotagate
 from support.databases import BACKENDS, fresh_database
+from support.redis_servers import private_redis, redis_cluster  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(params=[pytest.param(name, marks=getattr(pytest.mark, name)) for name in BACKENDS])

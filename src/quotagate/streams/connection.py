@@ -10,7 +10,7 @@ Driver errors become quotagate errors here: an unreachable server is
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from quotagate.errors import InvalidInput, StaleGeneration, StoreUnavailable
 from quotagate.store.engine import redact
@@ -77,7 +77,7 @@ class _Translate:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: Any, error: BaseException | None, _traceback: Any) -> bool:
+    def __exit__(self, kind: Any, error: BaseException | None, _traceback: Any) -> Literal[False]:
         if error is None:
             return False
         exceptions = self.connection._redis.exceptions

@@ -38,6 +38,7 @@ class Streams:
         self.rates = rates
         self.topics = Topics(engine, rates, clock=clock or SystemClock())
         self._connections: dict[str, StreamRedis] = {}
+        self._producers: dict[tuple[str, str], Producer] = {}
         self._lock = threading.Lock()
 
     # -- where a tenant's streams live ---------------------------------------------------
@@ -86,6 +87,8 @@ class Streams:
         """Delete in the ledger (the authority, quota returned once), then the Redis keys."""
         connection, keys = self.keys(tenant)
         spec = self.topics.delete(tenant, topic, actor=actor)
+        with self._lock:
+            self._producers.pop((tenant, topic), None)
         try:
             self._drop_keys(connection, keys, spec)
         except QuotagateError:
@@ -119,6 +122,18 @@ class Streams:
     def producer(self, tenant: str, topic: str, **options: Any) -> Producer:
         self.topics.get(tenant, topic)  # unknown topic: refused now, not at the first send
         return Producer(lambda: self.handle(tenant, topic), self.rates.store, **options)
+
+    def shared_producer(self, tenant: str, topic: str) -> Producer:
+        """One producer per topic for a long-lived process (the HTTP API): its cached spec
+        is read again after a second, so a deleted topic stops taking messages."""
+        key = (tenant, topic)
+        with self._lock:
+            producer = self._producers.get(key)
+        if producer is None:
+            producer = self.producer(tenant, topic)
+            with self._lock:
+                producer = self._producers.setdefault(key, producer)
+        return producer
 
     def consumer(self, tenant: str, topic: str, group: str, name: str, **options: Any) -> Consumer:
         return Consumer(lambda: self.handle(tenant, topic), group, name, **options)

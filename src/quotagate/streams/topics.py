@@ -194,7 +194,7 @@ class Topics:
             raise _unknown(tenant, name)
         return _spec(row)
 
-    def list(self, tenant: str | None = None) -> list[TopicSpec]:
+    def specs(self, tenant: str | None = None) -> list[TopicSpec]:
         query = sa.select(schema.topic).order_by(schema.topic.c.tenant, schema.topic.c.name)
         if tenant is not None:
             query = query.where(schema.topic.c.tenant == tenant)
