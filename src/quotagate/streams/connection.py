@@ -61,6 +61,25 @@ class StreamRedis:
         with self.errors():
             return self.scripts[script](keys=list(keys), args=list(args))
 
+    def run_many(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """Several script calls in one round trip; each reply, or the error it raised.
+
+        redis-py refuses scripts in a cluster pipeline: there, one call after another.
+        """
+        with self.errors():
+            if not self.cluster:
+                pipeline = self.client.pipeline(transaction=False)
+                for script, keys, args in calls:
+                    self.scripts[script](keys=list(keys), args=list(args), client=pipeline)
+                return list(pipeline.execute(raise_on_error=False))
+            replies: list[Any] = []
+            for script, keys, args in calls:
+                try:
+                    replies.append(self.scripts[script](keys=list(keys), args=list(args)))
+                except self._redis.exceptions.ResponseError as error:
+                    replies.append(error)
+            return replies
+
     def errors(self) -> _Translate:
         return _Translate(self)
 

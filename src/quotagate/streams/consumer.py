@@ -259,15 +259,11 @@ class Consumer:
 
     def _read(self, reads: Sequence[tuple[int, _Owned]], budget: int) -> list[Entry]:
         share = max(1, budget // len(reads))
-        script = self.redis.scripts["READ"]
-        with self.redis.errors():
-            pipeline = self.redis.client.pipeline(transaction=False)
-            for partition, owned in reads:
-                lease = owned.lease
-                script(keys=[lease.name, self._streams[partition]],
-                       args=[lease.owner, lease.generation, self.group, owned.consumer,
-                             min(share, self.batch)], client=pipeline)
-            replies = pipeline.execute(raise_on_error=False)
+        replies = self.redis.run_many([
+            ("READ", [owned.lease.name, self._streams[partition]],
+             [owned.lease.owner, owned.lease.generation, self.group, owned.consumer,
+              min(share, self.batch)])
+            for partition, owned in reads])
         entries: list[Entry] = []
         for (partition, _owned), reply in zip(reads, replies, strict=True):
             if isinstance(reply, Exception):
@@ -305,26 +301,30 @@ class Consumer:
         result = SettleResult()
         if not by_partition:
             return result
-        script = self.redis.scripts["SETTLE"]
         calls: list[tuple[int, list[str]]] = []
-        with self.redis.errors():
-            pipeline = self.redis.client.pipeline(transaction=False)
-            for partition, (ids, failures) in sorted(by_partition.items()):
-                owned = self.owned.get(partition)
-                if owned is None:
-                    refusal = StaleGeneration(
-                        f"{self.name} no longer owns {self.topic} partition {partition}: "
-                        f"{len(ids)} ack(s) not sent", code="stale_generation")
-                    result.refused.append(refusal)
-                    self.refusals.append(refusal)
-                    continue
-                lease = owned.lease
-                script(keys=[lease.name, self._streams[partition], self._frontiers[partition],
-                             self._retry],
-                       args=[lease.owner, lease.generation, self.group, len(ids), *ids,
-                             *failures], client=pipeline)
-                calls.append((partition, ids))
-            replies = pipeline.execute(raise_on_error=False) if calls else []
+        scripts: list[tuple[str, list[str], list[Any]]] = []
+        for partition, (ids, failures) in sorted(by_partition.items()):
+            owned = self.owned.get(partition)
+            if owned is None:
+                refusal = StaleGeneration(
+                    f"{self.name} no longer owns {self.topic} partition {partition}: "
+                    f"{len(ids)} ack(s) not sent", code="stale_generation")
+                result.refused.append(refusal)
+                self.refusals.append(refusal)
+                continue
+            lease = owned.lease
+            scripts.append(("SETTLE", [lease.name, self._streams[partition],
+                                       self._frontiers[partition], self._retry],
+                            [lease.owner, lease.generation, self.group, len(ids), *ids,
+                             *failures]))
+            calls.append((partition, ids))
+        if calls and self.handle.max_in_flight is not None:
+            # In the same round trip: this instance now holds the acked entries less.
+            after = self.held - sum(len(ids) for _, ids in calls)
+            scripts.append(("IN_FLIGHT", [self._in_flight], [
+                self.instance, after, self.handle.max_in_flight, int(self.lease_ttl * 3000),
+                after]))
+        replies = self.redis.run_many(scripts)[: len(calls)] if calls else []
         for (partition, ids), reply in zip(calls, replies, strict=True):
             if isinstance(reply, Exception):
                 before = len(self.refusals)
