@@ -110,12 +110,25 @@ def test_concurrent_producers_never_exceed_the_topic_bucket(
         assert refused.value.retry_after > 0 and refused.value.code == "rate_quota_exhausted"
 
 
-def test_a_refused_batch_writes_nothing_and_is_counted(gate: Quotagate) -> None:
+@pytest.mark.parametrize("rate_store", ["ledger", "redis"])
+def test_a_refused_batch_writes_nothing_and_is_counted(
+    rate_store: str, tmp_path: Path, private_redis: RedisServer
+) -> None:
+    """Both paths: take then append (bucket in the ledger), and the fused script (bucket in
+    the topic's own Redis)."""
+    store_url = private_redis.url if rate_store == "redis" else None
+    with fresh_database("sqlite", tmp_path) as db_url, stream_gate(
+            db_url, private_redis.url, rate_store=store_url) as gate:
+        _refused_batch(gate, fused=rate_store == "redis")
+
+
+def _refused_batch(gate: Quotagate, *, fused: bool) -> None:
     tenant = tenant_with_quota(gate)
     gate.streams.create_topic(tenant, "orders", partitions=1, parallelism=1,
                               rate=parse_rate("capacity=5,refill=0"))
     producer = gate.streams.producer(tenant, "orders")
     producer.send_many(["x"] * 3)
+    assert (producer._bucket_key is not None) == fused
     before = metrics.count("refused", tenant, "orders")
     with pytest.raises(RateLimited):
         producer.send_many(["y"] * 3)  # all or none: 2 tokens are not enough for 3

@@ -38,7 +38,8 @@ class StreamRedis:
         self.description = description
         self._redis = import_redis()
         self.scripts = {name: client.register_script(getattr(scripts, name)) for name in (
-            "ACQUIRE", "RENEW", "RELEASE", "READ", "SETTLE", "CLAIM", "MEMBERS", "IN_FLIGHT")}
+            "ACQUIRE", "RENEW", "RELEASE", "READ", "SETTLE", "CLAIM", "MEMBERS", "IN_FLIGHT",
+            "PRODUCE")}
 
     @classmethod
     def from_url(cls, url: str) -> StreamRedis:
@@ -79,6 +80,14 @@ class StreamRedis:
                 except self._redis.exceptions.ResponseError as error:
                     replies.append(error)
             return replies
+
+    def same_server(self, client: Any) -> bool:
+        """Is ``client`` (another redis-py client) talking to this very Redis and database?"""
+        if self.cluster or not hasattr(client, "connection_pool"):
+            return False
+        mine = self.client.connection_pool.connection_kwargs
+        theirs = client.connection_pool.connection_kwargs
+        return all(mine.get(name) == theirs.get(name) for name in ("host", "port", "db", "path"))
 
     def errors(self) -> _Translate:
         return _Translate(self)

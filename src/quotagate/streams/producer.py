@@ -5,7 +5,10 @@ configured rate store (the ledger database or Redis) *before* anything is
 written (docs/streams.md); a refusal writes nothing and raises
 :class:`RateLimited`, or, in blocking mode, waits for the bucket up to a
 timeout. A batch takes all its tokens in one take, all or none, and is
-appended with ``XADD … MAXLEN ~ L`` per message in one pipeline.
+appended with ``XADD … MAXLEN ~ L`` per message in one pipeline. When the
+bucket lives in the topic's own (non-cluster) Redis, the take and the appends
+are one script call (``scripts.PRODUCE``): one round trip, same decision. An
+empty key is no key (round robin).
 
 The topic's spec and bucket shape are read from the ledger and kept for
 ``refresh_every`` seconds, so a send costs no ledger round trip.
@@ -18,12 +21,14 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from quotagate.domain.bucket import BucketConfig
+from quotagate.domain.bucket import BucketConfig, Decision, decide
 from quotagate.errors import InvalidInput, RateLimited
 from quotagate.rate.backend import RateStore
 from quotagate.rate.gate import retry_after_seconds
-from quotagate.rate.keys import BucketKey
+from quotagate.rate.keys import BucketKey, redis_key
+from quotagate.rate.redis import RedisRateStore
 from quotagate.streams import metrics
 from quotagate.streams.connection import StreamRedis
 from quotagate.streams.keys import StreamKeys
@@ -79,6 +84,8 @@ class Producer:
         self.refresh_every = refresh_every
         self._handle: TopicHandle | None = None
         self._partition_keys: list[str] = []
+        # The bucket's Redis key when it lives in the topic's own Redis: take and append fused.
+        self._bucket_key: str | None = None
         self._resolved_at = float("-inf")
         self._round_robin = itertools.count()
 
@@ -91,6 +98,11 @@ class Producer:
             spec = self._handle.spec
             self._partition_keys = [self._handle.keys.partition(spec.name, partition)
                                     for partition in range(spec.partitions)]
+            self._bucket_key = None
+            store = self.rate_store
+            if isinstance(store, RedisRateStore) and not store.cluster and \
+                    self._handle.redis.same_server(store.client):
+                self._bucket_key = redis_key(BucketKey(spec.tenant, spec.name))
         return self._handle
 
     def send(self, data: bytes | str, *, key: str | None = None) -> str:
@@ -108,6 +120,8 @@ class Producer:
         if len(batch) > MAX_BATCH:
             raise InvalidInput(f"a batch is at most {MAX_BATCH} messages", code="batch_too_large")
         handle = self.handle
+        if handle.rate is not None and self._bucket_key is not None:
+            return self._take_and_append(handle, handle.rate, batch)
         self._take(handle, len(batch))
         return self._append(handle, batch)
 
@@ -120,30 +134,60 @@ class Producer:
             decision = self.rate_store.take(BucketKey(spec.tenant, spec.name), handle.rate, amount)
             if decision.granted:
                 return
-            wait = retry_after_seconds(decision)
-            if not self.block or decision.retry_after is None or (
-                    time.monotonic() + wait > deadline):
-                metrics.increment("refused", spec.tenant, spec.name, amount)
-                raise RateLimited(
-                    f"topic {spec.name!r} of tenant {spec.tenant!r} has no rate quota left for "
-                    f"{amount} message(s) ({decision.remaining:g} tokens left); nothing was "
-                    "written", code="rate_quota_exhausted", retry_after=round(wait, 3),
-                    tenant=spec.tenant, topic=spec.name, tokens_left=decision.remaining,
-                    capacity=decision.capacity, refill_per_second=decision.refill_per_second)
-            time.sleep(max(wait, 0.001))
+            self._refused_or_wait(handle, decision, amount, deadline)
+
+    def _refused_or_wait(
+        self, handle: TopicHandle, decision: Decision, amount: int, deadline: float
+    ) -> None:
+        """Raise RateLimited, or (blocking, and the bucket refills in time) wait for it."""
+        spec = handle.spec
+        wait = retry_after_seconds(decision)
+        if not self.block or decision.retry_after is None or time.monotonic() + wait > deadline:
+            metrics.increment("refused", spec.tenant, spec.name, amount)
+            raise RateLimited(
+                f"topic {spec.name!r} of tenant {spec.tenant!r} has no rate quota left for "
+                f"{amount} message(s) ({decision.remaining:g} tokens left); nothing was "
+                "written", code="rate_quota_exhausted", retry_after=round(wait, 3),
+                tenant=spec.tenant, topic=spec.name, tokens_left=decision.remaining,
+                capacity=decision.capacity, refill_per_second=decision.refill_per_second)
+        time.sleep(max(wait, 0.001))
+
+    def _take_and_append(
+        self, handle: TopicHandle, rate: BucketConfig, batch: Sequence[tuple[bytes, str | None]]
+    ) -> list[str]:
+        """The bucket is in the topic's Redis: decide and append in one script call."""
+        spec, bucket = handle.spec, self._bucket_key
+        assert bucket is not None
+        partitions = self._partitions(spec, batch)
+        args: list[Any] = [repr(rate.capacity), repr(rate.refill_per_second), len(batch),
+                           "" if spec.max_len is None else spec.max_len]
+        for (data, key), partition in zip(batch, partitions, strict=True):
+            args += [partition, data, key or ""]
+        deadline = time.monotonic() + self.timeout
+        while True:
+            reply = handle.redis.run("PRODUCE", [bucket, *self._partition_keys], args)
+            if int(reply[0]):
+                break
+            decision = decide(rate, float(reply[1]), len(batch), False)
+            self._refused_or_wait(handle, decision, len(batch), deadline)
+        metrics.increment("produced", spec.tenant, spec.name, len(batch))
+        return [f"{partition}/{entry.decode()}" for partition, entry in
+                zip(partitions, reply[3:], strict=True)]
+
+    def _partitions(self, spec: TopicSpec, batch: Sequence[tuple[bytes, str | None]]) -> list[int]:
+        return [
+            partition_for(key, spec.partitions) if key else next(self._round_robin) % spec.partitions
+            for _, key in batch
+        ]
 
     def _append(self, handle: TopicHandle, batch: Sequence[tuple[bytes, str | None]]) -> list[str]:
         spec, names = handle.spec, self._partition_keys
-        partitions = [
-            partition_for(key, spec.partitions) if key is not None
-            else next(self._round_robin) % spec.partitions
-            for _, key in batch
-        ]
+        partitions = self._partitions(spec, batch)
         trim = {} if spec.max_len is None else {"maxlen": spec.max_len, "approximate": True}
         with handle.redis.errors():
             pipeline = handle.redis.client.pipeline(transaction=False)
             for (data, key), partition in zip(batch, partitions, strict=True):
-                fields = {b"data": data} if key is None else {b"data": data, b"key": key.encode()}
+                fields = {b"data": data, b"key": key.encode()} if key else {b"data": data}
                 pipeline.xadd(names[partition], fields, **trim)
             ids = pipeline.execute()
         metrics.increment("produced", spec.tenant, spec.name, len(batch))

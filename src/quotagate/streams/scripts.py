@@ -190,3 +190,40 @@ local total = math.max(tonumber(ARGV[5]), math.min(wanted, allowed))
 redis.call('HSET', KEYS[1], ARGV[1], total .. '|' .. (now + tonumber(ARGV[4])))
 return total
 """
+
+
+def _produce_script() -> str:
+    """Take from the topic's bucket and append the batch, in one step (one round trip).
+
+    The bucket is decided by the rate store's own script (``rate/token_bucket.lua``),
+    run here as a function — its ``KEYS``/``ARGV`` are the function's parameters — so
+    there is one bucket algorithm, not two. Only when the bucket lives in the same
+    (non-cluster) Redis as the topic; otherwise the producer takes, then appends.
+
+    KEYS: bucket, then the topic's partition streams. ARGV: capacity, refill,
+    amount, max length ('' for none), then per message: partition (0-based index
+    into the streams), data, key ('' for none).
+    → {granted, tokens left, state missing, entry ids…}.
+    """
+    from quotagate.rate.redis import SCRIPT as BUCKET
+
+    return "local function bucket(KEYS, ARGV)\n" + BUCKET + "\nend\n" + """
+local decided = bucket({KEYS[1]}, {'take', ARGV[1], ARGV[2], ARGV[3]})
+if decided[1] == 0 then return decided end
+local maxlen = ARGV[4]
+local reply = {decided[1], decided[2], decided[3]}
+for i = 5, #ARGV, 3 do
+  local stream = KEYS[tonumber(ARGV[i]) + 2]
+  local fields = {'data', ARGV[i + 1]}
+  if ARGV[i + 2] ~= '' then fields = {'data', ARGV[i + 1], 'key', ARGV[i + 2]} end
+  if maxlen == '' then
+    reply[#reply + 1] = redis.call('XADD', stream, '*', unpack(fields))
+  else
+    reply[#reply + 1] = redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', unpack(fields))
+  end
+end
+return reply
+"""
+
+
+PRODUCE = _produce_script()
