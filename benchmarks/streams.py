@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from ratelimit import redis_server
 
 from quotagate import Quotagate
 from quotagate.domain.bucket import BucketConfig
+from ratelimit import redis_server
 
 BATCH = 100
 PAYLOAD = "x" * 100
