@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from quotagate import Quotagate, RateLimited, StaleGeneration
+from quotagate import NotFound, Quotagate, RateLimited, StaleGeneration
 from quotagate.domain.bucket import parse_rate
 from quotagate.streams import metrics
 from quotagate.streams.consumer import Entry
@@ -343,3 +343,27 @@ def test_streams_on_a_redis_cluster(tmp_path: Path, redis_cluster: RedisCluster)
 
 def keys_of_cluster(cluster: redis.RedisCluster, pattern: str) -> list[str]:
     return sorted(name.decode() for name in cluster.keys(pattern, target_nodes=cluster.ALL_NODES))
+
+
+def test_deleting_a_topic_stops_its_consumers_and_generations_carry_on(
+    gate: Quotagate, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from quotagate.streams import consumer as consumer_module
+
+    monkeypatch.setattr(consumer_module, "RESOLVE_EVERY", 0.0)
+    tenant = tenant_with_quota(gate)
+    gate.streams.create_topic(tenant, "orders", partitions=1, parallelism=1)
+    gate.streams.producer(tenant, "orders").send("m")
+    running = gate.streams.consumer(tenant, "orders", "g", "c1")
+    assert [entry.text for entry in running.poll()] == ["m"]
+    assert running.owned[0].lease.generation == 1
+    gate.streams.delete_topic(tenant, "orders")
+    with pytest.raises(NotFound):
+        running.tick()
+    stream = StreamKeys(tenant).partition("orders", 0)
+    assert not client.exists(stream)  # not recreated by the consumer's reads
+    # The same topic created again: its partition leases go on from the old generation.
+    gate.streams.create_topic(tenant, "orders", partitions=1, parallelism=1)
+    with gate.streams.consumer(tenant, "orders", "g", "c1") as again:
+        again.tick()
+        assert again.owned[0].lease.generation == 2

@@ -65,10 +65,11 @@ class StreamRedis:
     def run_many(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
         """Several script calls in one round trip; each reply, or the error it raised.
 
-        redis-py refuses scripts in a cluster pipeline: there, one call after another.
+        redis-py refuses scripts in a cluster pipeline: there, one call after another
+        (and a single call needs no pipeline anywhere).
         """
         with self.errors():
-            if not self.cluster:
+            if not self.cluster and len(calls) > 1:
                 pipeline = self.client.pipeline(transaction=False)
                 for script, keys, args in calls:
                     self.scripts[script](keys=list(keys), args=list(args), client=pipeline)

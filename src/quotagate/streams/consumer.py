@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quotagate.domain.lease import Lease, validate_owner
-from quotagate.errors import InvalidInput, StaleGeneration
+from quotagate.errors import InvalidInput, NotFound, StaleGeneration
 from quotagate.streams import metrics
 from quotagate.streams.keys import validate_part
 from quotagate.streams.leases import PartitionLeases, PartitionRef
@@ -39,6 +39,7 @@ from quotagate.streams.producer import TopicHandle
 log = logging.getLogger("quotagate.streams")
 
 MAX_ERROR_CHARS = 500
+RESOLVE_EVERY = 5.0  # seconds between reads of the topic's spec and the tenant's settings
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,9 @@ class Consumer:
         if batch < 1 or max_deliveries < 1 or visibility_timeout <= 0:
             raise InvalidInput("batch and max deliveries must be at least 1, the visibility "
                                "timeout positive", code="invalid_consumer_option")
+        self._resolve = resolve
         self.handle = resolve()
+        self._resolved_at = time.monotonic()
         self.group = group
         self.name = name
         self.batch = batch
@@ -129,7 +132,19 @@ class Consumer:
     # -- ownership ----------------------------------------------------------------------
 
     def tick(self) -> None:
-        """Heartbeat, work out this consumer's share, let go of and take leases, renew."""
+        """Heartbeat, work out this consumer's share, let go of and take leases, renew.
+
+        Every few seconds the topic is read again from the ledger: a deleted topic
+        stops its consumers (NotFound) instead of being recreated by their reads.
+        """
+        if time.monotonic() - self._resolved_at >= RESOLVE_EVERY:
+            try:
+                self.handle = self._resolve()
+            except NotFound:
+                for partition in list(self.owned):
+                    self._let_go(partition)
+                raise
+            self._resolved_at = time.monotonic()
         ttl_ms = int(self.lease_ttl * 1000)
         live = [member.decode() for member in
                 self.redis.run("MEMBERS", [self._members], [self.name, ttl_ms])]

@@ -109,7 +109,8 @@ class Streams:
             for group in sorted(groups):
                 names += [keys.retry(topic, group), keys.members(topic, group)]
                 names += [keys.frontier(topic, group, p) for p in range(spec.partitions)]
-                names += [keys.lease(topic, group, p) for p in range(spec.partitions)]
+            # The leases stay: generations only grow, so a topic created again under the
+            # same name never hands a consumer of the old one a generation it still holds.
             # One key per call: on a cluster a multi-key DEL must stay in one slot.
             pipeline = connection.client.pipeline(transaction=False)
             for name in names:
