@@ -29,6 +29,8 @@ from quotagate.store.ledger import (
     SubmitResult,
 )
 from quotagate.store.views import LedgerViews
+from quotagate.streams.connection import ENVIRONMENT_VARIABLE as REDIS_VARIABLE
+from quotagate.streams.service import Streams
 
 
 class Quotagate:
@@ -43,6 +45,7 @@ class Quotagate:
         ttl: float = DEFAULT_TTL,
         admission_window: int = DEFAULT_ADMISSION_WINDOW,
         rate_store: RateStore | None = None,
+        redis: str | None = None,
     ) -> None:
         self.engine = engine
         self.clock: Clock = clock or SystemClock()
@@ -59,6 +62,9 @@ class Quotagate:
         )
         self.config = Configuration(engine, clock=self.clock)
         self._ledger_id: str | None = None
+        # Streams (docs/streams.md): Redis is connected only when a stream is used.
+        self.streams = Streams(engine, self.rates, redis_url=redis or os.environ.get(REDIS_VARIABLE),
+                               clock=self.clock)
 
     @classmethod
     def connect(
@@ -88,6 +94,7 @@ class Quotagate:
         return self._ledger_id
 
     def close(self) -> None:
+        self.streams.close()
         self.rate_store.close()
         self.engine.dispose()
 

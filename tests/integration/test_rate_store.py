@@ -1,17 +1,15 @@
 """One behavioural suite for every rate store: SQLite, PostgreSQL, MariaDB and Redis.
 
 Redis runs as a throwaway ``redis-server`` of these tests' own, on a free
-port, so flushing and restarting it disturbs nobody else's Redis.
+port (``support.redis_servers``), so flushing and restarting it disturbs
+nobody else's Redis.
 """
 
 from __future__ import annotations
 
-import random
-import socket
-import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,58 +19,10 @@ from quotagate.rate.backend import RateStore, Take, rate_store_from_url
 from quotagate.rate.keys import BucketKey
 from quotagate.rate.redis import SCRIPT_SHA, RedisRateStore
 from quotagate.rate.sql import SqlRateStore
-from support.databases import fresh_database, unavailable
+from support.databases import fresh_database
+from support.redis_servers import RedisCluster, RedisServer
 
 STORES = ("sqlite", "postgresql", "mysql", "redis")
-
-
-class RedisServer:
-    """A redis-server process of our own: no persistence, killable, restartable on its port."""
-
-    def __init__(self, directory: Path, port: int | None = None) -> None:
-        self.directory = directory
-        if port is None:
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                port = int(probe.getsockname()[1])
-        self.port = port
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, options: Sequence[str] = ()) -> None:
-        try:
-            self.process = subprocess.Popen(
-                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                 "--save", "", "--appendonly", "no", "--dir", str(self.directory), *options],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )
-        except FileNotFoundError as error:
-            unavailable("redis-server", error)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                pass
-            time.sleep(0.02)
-        raise RuntimeError(f"redis-server on port {self.port} did not start")
-
-    def kill(self) -> None:
-        """SIGKILL: the state it held is gone, as in a crash without persistence."""
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
-
-    def restart(self) -> None:
-        self.kill()
-        self.start()
 
 
 @pytest.fixture(scope="module")
@@ -265,80 +215,18 @@ def test_redis_script_is_loaded_once_and_reloaded_after_a_flush(
     store.close()
 
 
-def _cluster_ports(count: int) -> list[int]:
-    """Free ports whose cluster bus port (port + 10000) is free and valid too."""
-    ports: list[int] = []
-    candidate = 20000 + random.randrange(30000)
-    while len(ports) < count:
-        candidate += 1
-        if candidate > 55000:
-            candidate = 20000
-        probes = [socket.socket(), socket.socket()]
-        try:
-            for probe, port in zip(probes, (candidate, candidate + 10000), strict=True):
-                probe.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        finally:
-            for probe in probes:
-                probe.close()
-        ports.append(candidate)
-    return ports
-
-
-class RedisCluster:
-    """Three redis-server primaries of our own joined into a Redis Cluster."""
-
-    def __init__(self, directory: Path) -> None:
-        self.nodes = [RedisServer(directory / f"node-{index}", port)
-                      for index, port in enumerate(_cluster_ports(3))]
-
-    @property
-    def url(self) -> str:
-        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}/0"
-
-    def start(self) -> None:
-        for node in self.nodes:
-            node.directory.mkdir(parents=True, exist_ok=True)
-            node.start(["--cluster-enabled", "yes", "--cluster-config-file",
-                        str(node.directory / "nodes.conf")])
-        subprocess.run(
-            ["redis-cli", "--cluster", "create",
-             *(f"127.0.0.1:{node.port}" for node in self.nodes),
-             "--cluster-replicas", "0", "--cluster-yes"],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60,
-        )
-        deadline = time.monotonic() + 30
-        for node in self.nodes:
-            while b"cluster_state:ok" not in subprocess.run(
-                ["redis-cli", "-p", str(node.port), "cluster", "info"],
-                capture_output=True, timeout=10,
-            ).stdout:
-                assert time.monotonic() < deadline, "the cluster never became ready"
-                time.sleep(0.05)
-
-    def kill(self) -> None:
-        for node in self.nodes:
-            node.kill()
-
-
-def test_redis_cluster_takes_and_batches_across_slots(tmp_path: Path) -> None:
-    cluster = RedisCluster(tmp_path)
-    try:
-        cluster.start()
-        store = rate_store_from_url(cluster.url)
-        assert isinstance(store, RedisRateStore) and store.cluster
-        keys = [BucketKey(tenant, topic) for tenant in ("default", "team-a", "team-b", "team-c")
-                for topic in (None, "orders")]
-        for key in keys:
-            store.configure(key, COUNTING, fresh=True)
-        # Three rounds of 2 tokens from every bucket, in one call: 2, 2, then refused.
-        decisions = store.take_many([Take(key, COUNTING, 2) for key in keys] * 3)
-        assert [decision.granted for decision in decisions] == [True] * 16 + [False] * 8
-        assert [store.peek(key, COUNTING) for key in keys] == [1] * 8
-        slots = {store.client.keyslot(name.decode()) for name in store.client.keys(
-            "tenant:{team-a}:*", target_nodes=store.client.ALL_NODES)}
-        assert len(slots) == 1
-        store.close()
-    finally:
-        cluster.kill()
+def test_redis_cluster_takes_and_batches_across_slots(redis_cluster: RedisCluster) -> None:
+    store = rate_store_from_url(redis_cluster.url)
+    assert isinstance(store, RedisRateStore) and store.cluster
+    keys = [BucketKey(tenant, topic) for tenant in ("default", "team-a", "team-b", "team-c")
+            for topic in (None, "orders")]
+    for key in keys:
+        store.configure(key, COUNTING, fresh=True)
+    # Three rounds of 2 tokens from every bucket, in one call: 2, 2, then refused.
+    decisions = store.take_many([Take(key, COUNTING, 2) for key in keys] * 3)
+    assert [decision.granted for decision in decisions] == [True] * 16 + [False] * 8
+    assert [store.peek(key, COUNTING) for key in keys] == [1] * 8
+    slots = {store.client.keyslot(name.decode()) for name in store.client.keys(
+        "tenant:{team-a}:*", target_nodes=store.client.ALL_NODES)}
+    assert len(slots) == 1
+    store.close()

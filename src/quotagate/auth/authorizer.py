@@ -25,17 +25,25 @@ REQUEST_CANCEL = "request.cancel"
 REQUEST_COMPLETE = "request.complete"
 REQUEST_FAIL = "request.fail"
 AUDIT_READ = "audit.read"
+TOPIC_CREATE = "topic.create"
+TOPIC_READ = "topic.read"
+TOPIC_DELETE = "topic.delete"
+STREAM_PRODUCE = "stream.produce"
+STREAM_READ = "stream.read"
 
 ADMIN_OPERATIONS = frozenset({TENANT_SET, POOL_SET, POOL_READ})
 OPERATIONS = frozenset(
     {
         TENANT_SET, TENANT_READ, POOL_SET, POOL_READ, USAGE_READ, REQUEST_SUBMIT, REQUEST_READ,
         REQUEST_LIST, REQUEST_CANCEL, REQUEST_COMPLETE, REQUEST_FAIL, AUDIT_READ,
+        TOPIC_CREATE, TOPIC_READ, TOPIC_DELETE, STREAM_PRODUCE, STREAM_READ,
     }
 )
 # Operations on one request: refusing them says "not found", so a tenant cannot
 # learn that another tenant's request id exists.
 REQUEST_OPERATIONS = frozenset({REQUEST_READ, REQUEST_CANCEL, REQUEST_COMPLETE, REQUEST_FAIL})
+# Operations on one topic: refused as "not found" for the same reason (docs/streams.md).
+TOPIC_OPERATIONS = frozenset({TOPIC_CREATE, TOPIC_READ, TOPIC_DELETE, STREAM_PRODUCE, STREAM_READ})
 
 
 # The only operations an executor token may ask for (docs/decisions/310-*).

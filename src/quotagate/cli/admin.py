@@ -13,6 +13,11 @@ from quotagate.cli.common import (
     reports_errors,
 )
 from quotagate.cli.rate import describe_rate, rate_store_option
+from quotagate.cli.stream_settings import (
+    describe_stream_settings,
+    parse_stream_settings,
+    stream_settings_options,
+)
 from quotagate.domain.bucket import parse_rate
 from quotagate.store.engine import database_url, redact
 
@@ -39,23 +44,29 @@ def tenant() -> None:
 @click.option("--rate", default=None, metavar="capacity=N,refill=R",
               help="Rate quota: a token bucket of N tokens gaining R per second "
               "(refill=0: only 'quotagate tokens add' refills it); 'none' removes it.")
+@stream_settings_options
 @db_option
 @rate_store_option
 @reports_errors
 def tenant_set(
     name: str, quotas: tuple[str, ...], rate: str | None, db_url: str | None,
-    rate_store: str | None,
+    rate_store: str | None, **stream_options: str | None,
 ) -> None:
     """Create a tenant or change its quotas."""
     # Parse everything before changing anything: a bad --rate leaves the tenant untouched.
     caps = parse_assignments(quotas, "quota")
     bucket = parse_rate(rate) if rate is not None else None
+    stream_settings = parse_stream_settings(**stream_options)
     with open_gate(db_url, rate_store=rate_store) as gate:
         result = gate.set_tenant(name, caps, actor="cli")
         status = gate.set_rate(name, bucket, actor="cli") if rate is not None else None
+        settings = (gate.streams.topics.set_settings(name, **stream_settings, actor="cli")
+                    if stream_settings else None)
     _print_caps("tenant", name, result)
     if rate is not None:
         click.echo(describe_rate(status))
+    if settings is not None:
+        click.echo(describe_stream_settings(settings))
 
 
 @tenant.command("show")
@@ -69,11 +80,15 @@ def tenant_show(name: str, as_json: bool, db_url: str | None, rate_store: str | 
     with open_gate(db_url, rate_store=rate_store) as gate:
         described = gate.config.get_tenant(name)
         described["rate"] = gate.rate_status(name)
+        settings = gate.streams.topics.settings(name)
+    described["streams"] = {"max_len": settings.max_len, "max_in_flight": settings.max_in_flight,
+                            "redis": redact(settings.redis_url) if settings.redis_url else None}
     if as_json:
         echo_json(described)
     else:
         _print_caps("tenant", name, described["quota"])
         click.echo(describe_rate(described["rate"]))
+        click.echo(describe_stream_settings(settings))
 
 
 @tenant.command("list")

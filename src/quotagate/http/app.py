@@ -10,7 +10,7 @@ from quotagate.auth.tokens import TokenStore
 from quotagate.http.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from quotagate.http.context import ApiContext
 from quotagate.http.errors import install_error_handlers
-from quotagate.http.routers import admin, audit, health, rate, requests
+from quotagate.http.routers import admin, audit, health, rate, requests, streams
 from quotagate.observability.metrics import Metrics
 
 # Every router the API serves. A new area adds one line here.
@@ -21,6 +21,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     requests.batch_router,
     audit.router,
     rate.router,
+    streams.router,
 )
 
 

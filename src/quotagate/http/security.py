@@ -9,7 +9,7 @@ from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.exc import SQLAlchemyError
 
-from quotagate.auth.authorizer import REQUEST_OPERATIONS, Actor
+from quotagate.auth.authorizer import REQUEST_OPERATIONS, TOPIC_OPERATIONS, Actor
 from quotagate.errors import Forbidden, NotFound, QuotagateError, Unauthorized
 from quotagate.http.context import ApiContext, Context
 from quotagate.store.audit import AuditEntry, record
@@ -63,6 +63,8 @@ def authorize(
     _audit_refusal(context, actor, operation, target)
     if operation in REQUEST_OPERATIONS:
         raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
+    if operation in TOPIC_OPERATIONS:
+        raise NotFound(f"topic {request_id!r} does not exist", code="unknown_topic")
     scope = f"tenant {tenant!r}" if tenant else "the whole platform"
     raise Forbidden(f"this token may not {operation} for {scope}", code="forbidden")
 

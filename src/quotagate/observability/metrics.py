@@ -188,6 +188,34 @@ class DeliveryStatsCollector(Collector):
         return families
 
 
+class StreamStatsCollector(Collector):
+    """Exports the stream layer's process-wide counters and gauges (tenant, topic labels)."""
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        from quotagate.streams import metrics as stream_metrics
+
+        counters, gauges = stream_metrics.snapshot()
+        families: list[Metric] = []
+        for name, documentation in stream_metrics.COUNTERS.items():
+            family = CounterMetricFamily(f"quotagate_stream_{name}", documentation + " (this process)",
+                                         labels=["tenant", "topic"])
+            for (counter, tenant, topic), value in sorted(counters.items()):
+                if counter == name:
+                    family.add_metric([tenant, topic], value)
+            families.append(family)
+        for name, documentation in stream_metrics.GAUGES.items():
+            gauge = GaugeMetricFamily(f"quotagate_stream_{name}", documentation,
+                                      labels=["tenant", "topic", "group"])
+            for (gauge_name, tenant, topic, group), value in sorted(gauges.items()):
+                if gauge_name == name:
+                    gauge.add_metric([tenant, topic, group], value)
+            families.append(gauge)
+        return families
+
+
 class Metrics:
     """Everything one process exports on ``/metrics``."""
 
@@ -219,6 +247,7 @@ class Metrics:
         )
         self.registry.register(LedgerCollector(engine, clock or SystemClock()))
         self.registry.register(DeliveryStatsCollector())
+        self.registry.register(StreamStatsCollector())
 
     def record_admissions(
         self, admitted: Sequence[Any], created_by_id: dict[str, float], now: float

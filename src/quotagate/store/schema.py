@@ -196,3 +196,26 @@ ledger_meta = sa.Table(
     sa.Column("key", sa.String(64), primary_key=True),
     sa.Column("value", sa.String(256), nullable=False),
 )
+
+# Streams (docs/streams.md): a tenant's topics, charged to its quota in the
+# resources "partitions" and "parallelism"; Redis holds the streams themselves.
+topic = sa.Table(
+    "qg_topic",
+    metadata,
+    sa.Column("tenant", NAME, primary_key=True),
+    sa.Column("name", sa.String(100), primary_key=True),
+    sa.Column("partitions", sa.Integer, nullable=False),
+    sa.Column("parallelism", sa.Integer, nullable=False),
+    sa.Column("max_len", sa.BigInteger, nullable=True),
+    sa.Column("created", TIME, nullable=False),
+)
+
+# A tenant's stream settings: length cap, in-flight cap, and its own Redis (or NULL: the shared one).
+tenant_stream = sa.Table(
+    "qg_tenant_stream",
+    metadata,
+    sa.Column("tenant", NAME, primary_key=True),
+    sa.Column("max_len", sa.BigInteger, nullable=True),
+    sa.Column("max_in_flight", sa.BigInteger, nullable=True),
+    sa.Column("redis_url", sa.String(512), nullable=True),
+)

@@ -217,6 +217,9 @@ class LedgerViews:
                 )
             ).all()
             tenants, pools = all_usage(connection)
+            topics = connection.execute(sa.select(
+                schema.topic.c.tenant, schema.topic.c.partitions, schema.topic.c.parallelism
+            )).all()
             orphans = connection.execute(
                 sa.select(schema.outbox.c.request_id)
                 .select_from(
@@ -233,6 +236,10 @@ class LedgerViews:
             ).scalars().all()
         tenant_costs: dict[str, list[dict[str, int]]] = {}
         pool_costs: dict[str, list[dict[str, int]]] = {}
+        # A topic charges its tenant's quota in partitions and parallelism (docs/streams.md).
+        for tenant, partitions, parallelism in topics:
+            tenant_costs.setdefault(tenant, []).append(
+                {"partitions": partitions, "parallelism": parallelism})
         for row in rows:
             cost = decode_cost(row.cost)
             tenant_costs.setdefault(row.tenant, []).append(cost)

@@ -1,0 +1,319 @@
+"""Topics on the ledger side: specs per tenant, quotas charged where the ledger is authoritative.
+
+A topic's ``partitions`` and ``parallelism`` are tenant quota resources
+(``qg_tenant_quota``), charged with the same conditional UPDATE admission
+uses (``store.rows.adjust_usage``), in one transaction with the topic row and
+its audit entry. There is no second counter store in Redis that could drift
+from the ledger, and ``quotagate check`` counts topics with requests.
+
+Redis is written only from inside that transaction, as its last step
+(``on_created``): over quota, the transaction stops before it and Redis is
+never touched; if Redis fails, the transaction rolls back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from quotagate.domain.bucket import BucketConfig
+from quotagate.domain.clock import Clock, SystemClock
+from quotagate.domain.model import validate_name
+from quotagate.errors import Conflict, InvalidInput, NotFound
+from quotagate.rate import sql as rate_sql
+from quotagate.rate.keys import BucketKey
+from quotagate.rate.quotas import RateQuotas
+from quotagate.store import schema
+from quotagate.store.audit import AuditEntry, record
+from quotagate.store.dialect import reading, run_transaction
+from quotagate.store.rows import adjust_usage, holder_usage
+from quotagate.streams.keys import validate_part
+
+PARTITIONS = "partitions"
+PARALLELISM = "parallelism"
+MAX_PARTITIONS = 1024
+MAX_LEN = 10**12
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    tenant: str
+    name: str
+    partitions: int
+    parallelism: int
+    max_len: int | None = None
+    created: float = 0.0
+
+    def __post_init__(self) -> None:
+        validate_name(self.tenant, "tenant")
+        validate_part(self.name, "topic")
+        for value, what in ((self.partitions, PARTITIONS), (self.parallelism, PARALLELISM)):
+            _whole(value, what, 1, MAX_PARTITIONS)
+        if self.max_len is not None:
+            _whole(self.max_len, "max length", 1, MAX_LEN)
+
+    @property
+    def cost(self) -> dict[str, int]:
+        return {PARTITIONS: self.partitions, PARALLELISM: self.parallelism}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tenant": self.tenant, "topic": self.name, "partitions": self.partitions,
+                "parallelism": self.parallelism, "max_len": self.max_len,
+                "created": self.created}
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """A tenant's stream settings; None means no cap (or: the shared Redis)."""
+
+    tenant: str
+    max_len: int | None = None
+    max_in_flight: int | None = None
+    redis_url: str | None = None
+
+
+def _whole(value: object, what: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidInput(f"{what} must be a whole number from {low} to {high}, got {value!r}",
+                           code=f"invalid_{what.replace(' ', '_')}")
+    return value
+
+
+def _spec(row: Any) -> TopicSpec:
+    return TopicSpec(row.tenant, row.name, int(row.partitions), int(row.parallelism),
+                     None if row.max_len is None else int(row.max_len), float(row.created))
+
+
+# Sentinel: "leave this setting as it is".
+KEEP: Any = object()
+
+
+class Topics:
+    """Create, delete and read topic specs and tenant stream settings (SQL only)."""
+
+    def __init__(self, engine: Engine, rates: RateQuotas, *, clock: Clock | None = None) -> None:
+        self.engine = engine
+        self.rates = rates
+        self.clock: Clock = clock or SystemClock()
+
+    # -- topics ---------------------------------------------------------------------
+
+    def create(
+        self,
+        tenant: str,
+        name: str,
+        *,
+        partitions: int,
+        parallelism: int,
+        max_len: int | None = None,
+        rate: BucketConfig | None = None,
+        actor: str = "admin",
+        on_created: Callable[[TopicSpec], None] | None = None,
+    ) -> TopicSpec:
+        """Charge the tenant and record the topic; refused over quota with nothing changed."""
+        requested = TopicSpec(tenant, name, partitions, parallelism, max_len)
+
+        def work(connection: sa.Connection) -> TopicSpec:
+            settings = self._settings(connection, tenant, lock=True)
+            if connection.execute(
+                sa.select(schema.topic.c.name).where(
+                    schema.topic.c.tenant == tenant, schema.topic.c.name == name)
+            ).first() is not None:
+                raise Conflict(f"topic {name!r} of tenant {tenant!r} exists already",
+                               code="topic_exists")
+            spec = self._capped(requested, settings)
+            if not adjust_usage(connection, schema.tenant_quota, "tenant", tenant, spec.cost,
+                                charge=True):
+                raise self._over_quota(connection, spec)
+            now = self.clock.now()
+            spec = TopicSpec(tenant, name, partitions, parallelism, spec.max_len, now)
+            connection.execute(schema.topic.insert().values(
+                tenant=tenant, name=name, partitions=partitions, parallelism=parallelism,
+                max_len=spec.max_len, created=now))
+            if rate is not None:
+                self._set_rate(connection, BucketKey(tenant, name), rate)
+            record(connection, now, AuditEntry(
+                actor, "topic.create", "ok", tenant, f"topic/{tenant}/{name}",
+                f"partitions={partitions},parallelism={parallelism},max_len={spec.max_len}"))
+            if on_created is not None:
+                on_created(spec)  # last: Redis is written only once SQL has said yes
+            return spec
+
+        try:
+            return run_transaction(self.engine, work)
+        except IntegrityError as error:
+            raise Conflict(f"topic {name!r} of tenant {tenant!r} is being created concurrently",
+                           code="topic_exists") from error
+
+    def delete(
+        self, tenant: str, name: str, *, actor: str = "admin",
+        on_deleted: Callable[[TopicSpec], None] | None = None,
+    ) -> TopicSpec:
+        """Remove the topic and return its quota, exactly once (a second delete: not found)."""
+        validate_part(name, "topic")
+
+        def work(connection: sa.Connection) -> TopicSpec:
+            row = connection.execute(
+                sa.select(schema.topic).where(
+                    schema.topic.c.tenant == tenant, schema.topic.c.name == name
+                ).with_for_update()
+            ).first()
+            if row is None:
+                raise _unknown(tenant, name)
+            spec = _spec(row)
+            deleted = connection.execute(schema.topic.delete().where(
+                schema.topic.c.tenant == tenant, schema.topic.c.name == name))
+            if deleted.rowcount != 1:
+                raise _unknown(tenant, name)
+            if not adjust_usage(connection, schema.tenant_quota, "tenant", tenant, spec.cost,
+                                charge=False):
+                raise RuntimeError(f"ledger inconsistent: cannot return {spec.cost} to {tenant}")
+            key = BucketKey(tenant, name)
+            if rate_sql.forget_in(connection, key) and not self.rates.in_transaction:
+                self.rates.store.forget(key)
+            record(connection, self.clock.now(), AuditEntry(
+                actor, "topic.delete", "released", tenant, f"topic/{tenant}/{name}",
+                f"partitions={spec.partitions},parallelism={spec.parallelism}"))
+            if on_deleted is not None:
+                on_deleted(spec)
+            return spec
+
+        return run_transaction(self.engine, work)
+
+    def get(self, tenant: str, name: str) -> TopicSpec:
+        validate_part(name, "topic")
+        with reading(self.engine) as connection:
+            row = connection.execute(sa.select(schema.topic).where(
+                schema.topic.c.tenant == tenant, schema.topic.c.name == name)).first()
+        if row is None:
+            raise _unknown(tenant, name)
+        return _spec(row)
+
+    def specs(self, tenant: str | None = None) -> list[TopicSpec]:
+        query = sa.select(schema.topic).order_by(schema.topic.c.tenant, schema.topic.c.name)
+        if tenant is not None:
+            query = query.where(schema.topic.c.tenant == tenant)
+        with reading(self.engine) as connection:
+            return [_spec(row) for row in connection.execute(query)]
+
+    def rate_config(self, tenant: str, name: str) -> BucketConfig | None:
+        with reading(self.engine) as connection:
+            return rate_sql.read_config(connection, BucketKey(tenant, name))
+
+    # -- tenant settings --------------------------------------------------------------
+
+    def settings(self, tenant: str) -> StreamSettings:
+        with reading(self.engine) as connection:
+            return self._settings(connection, tenant)
+
+    def all_settings(self) -> list[StreamSettings]:
+        with reading(self.engine) as connection:
+            rows = connection.execute(sa.select(schema.tenant_stream)).all()
+        return [StreamSettings(row.tenant, row.max_len, row.max_in_flight, row.redis_url)
+                for row in rows]
+
+    def set_settings(
+        self, tenant: str, *, max_len: int | None = KEEP, max_in_flight: int | None = KEEP,
+        redis_url: str | None = KEEP, actor: str = "admin",
+    ) -> StreamSettings:
+        """Change the settings given (None clears one); the others stay as they are."""
+        changes: dict[str, Any] = {}
+        if max_len is not KEEP:
+            changes["max_len"] = None if max_len is None else _whole(max_len, "max length", 1,
+                                                                     MAX_LEN)
+        if max_in_flight is not KEEP:
+            changes["max_in_flight"] = None if max_in_flight is None else _whole(
+                max_in_flight, "max in flight", 1, MAX_LEN)
+        if redis_url is not KEEP:
+            if redis_url is not None and not redis_url.startswith(
+                    ("redis://", "rediss://", "unix://", "redis+cluster://")):
+                raise InvalidInput("a tenant's Redis must be a redis://, rediss://, unix:// or "
+                                   "redis+cluster:// URL", code="invalid_redis_url")
+            changes["redis_url"] = redis_url
+
+        def work(connection: sa.Connection) -> StreamSettings:
+            self._settings(connection, tenant, lock=True)
+            table = schema.tenant_stream
+            if changes:
+                updated = connection.execute(
+                    table.update().where(table.c.tenant == tenant).values(**changes))
+                if updated.rowcount == 0:
+                    connection.execute(table.insert().values(tenant=tenant, **changes))
+            # The URL may hold a password: the audit entry names only which settings changed.
+            described = ",".join(
+                f"{key}={value}" if key != "redis_url" else f"redis_url={'set' if value else 'none'}"
+                for key, value in sorted(changes.items()))
+            record(connection, self.clock.now(), AuditEntry(
+                actor, "tenant.stream.set", "ok", tenant, f"tenant/{tenant}", described))
+            return self._settings(connection, tenant)
+
+        for _ in range(3):
+            try:
+                return run_transaction(self.engine, work)
+            except IntegrityError:
+                continue  # inserted concurrently: run again as an update
+        raise Conflict(f"stream settings of {tenant!r} are being changed concurrently; retry")
+
+    # -- helpers --------------------------------------------------------------------
+
+    @staticmethod
+    def _settings(connection: sa.Connection, tenant: str, *, lock: bool = False) -> StreamSettings:
+        validate_name(tenant, "tenant")
+        query = sa.select(schema.tenant.c.name).where(schema.tenant.c.name == tenant)
+        if lock:
+            # Serialises a tenant's topic changes against a change of its caps.
+            query = query.with_for_update()
+        if connection.execute(query).first() is None:
+            raise NotFound(f"tenant {tenant!r} does not exist; create it with "
+                           "'quotagate tenant set'", code="unknown_tenant")
+        row = connection.execute(sa.select(schema.tenant_stream).where(
+            schema.tenant_stream.c.tenant == tenant)).first()
+        if row is None:
+            return StreamSettings(tenant)
+        return StreamSettings(tenant, row.max_len, row.max_in_flight, row.redis_url)
+
+    @staticmethod
+    def _capped(spec: TopicSpec, settings: StreamSettings) -> TopicSpec:
+        """The tenant's length cap bounds the topic's: a spec asking more is refused."""
+        cap = settings.max_len
+        if cap is None:
+            return spec
+        if spec.max_len is None:
+            return TopicSpec(spec.tenant, spec.name, spec.partitions, spec.parallelism, cap)
+        if spec.max_len > cap:
+            raise InvalidInput(
+                f"topic max length {spec.max_len} is above tenant {spec.tenant!r}'s stream "
+                f"length limit {cap} ('quotagate tenant set {spec.tenant} --stream-max-len')",
+                code="max_len_above_limit")
+        return spec
+
+    @staticmethod
+    def _over_quota(connection: sa.Connection, spec: TopicSpec) -> Conflict:
+        usage = holder_usage(connection, schema.tenant_quota, "tenant", spec.tenant)
+        short = []
+        for resource, amount in sorted(spec.cost.items()):
+            if resource not in usage:
+                short.append(f"{resource}: no quota (set one with 'quotagate tenant set "
+                             f"{spec.tenant} --quota {resource}=N')")
+                continue
+            used, cap = usage[resource]
+            if used + amount > cap:
+                short.append(f"{resource} needs {amount}, {cap - used} of {cap} left")
+        return Conflict(f"topic {spec.name!r} does not fit tenant {spec.tenant!r}'s quota: "
+                        + "; ".join(short) + "; nothing was created",
+                        code="topic_quota_exceeded")
+
+    def _set_rate(self, connection: sa.Connection, key: BucketKey, config: BucketConfig) -> None:
+        existing = rate_sql.read_config(connection, key)
+        rate_sql.configure_in(connection, key, config, fresh=existing is None)
+        if not self.rates.in_transaction:
+            self.rates.store.configure(key, config, fresh=existing is None)
+
+
+def _unknown(tenant: str, name: str) -> NotFound:
+    return NotFound(f"topic {name!r} of tenant {tenant!r} does not exist", code="unknown_topic")

@@ -1,0 +1,100 @@
+"""The stream commands as a user runs them: one subprocess per command (SQLite ledger)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from support.cli import QUOTAGATE, run
+from support.redis_servers import RedisServer
+from support.streams import new_tenant
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    run("init", db=url, cwd=tmp_path)
+    return url
+
+
+def test_topic_produce_consume_status_and_delete(
+    db: str, tmp_path: Path, private_redis: RedisServer
+) -> None:
+    tenant, redis = new_tenant(), ["--redis", private_redis.url]
+    run("tenant", "set", tenant, "--quota", "partitions=4", "--quota", "parallelism=2",
+        "--stream-max-len", "1000", db=db, cwd=tmp_path)
+    created = run("topic", "create", "orders", "--tenant", tenant, "--partitions", "2",
+                  "--parallelism", "1", *redis, db=db, cwd=tmp_path)
+    assert "max length 1000" in created.stdout
+    refused = run("topic", "create", "more", "--tenant", tenant, "--partitions", "3",
+                  "--parallelism", "1", *redis, db=db, cwd=tmp_path, expect=3)
+    assert "error: topic_quota_exceeded:" in refused.stderr
+    run("stream", "produce", "--tenant", tenant, "--topic", "orders", "one", "two", *redis,
+        db=db, cwd=tmp_path)
+    consumed = run("stream", "consume", "--tenant", tenant, "--topic", "orders", "--group", "g",
+                   "--name", "c1", "--print", "--until-idle", *redis, db=db, cwd=tmp_path)
+    assert sorted(consumed.stdout.split()) == ["one", "two"]
+    assert "acked 2" in consumed.stderr
+    status = json.loads(run("stream", "status", "--tenant", tenant, "--topic", "orders",
+                            "--json", *redis, db=db, cwd=tmp_path).stdout)
+    assert sum(p["length"] for p in status["partitions"]) == 2
+    # The consumer released its leases on exit: no owner, the generation stays.
+    assert all(g["pending"] == 0 and g["generation"] == 1 and g["owner"] is None
+               for p in status["partitions"] for g in p["groups"])
+    table = run("stream", "status", "--tenant", tenant, "--topic", "orders", *redis, db=db,
+                cwd=tmp_path).stdout
+    assert "frontier" in table and "dlq: 0" in table
+    listed = run("topic", "list", "--json", db=db, cwd=tmp_path).stdout
+    assert [t["topic"] for t in json.loads(listed) if t["tenant"] == tenant] == ["orders"]
+    run("topic", "delete", "orders", "--tenant", tenant, *redis, db=db, cwd=tmp_path)
+    run("topic", "show", "orders", "--tenant", tenant, db=db, cwd=tmp_path, expect=4)
+    assert run("check", db=db, cwd=tmp_path).returncode == 0
+
+
+def test_produce_from_stdin_and_a_rate_refusal_exits_5(
+    db: str, tmp_path: Path, private_redis: RedisServer
+) -> None:
+    tenant, redis = new_tenant(), ["--redis", private_redis.url]
+    run("tenant", "set", tenant, "--quota", "partitions=1", "--quota", "parallelism=1",
+        db=db, cwd=tmp_path)
+    run("topic", "create", "orders", "--tenant", tenant, "--partitions", "1", "--parallelism",
+        "1", "--rate", "capacity=3,refill=0", *redis, db=db, cwd=tmp_path)
+    result = subprocess.run(
+        [*QUOTAGATE, "stream", "produce", "--tenant", tenant, "--topic", "orders", "--db", db,
+         *redis, "-"], input="a\nb\n", capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    refused = run("stream", "produce", "--tenant", tenant, "--topic", "orders", "c", "d",
+                  *redis, db=db, cwd=tmp_path, expect=5)
+    assert "error: rate_quota_exhausted:" in refused.stderr and "produced 0" in refused.stderr
+
+
+def test_a_failing_command_sends_the_entry_to_the_dlq(
+    db: str, tmp_path: Path, private_redis: RedisServer
+) -> None:
+    tenant, redis = new_tenant(), ["--redis", private_redis.url]
+    run("tenant", "set", tenant, "--quota", "partitions=1", "--quota", "parallelism=1",
+        db=db, cwd=tmp_path)
+    run("topic", "create", "orders", "--tenant", tenant, "--partitions", "1", "--parallelism",
+        "1", *redis, db=db, cwd=tmp_path)
+    run("stream", "produce", "--tenant", tenant, "--topic", "orders", "good", "bad", *redis,
+        db=db, cwd=tmp_path)
+    script = "read line; [ \"$line\" = good ] || { echo \"no: $line\" >&2; exit 3; }"
+    run("stream", "consume", "--tenant", tenant, "--topic", "orders", "--group", "g", "--name",
+        "c1", "--command", script, "--until-idle", "--visibility-timeout", "0.1",
+        "--max-deliveries", "2", *redis, db=db, cwd=tmp_path)
+    status = json.loads(run("stream", "status", "--tenant", tenant, "--topic", "orders",
+                            "--json", *redis, db=db, cwd=tmp_path).stdout)
+    assert status["dlq_length"] == 1
+    assert status["partitions"][0]["groups"][0]["pending"] == 0
+
+
+def test_bad_input_is_refused_with_a_code(db: str, tmp_path: Path) -> None:
+    tenant = new_tenant()
+    run("tenant", "set", tenant, "--stream-max-len", "lots", db=db, cwd=tmp_path, expect=2)
+    run("tenant", "set", tenant, "--quota", "partitions=1", db=db, cwd=tmp_path)
+    bad = run("topic", "create", "a:b", "--tenant", tenant, "--partitions", "1",
+              "--parallelism", "1", db=db, cwd=tmp_path, expect=2)
+    assert "error: invalid_topic:" in bad.stderr

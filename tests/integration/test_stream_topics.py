@@ -1,0 +1,166 @@
+"""Topics on the ledger side, on every SQL backend: quotas charged once, refusals change nothing."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import redis
+import sqlalchemy as sa
+
+from quotagate import Conflict, InvalidInput, NotFound, Quotagate
+from quotagate.domain.bucket import parse_rate
+from quotagate.store import schema
+from quotagate.streams.keys import StreamKeys
+from support.streams import keys_of, shared_redis_url, stream_gate, tenant_with_quota
+
+
+@pytest.fixture
+def gate(db_url: str) -> Iterator[Quotagate]:
+    with stream_gate(db_url, shared_redis_url()) as quotagate:
+        yield quotagate
+
+
+@pytest.fixture
+def client() -> Iterator[redis.Redis]:
+    connection = redis.Redis.from_url(shared_redis_url())
+    yield connection
+    connection.close()
+
+
+def _used(gate: Quotagate, tenant: str) -> dict[str, int]:
+    return {row["resource"]: row["used"] for row in gate.usage()["tenants"]
+            if row["tenant"] == tenant}
+
+
+def _audit(gate: Quotagate, tenant: str) -> list[tuple[str, str]]:
+    with gate.engine.connect() as connection:
+        return [(row.operation, row.outcome) for row in connection.execute(
+            sa.select(schema.audit.c.operation, schema.audit.c.outcome)
+            .where(schema.audit.c.tenant == tenant).order_by(schema.audit.c.id))]
+
+
+def test_creating_a_topic_charges_partitions_and_parallelism_with_an_audit_entry(
+    gate: Quotagate, client: redis.Redis
+) -> None:
+    tenant = tenant_with_quota(gate, partitions=8, parallelism=4)
+    spec = gate.streams.create_topic(tenant, "orders", partitions=6, parallelism=3)
+    assert (spec.partitions, spec.parallelism) == (6, 3)
+    assert _used(gate, tenant) == {"partitions": 6, "parallelism": 3}
+    assert ("topic.create", "ok") in _audit(gate, tenant)
+    keys = StreamKeys(tenant)
+    assert client.hget(keys.meta("orders"), "partitions") == b"6"
+    assert client.smembers(keys.topics()) == {b"orders"}
+    assert gate.check_invariants() == []
+    gate.streams.delete_topic(tenant, "orders")
+
+
+def test_a_topic_over_quota_is_refused_and_nothing_is_created(
+    gate: Quotagate, client: redis.Redis
+) -> None:
+    tenant = tenant_with_quota(gate, partitions=4, parallelism=4)
+    gate.streams.create_topic(tenant, "first", partitions=3, parallelism=1)
+    audit_before = _audit(gate, tenant)
+    with pytest.raises(Conflict) as refused:
+        gate.streams.create_topic(tenant, "second", partitions=2, parallelism=1)
+    assert refused.value.code == "topic_quota_exceeded"
+    assert "partitions needs 2, 1 of 4 left" in refused.value.message
+    assert _used(gate, tenant) == {"partitions": 3, "parallelism": 1}
+    assert [spec.name for spec in gate.streams.topics.specs(tenant)] == ["first"]
+    assert _audit(gate, tenant) == audit_before
+    assert keys_of(client, f"*tenant:{tenant}:second*") == []
+    assert client.smembers(StreamKeys(tenant).topics()) == {b"first"}
+    gate.streams.delete_topic(tenant, "first")
+
+
+def test_a_tenant_without_a_partitions_quota_cannot_create_topics(gate: Quotagate) -> None:
+    tenant = tenant_with_quota(gate)
+    gate.set_tenant(tenant + "x", {"gpu": 1})
+    with pytest.raises(Conflict, match="partitions: no quota"):
+        gate.streams.create_topic(tenant + "x", "orders", partitions=1, parallelism=1)
+    assert gate.streams.topics.specs(tenant + "x") == []
+
+
+def test_delete_returns_the_quota_exactly_once(gate: Quotagate, client: redis.Redis) -> None:
+    tenant = tenant_with_quota(gate, partitions=4, parallelism=4)
+    gate.streams.create_topic(tenant, "orders", partitions=4, parallelism=2)
+    barrier = threading.Barrier(4)
+    outcomes: list[str] = []
+
+    def delete() -> None:
+        barrier.wait(timeout=30)
+        try:
+            gate.streams.delete_topic(tenant, "orders")
+            outcomes.append("deleted")
+        except NotFound:
+            outcomes.append("not found")
+
+    threads = [threading.Thread(target=delete) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(outcomes) == ["deleted", "not found", "not found", "not found"]
+    assert _used(gate, tenant) == {"partitions": 0, "parallelism": 0}
+    assert gate.check_invariants() == []
+    assert keys_of(client, f"*tenant:{tenant}:*") == []
+    # The quota is whole again: the same topic fits once more.
+    gate.streams.create_topic(tenant, "orders", partitions=4, parallelism=4)
+    gate.streams.delete_topic(tenant, "orders")
+
+
+def test_max_length_is_capped_by_the_tenants_stream_length_limit(gate: Quotagate) -> None:
+    tenant = tenant_with_quota(gate)
+    gate.streams.topics.set_settings(tenant, max_len=1000)
+    with pytest.raises(InvalidInput) as refused:
+        gate.streams.create_topic(tenant, "big", partitions=1, parallelism=1, max_len=1001)
+    assert refused.value.code == "max_len_above_limit"
+    assert _used(gate, tenant) == {"partitions": 0, "parallelism": 0}
+    assert gate.streams.create_topic(tenant, "default-len", partitions=1,
+                                     parallelism=1).max_len == 1000
+    assert gate.streams.create_topic(tenant, "small", partitions=1, parallelism=1,
+                                     max_len=10).max_len == 10
+    for name in ("default-len", "small"):
+        gate.streams.delete_topic(tenant, name)
+
+
+def test_a_second_topic_of_the_same_name_is_a_conflict_and_charges_nothing(
+    gate: Quotagate,
+) -> None:
+    tenant = tenant_with_quota(gate)
+    gate.streams.create_topic(tenant, "orders", partitions=2, parallelism=1)
+    with pytest.raises(Conflict, match="exists already"):
+        gate.streams.create_topic(tenant, "orders", partitions=2, parallelism=1)
+    assert _used(gate, tenant) == {"partitions": 2, "parallelism": 1}
+    gate.streams.delete_topic(tenant, "orders")
+
+
+@pytest.mark.parametrize("options", [{"partitions": 0, "parallelism": 1},
+                                     {"partitions": 1, "parallelism": 0},
+                                     {"partitions": 1, "parallelism": 1, "max_len": 0}])
+def test_bad_specs_are_refused_with_nothing_changed(
+    gate: Quotagate, options: dict[str, int]
+) -> None:
+    tenant = tenant_with_quota(gate)
+    with pytest.raises(InvalidInput):
+        gate.streams.create_topic(tenant, "orders", **options)
+    assert _used(gate, tenant) == {"partitions": 0, "parallelism": 0}
+
+
+def test_a_topic_rate_quota_is_the_tenant_topic_bucket(gate: Quotagate) -> None:
+    tenant = tenant_with_quota(gate)
+    gate.streams.create_topic(tenant, "orders", partitions=1, parallelism=1,
+                              rate=parse_rate("capacity=3,refill=0"))
+    status = gate.rate_status(tenant, topic="orders")
+    assert status is not None and status["key"] == f"{tenant}:orders" and status["capacity"] == 3
+    gate.streams.delete_topic(tenant, "orders")
+    assert gate.rate_status(tenant, topic="orders") is None
+
+
+def test_the_invariant_check_sees_a_topic_charge_that_drifted(gate: Quotagate) -> None:
+    tenant = tenant_with_quota(gate)
+    gate.streams.create_topic(tenant, "orders", partitions=2, parallelism=1)
+    with gate.engine.begin() as connection:
+        connection.execute(schema.topic.delete().where(schema.topic.c.tenant == tenant))
+    assert any(f"tenant {tenant} partitions: used 2" in v for v in gate.check_invariants())
