@@ -10,7 +10,7 @@ from quotagate.auth.tokens import TokenStore
 from quotagate.http.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from quotagate.http.context import ApiContext
 from quotagate.http.errors import install_error_handlers
-from quotagate.http.routers import admin, audit, health, rate, requests
+from quotagate.http.routers import admin, audit, dashboard, health, rate, requests
 from quotagate.observability.metrics import Metrics
 
 # Every router the API serves. A new area adds one line here.
@@ -20,6 +20,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     requests.router,
     audit.router,
     rate.router,
+    dashboard.router,
 )
 
 
@@ -47,5 +48,6 @@ def create_app(
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
+    dashboard.mount_ui(app)
     app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes)
     return app
