@@ -79,6 +79,8 @@ function renderRows(tbody, rows, emptyText, columns) {
   if (rows.length === 0) rows = [{ key: "__empty", empty: true, cells: [emptyText] }];
   const existing = new Map();
   for (const row of tbody.rows) existing.set(row.dataset.key, row);
+  const head = tbody.parentElement.tHead;
+  const headers = head ? Array.from(head.rows[0].cells, (cell) => cell.textContent.trim()) : [];
   let previous = null;
   for (const row of rows) {
     let tr = existing.get(row.key);
@@ -93,6 +95,8 @@ function renderRows(tbody, rows, emptyText, columns) {
       if (!td) {
         td = el("td");
         if (row.empty) td.colSpan = columns;
+        // On a phone each row becomes a card and each cell shows its column's name.
+        else if (headers[index]) td.dataset.label = headers[index];
         tr.append(td);
       }
       const signature = JSON.stringify(spec ?? null);
@@ -183,15 +187,17 @@ function svg(tag, attributes) {
 
 function renderChart(history) {
   const box = $("chart");
-  const signature = JSON.stringify(history.map((m) => [m.minute, m.admitted, m.rejected, m.queue_depth]));
+  // Drawn at the box's own width, so text is never stretched; redrawn when that changes.
+  const width = Math.max(280, Math.round(box.clientWidth || 720));
+  const signature = JSON.stringify([width, history.map((m) => [m.minute, m.admitted, m.rejected, m.queue_depth])]);
   if (box.dataset.sig === signature) return;
   box.dataset.sig = signature;
-  const width = 720, height = 170, left = 34, bottom = 20, top = 8;
+  const height = 170, left = 34, bottom = 20, top = 8;
   const plotHeight = height - bottom - top;
   const slot = (width - left) / Math.max(1, history.length);
   const barMax = Math.max(1, ...history.map((m) => m.admitted + m.rejected));
   const depthMax = Math.max(1, ...history.map((m) => m.queue_depth));
-  const chart = svg("svg", { viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: "none" });
+  const chart = svg("svg", { viewBox: `0 0 ${width} ${height}` });
   chart.append(svg("line", { class: "axis", x1: left, y1: height - bottom, x2: width, y2: height - bottom }));
   const label = (x, y, text, anchor) => {
     const node = svg("text", { x, y, "text-anchor": anchor || "start" });
@@ -335,7 +341,8 @@ function renderStory(story) {
     ["Fencing token", String(delivery.fencing_token)],
     ["Claimed by", { text: delivery.claimed_by || "–", cls: "mono" }],
     ["Last error", delivery.last_error || "–"],
-  ] : [["Outbox", "no delivery: the request was never admitted, or its stop removed it"]]);
+  ] : [["Outbox", request.state === "waiting" || request.state === "rejected" || request.state === "expired"
+    ? "none: the request was never admitted" : "none: it ended before it was delivered"]]);
   renderRows($("story").tBodies[0], story.history.map((entry) => ({
     key: String(entry.id),
     cells: [clock(entry.at), entry.operation, { badge: entry.outcome, text: entry.outcome },
@@ -451,6 +458,7 @@ document.addEventListener("DOMContentLoaded", () => {
     signedIn();
   });
   $("sign-out").addEventListener("click", () => signOut(""));
+  window.addEventListener("resize", () => { if (state.snapshot) renderChart(state.snapshot.history); });
   window.addEventListener("hashchange", () => {
     if (!sessionStorage.getItem(TOKEN_KEY)) return;
     state.route = currentRoute();
