@@ -136,7 +136,18 @@ def test_an_admin_sees_every_view_and_each_is_photographed(page: Any, site: Site
             page.screenshot(path=str(site.screenshots / f"{view}-{label}.png"))
         page.goto(f"{site.page_url}#/requests/{busy}/{busy}-job-3")
         page.locator("#request-title").filter(has_text=f"{busy}-job-3").wait_for()
-        page.screenshot(path=str(site.screenshots / f"request-{label}.png"), full_page=True)
+        page.screenshot(path=str(site.screenshots / f"request-waiting-{label}.png"),
+                        full_page=True)
+        # A delivered request's story: its binding and the fencing token it was delivered with.
+        page.goto(f"{site.page_url}#/requests/{busy}/{busy}-job-0")
+        page.locator("#request-binding").filter(has_text="Fencing token").wait_for(
+            timeout=LIVE_TIMEOUT_MS)
+        page.screenshot(path=str(site.screenshots / f"request-delivered-{label}.png"),
+                        full_page=True)
+    binding = site.admin.get(f"/v1/tenants/{busy}/requests/{busy}-job-0").json()["binding"]
+    shown = page.locator("#request-binding").inner_text()
+    assert binding["external_name"] in shown
+    assert f"Fencing token\n{binding['fencing_token']}" in shown.replace("\t", "\n")
     # The waiting request's page says why it waits, as `explain` does.
     explained = site.admin.get(f"/v1/tenants/{busy}/requests/{busy}-job-3").json()["queue"]
     assert page.locator("#request-queue").inner_text().count(explained["reason"]) == 1
