@@ -72,6 +72,15 @@ def test_the_last_hour_counts_admissions_and_rejections_and_replays_the_queue_de
     # At the end of the minute before, all four accepted requests were waiting.
     assert (before.admitted, before.rejected, before.queue_depth) == (0, 1, 4)
     assert earlier.queue_depth == 0
+    # Three minutes on, one more admission: the minutes read by earlier polls keep their
+    # counts (they are not read again) and the new one joins them.
+    clock.advance(180)
+    gate.set_tenant("team-a", {"gpu": 3})
+    assert [placement.id for placement in gate.admit(10)] == ["a-2"]
+    later = gate.dashboard().history
+    assert [(m.admitted, m.rejected, m.queue_depth) for m in later[-6:]] == [
+        (0, 0, 0), (0, 1, 4), (3, 0, 1), (0, 0, 1), (0, 0, 1), (1, 0, 0)]
+    assert later[-4].minute == now.minute
 
 
 def test_a_tenant_scope_narrows_every_view_to_that_tenant(

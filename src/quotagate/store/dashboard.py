@@ -9,7 +9,9 @@ under the read deadline (quotagate.store.read_deadline). See docs/dashboard.md.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import sqlalchemy as sa
@@ -146,6 +148,10 @@ class DashboardViews:
         self.aging_interval = aging_interval
         self.admission_window = admission_window
         self.rows = rows
+        # Per scope (None: everyone), the counts of minutes that are over:
+        # (admitted, rejected, entered the queue, left it).
+        self._finished: dict[str | None, dict[int, tuple[int, int, int, int]]] = {}
+        self._history_lock = threading.Lock()
 
     def snapshot(self, tenant: str | None = None) -> Snapshot:
         now = self.clock.now()
@@ -215,14 +221,19 @@ class DashboardViews:
         now: float,
     ) -> tuple[int, list[QueueEntry]]:
         request = schema.request
-        query = sa.select(
-            request.c.id, request.c.tenant, request.c.cost, request.c.priority,
-            request.c.created, sa.func.count().over().label("total"),
-        ).where(request.c.state == RequestState.WAITING.value)
+        waiting = sa.select(sa.func.count()).where(request.c.state == RequestState.WAITING.value)
         if tenant is not None:
-            query = query.where(request.c.tenant == tenant)
-        query = query.order_by(request.c.queue_key, request.c.created, request.c.id).limit(self.rows)
-        rows = connection.execute(query).all()
+            waiting = waiting.where(request.c.tenant == tenant)
+        total = int(connection.execute(waiting).scalar_one())
+        if total == 0:
+            return 0, []
+        names = [tenant] if tenant is not None else list(connection.execute(
+            sa.select(schema.tenant.c.name).order_by(schema.tenant.c.name)).scalars())
+        # The first rows of the whole queue are among the first rows of each tenant's
+        # queue: one bounded index range scan per tenant, merged here, as admission reads it.
+        rows = sorted(connection.execute(_head_query(len(names), self.rows),
+                                         {f"tenant_{i}": name for i, name in enumerate(names)}),
+                      key=lambda row: (row.queue_key, row.created, row.id))[:self.rows]
         # In queue order every request of a tenant ahead of this one is listed
         # before it, so the tenant positions counted here are exact.
         seen: dict[str, int] = {}
@@ -240,7 +251,7 @@ class DashboardViews:
                 waited_seconds=round(max(0.0, now - row.created), 3),
                 reason=why.reason,
             ))
-        return (int(rows[0].total) if rows else 0), entries
+        return total, entries
 
     def _decisions(self, connection: sa.Connection, tenant: str | None) -> list[DecisionEntry]:
         audit = schema.audit
@@ -324,44 +335,77 @@ class DashboardViews:
 
         The depth is replayed backwards from the waiting count now: a minute's
         depth at its end is the next minute's depth, less what entered the queue
-        in that next minute, plus what left it.
+        in that next minute, plus what left it. Minutes that ended before the
+        previous one are kept from earlier polls, so a poll reads the audit
+        entries of two minutes, not of an hour.
         """
-        audit = schema.audit
         current = int(now // 60)
         first = current - HISTORY_MINUTES + 1
-        minute = sa.func.floor(audit.c.at / 60).label("minute")
-        query = (
-            sa.select(minute, audit.c.operation, audit.c.outcome, sa.func.count().label("n"))
-            .where(audit.c.at >= first * 60)
-            .group_by(minute, audit.c.operation, audit.c.outcome)
-        )
-        if tenant is not None:
-            query = query.where(audit.c.tenant == tenant)
-        admitted = dict.fromkeys(range(first, current + 1), 0)
-        rejected = dict(admitted)
-        entered = dict(admitted)
-        left = dict(admitted)
-        for row in connection.execute(query):
-            index = int(row.minute)
-            if index not in admitted:
+        with self._history_lock:
+            known = self._finished.setdefault(tenant, {})
+            for stale in [minute for minute in known if minute < first]:
+                del known[stale]
+            missing = [minute for minute in range(first, current - 1) if minute not in known]
+        since = missing[0] if missing else current - 1
+        counts = {minute: [0, 0, 0, 0] for minute in range(since, current + 1)}
+        for row in connection.execute(_minutes_query(tenant is not None),
+                                      {"since": since * 60.0, "tenant": tenant}):
+            minute = int(row.minute)
+            if minute not in counts:
                 continue  # written by a clock ahead of ours
-            pair = (row.operation, row.outcome)
-            if pair == ("admit", "reserved"):
-                admitted[index] += int(row.n)
-            if row.operation == "submit" and row.outcome == "rejected":
-                rejected[index] += int(row.n)
-            if pair in _ENTERS_QUEUE:
-                entered[index] += int(row.n)
-            if pair in _LEAVES_QUEUE:
-                left[index] += int(row.n)
+            pair, amount = (row.operation, row.outcome), int(row.n)
+            counts[minute][0] += amount if pair == ("admit", "reserved") else 0
+            counts[minute][1] += amount if pair == ("submit", "rejected") else 0
+            counts[minute][2] += amount if pair in _ENTERS_QUEUE else 0
+            counts[minute][3] += amount if pair in _LEAVES_QUEUE else 0
+        read = {minute: (admitted, rejected, entered, left)
+                for minute, (admitted, rejected, entered, left) in counts.items()}
+        with self._history_lock:
+            known = self._finished.setdefault(tenant, {})
+            known.update((minute, read[minute]) for minute in range(since, current - 1))
+            every = {**known, **read}
         depth = waiting
         minutes = []
         for index in range(current, first - 1, -1):
-            minutes.append(MinuteEntry(float(index * 60), admitted[index], rejected[index],
-                                       max(0, depth)))
-            depth = depth - entered[index] + left[index]
+            admitted, rejected, entered, left = every.get(index, (0, 0, 0, 0))
+            minutes.append(MinuteEntry(float(index * 60), admitted, rejected, max(0, depth)))
+            depth = depth - entered + left
         minutes.reverse()
         return minutes
+
+
+@lru_cache(maxsize=2)
+def _minutes_query(scoped: bool) -> sa.Select[Any]:
+    """Audit entries since ``since`` by minute, operation and outcome (of ``tenant`` if scoped)."""
+    audit = schema.audit
+    minute = sa.func.floor(audit.c.at / 60).label("minute")
+    query = (
+        sa.select(minute, audit.c.operation, audit.c.outcome, sa.func.count().label("n"))
+        .where(audit.c.at >= sa.bindparam("since", type_=sa.Double))
+        .group_by(minute, audit.c.operation, audit.c.outcome)
+    )
+    if scoped:
+        query = query.where(audit.c.tenant == sa.bindparam("tenant"))
+    return query
+
+
+@lru_cache(maxsize=64)
+def _head_query(tenant_count: int, rows: int) -> sa.Select[Any] | sa.CompoundSelect[Any]:
+    """The first ``rows`` waiting requests of each of ``tenant_count`` tenants (``tenant_i``)."""
+    request = schema.request
+    heads = [
+        sa.select(request.c.id, request.c.tenant, request.c.cost, request.c.priority,
+                  request.c.queue_key, request.c.created)
+        .where(request.c.tenant == sa.bindparam(f"tenant_{index}"),
+               request.c.state == RequestState.WAITING.value)
+        .order_by(request.c.queue_key, request.c.created, request.c.id)
+        .limit(rows)
+        .subquery(f"head_{index}")
+        for index in range(tenant_count)
+    ]
+    if len(heads) == 1:
+        return sa.select(heads[0])
+    return sa.union_all(*(sa.select(head) for head in heads))
 
 
 def _usage_rows(usage: dict[str, dict[str, tuple[int, int]]]) -> list[UsageRow]:
