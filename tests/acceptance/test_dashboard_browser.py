@@ -8,6 +8,7 @@ saved under the pytest tmp dir (the path is printed).
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -209,6 +210,22 @@ def test_a_submit_appears_in_the_queue_and_moves_to_admitted_without_a_reload(
         "document.querySelector('#request-facts .badge').textContent)", timeout=LIVE_TIMEOUT_MS)
     assert "pool=gpu-east" in page.locator("#story").inner_text()
     assert page.evaluate("window.notReloaded") is True
+
+
+def test_moving_between_views_keeps_one_polling_loop(page: Any, site: Site) -> None:
+    _, token = site.tenant({"gpu": 1})
+    sign_in(page, site, token)
+    for view in (*VIEWS, *VIEWS):
+        page.goto(f"{site.page_url}#/{view}")
+        page.locator(f"#view-{view}").wait_for(state="visible")
+    polls: list[float] = []
+    page.on("request", lambda request: polls.append(time.monotonic())
+            if request.url.endswith("/v1/dashboard") else None)
+    started = time.monotonic()
+    page.wait_for_timeout(3000)
+    elapsed = time.monotonic() - started
+    # One loop polls once a second; ten navigations must not have left ten loops behind.
+    assert 1 <= len(polls) <= elapsed + 1, polls
 
 
 def test_a_refused_submit_appears_with_its_reason(page: Any, site: Site) -> None:

@@ -7,7 +7,7 @@ const TOKEN_KEY = "quotagate.token";   // sessionStorage: this tab only, gone wh
 const POLL_MS = 1000;
 const TIMEOUT_MS = 5000;
 
-const state = { snapshot: null, story: null, timer: null, route: null, failures: 0 };
+const state = { snapshot: null, story: null, timer: null, route: null, generation: 0 };
 
 // -- small DOM helpers -----------------------------------------------------------
 
@@ -390,6 +390,9 @@ function showError(message) {
 
 async function poll() {
   clearTimeout(state.timer);
+  // A navigation starts a new poll at once; a poll still in flight then neither
+  // renders nor schedules another, so there is only ever one polling loop.
+  const generation = ++state.generation;
   const route = state.route;
   try {
     const snapshot = await api("/v1/dashboard");
@@ -397,22 +400,20 @@ async function poll() {
     if (route.view === "request") {
       story = await api(`/v1/dashboard/requests/${encodeURIComponent(route.tenant)}/${encodeURIComponent(route.id)}`);
     }
+    if (generation !== state.generation) return;
     state.snapshot = snapshot;
     state.story = story;
-    state.failures = 0;
-    if (route === state.route) {
-      showError("");
-      showView(route);
-      render();
-    }
+    showError("");
+    showView(route);
+    render();
     $("live").textContent = `updated ${clock(snapshot.at)}`;
     $("live").classList.remove("stale");
   } catch (error) {
+    if (generation !== state.generation) return;
     if (error.status === 401) {
       signOut(error.message);
       return;
     }
-    state.failures += 1;
     $("live").textContent = "not updating";
     $("live").classList.add("stale");
     if (route.view === "request" && error.status === 404) {
@@ -434,6 +435,7 @@ function signedIn() {
 
 function signOut(message) {
   clearTimeout(state.timer);
+  state.generation += 1;  // a poll in flight is forgotten
   sessionStorage.removeItem(TOKEN_KEY);
   state.snapshot = null;
   state.story = null;
