@@ -11,7 +11,7 @@ from sqlalchemy.engine import Engine
 
 from quotagate.domain.bucket import BucketConfig, config_from_mapping, parse_rate
 from quotagate.domain.clock import Clock, SystemClock
-from quotagate.domain.model import Request, RequestState, build_submission
+from quotagate.domain.model import Request, RequestState, build_submission, validate_name
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL
 from quotagate.domain.placement import Placement
 from quotagate.rate.backend import ENVIRONMENT_VARIABLE as RATE_STORE_VARIABLE
@@ -186,6 +186,8 @@ class Quotagate:
     # dashboard (docs/dashboard.md)
     def dashboard(self, tenant: str | None = None) -> Snapshot:
         """Everything the dashboard shows, for one tenant or (None) for everyone."""
+        if tenant is not None:
+            validate_name(tenant, "tenant")
         snapshot = self.dashboard_views.snapshot(tenant)
         if self.rates.in_transaction or not snapshot.buckets:
             return snapshot

@@ -42,6 +42,8 @@ def test_top_once_prints_tenants_pools_the_queue_with_reasons_and_decisions(
                    cwd=tmp_path).stdout
     assert "tenant team-b" in narrowed
     assert "a-second" not in narrowed and "team-a" not in narrowed
+    bad = run("top", "--once", "--tenant", "Not A Name", db=db_url, cwd=tmp_path, expect=2)
+    assert bad.stderr.startswith("error: invalid_tenant_name: tenant name must be"), bad.stderr
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
