@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy.engine import Engine
 
 from quotagate.domain.bucket import BucketConfig, config_from_mapping, parse_rate
 from quotagate.domain.clock import Clock, SystemClock
-from quotagate.domain.model import Request, RequestState, build_submission
+from quotagate.domain.model import Request, RequestState, build_submission, validate_name
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL
 from quotagate.domain.placement import Placement
 from quotagate.rate.backend import ENVIRONMENT_VARIABLE as RATE_STORE_VARIABLE
 from quotagate.rate.backend import RateStore, rate_store_from_url
+from quotagate.rate.keys import BucketKey
 from quotagate.rate.quotas import RateQuotas
 from quotagate.rate.sql import SqlRateStore
 from quotagate.store import identity, migrate
 from quotagate.store.config import Configuration
 from quotagate.store.diagnosis import DeliveryTrail, delivery_trail
+from quotagate.store.dashboard import DashboardViews, Snapshot
 from quotagate.store.engine import create_engine, database_url
 from quotagate.store.ledger import (
     DEFAULT_ADMISSION_WINDOW,
@@ -65,6 +68,10 @@ class Quotagate:
         # Streams (docs/streams.md): Redis is connected only when a stream is used.
         self.streams = Streams(engine, self.rates, redis_url=redis or os.environ.get(REDIS_VARIABLE),
                                clock=self.clock)
+        self.dashboard_views = DashboardViews(
+            engine, clock=self.clock, aging_interval=aging_interval,
+            admission_window=admission_window,
+        )
 
     @classmethod
     def connect(
@@ -195,3 +202,30 @@ class Quotagate:
 
     def check_invariants(self) -> list[str]:
         return self.views.check_invariants()
+
+    # dashboard (docs/dashboard.md)
+    def dashboard(self, tenant: str | None = None) -> Snapshot:
+        """Everything the dashboard shows, for one tenant or (None) for everyone."""
+        if tenant is not None:
+            validate_name(tenant, "tenant")
+        snapshot = self.dashboard_views.snapshot(tenant)
+        if self.rates.in_transaction or not snapshot.buckets:
+            return snapshot
+        # Tokens live in another store (Redis): the ledger row holds only the shape.
+        buckets = [
+            replace(entry, tokens=round(self.rate_store.peek(
+                BucketKey(entry.tenant, entry.topic),
+                BucketConfig(entry.capacity, entry.refill_per_second)), 3))
+            for entry in snapshot.buckets
+        ]
+        return replace(snapshot, buckets=buckets)
+
+    def request_story(self, request_id: str, tenant: str | None = None) -> dict[str, Any]:
+        """A request's states, audit entries, binding, fencing token and why it waits."""
+        story = self.dashboard_views.story(request_id, tenant)
+        story["queue"] = None
+        if story["request"]["state"] == RequestState.WAITING.value:
+            explained = self.views.explain(request_id, tenant=tenant)
+            if explained.get("waiting"):
+                story["queue"] = explained
+        return story

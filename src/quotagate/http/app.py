@@ -10,7 +10,7 @@ from quotagate.auth.tokens import TokenStore
 from quotagate.http.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from quotagate.http.context import ApiContext
 from quotagate.http.errors import install_error_handlers
-from quotagate.http.routers import admin, audit, health, rate, requests, streams
+from quotagate.http.routers import admin, audit, dashboard, health, rate, requests, streams
 from quotagate.observability.metrics import Metrics
 
 # Every router the API serves. A new area adds one line here.
@@ -22,6 +22,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     audit.router,
     rate.router,
     streams.router,
+    dashboard.router,
 )
 
 
@@ -49,5 +50,6 @@ def create_app(
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
+    dashboard.mount_ui(app)
     app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes)
     return app

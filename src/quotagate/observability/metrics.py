@@ -17,7 +17,12 @@ from typing import Any
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        Metric,
+    )
     from prometheus_client.registry import Collector
 except ModuleNotFoundError as exc:  # pragma: no cover - depends on extras installed
     raise ModuleNotFoundError(
@@ -30,7 +35,8 @@ from sqlalchemy.engine import Engine
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import RequestState
 from quotagate.errors import StoreUnavailable
-from quotagate.store import schema
+from quotagate.store import admission_stats, schema
+from quotagate.store.dashboard import UNCONFIRMED_STOP_STATES
 from quotagate.store.dialect import reading
 from quotagate.store.rows import all_usage
 
@@ -54,7 +60,13 @@ class LedgerCollector(Collector):
         up = GaugeMetricFamily("quotagate_store_up", "1 if the ledger database answered the scrape")
         try:
             families = self._families()
-        except (sa.exc.SQLAlchemyError, StoreUnavailable):
+        except StoreUnavailable as error:
+            if error.code == "store_timeout":
+                # The database answers, too slowly: the scrape answers 503 (docs/dashboard.md).
+                raise
+            up.add_metric([], 0)
+            return [up]
+        except sa.exc.SQLAlchemyError:
             # A scrape must not fail because the store is down: say so instead.
             up.add_metric([], 0)
             return [up]
@@ -92,6 +104,12 @@ class LedgerCollector(Collector):
             ).all()
             leases = connection.execute(
                 sa.select(schema.lease.c.name, schema.lease.c.generation)
+            ).all()
+            stops = connection.execute(
+                sa.select(schema.request.c.tenant, schema.request.c.state, sa.func.count(),
+                          sa.func.min(schema.request.c.updated))
+                .where(schema.request.c.state.in_(UNCONFIRMED_STOP_STATES))
+                .group_by(schema.request.c.tenant, schema.request.c.state)
             ).all()
         now = self.clock.now()
         families: list[Metric] = []
@@ -145,7 +163,40 @@ class LedgerCollector(Collector):
         for name, lease_generation in leases:
             generation.add_metric([name], int(lease_generation))
         families.append(generation)
+        unconfirmed = GaugeMetricFamily(
+            "quotagate_unconfirmed_stops",
+            "Stops and preemptions the executor has not confirmed yet (cost still charged)",
+            labels=["tenant", "state"])
+        oldest_stop = GaugeMetricFamily(
+            "quotagate_oldest_unconfirmed_stop_seconds",
+            "Age of the oldest stop not confirmed yet", labels=["tenant", "state"])
+        for tenant, state, count, first_updated in stops:
+            unconfirmed.add_metric([tenant, state], int(count))
+            oldest_stop.add_metric([tenant, state], max(0.0, now - float(first_updated)))
+        families += [unconfirmed, oldest_stop]
         return families
+
+
+class AdmissionStatsCollector(Collector):
+    """Exports this process's admission reruns by cause and its lock-wait histogram."""
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        stats = admission_stats.snapshot()
+        reruns = CounterMetricFamily(
+            "quotagate_admission_reruns",
+            "Admission transactions run again, by cause (this process)", labels=["cause"])
+        for cause in admission_stats.RERUN_CAUSES:
+            reruns.add_metric([cause], stats.reruns[cause])
+        waits = HistogramMetricFamily(
+            "quotagate_admission_lock_wait_seconds",
+            "Time admission's lock-taking statements waited and ran (this process)")
+        bounds = [str(bound) for bound in admission_stats.LOCK_WAIT_BUCKETS] + ["+Inf"]
+        waits.add_metric([], list(zip(bounds, stats.lock_wait_buckets, strict=True)),
+                         stats.lock_wait_sum)
+        return [reruns, waits]
 
 
 # Delivery's own process-wide counters (quotagate.delivery.stats) and the
@@ -248,6 +299,7 @@ class Metrics:
         self.registry.register(LedgerCollector(engine, clock or SystemClock()))
         self.registry.register(DeliveryStatsCollector())
         self.registry.register(StreamStatsCollector())
+        self.registry.register(AdmissionStatsCollector())
 
     def record_admissions(
         self, admitted: Sequence[Any], created_by_id: dict[str, float], now: float

@@ -17,6 +17,12 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from quotagate.errors import StoreUnavailable
 from quotagate.store.engine import READ_ONLY_OPTION
+from quotagate.store.read_deadline import (
+    READ_TIMEOUT_OPTION,
+    is_statement_timeout,
+    read_deadline,
+    timed_out,
+)
 
 T = TypeVar("T")
 
@@ -99,32 +105,54 @@ def translate(error: DBAPIError) -> Exception:
 def reading(engine: Engine, *, single_statement: bool = False) -> Iterator[sa.Connection]:
     """A connection for read-only views, with driver errors translated.
 
-    ``single_statement``: the caller reads with one statement, which needs no
-    transaction around it. On PostgreSQL that saves the BEGIN and ROLLBACK round
-    trips (psycopg sends each on its own); switching psycopg to autocommit and
-    back costs nothing. MySQL's driver would pay a round trip for each switch,
-    so there (and on SQLite) the read stays as it is.
+    Every statement runs under the engine's read deadline (quotagate.store.read_deadline):
+    past it the view raises StoreUnavailable (503) instead of hanging.
+
+    ``single_statement``: the caller reads one row by primary key with one
+    statement (the token lookup on every HTTP call), which needs no transaction
+    around it and no deadline (a primary-key read waits on no lock). On
+    PostgreSQL that saves the BEGIN, SET and ROLLBACK round trips (psycopg sends
+    each on its own); switching psycopg to autocommit and back costs nothing.
+    MySQL's driver would pay a round trip for each switch, so there (and on
+    SQLite) the read keeps its transaction.
     """
     options: dict[str, object] = {READ_ONLY_OPTION: True}
-    if single_statement and engine.dialect.name == "postgresql":
-        options["isolation_level"] = "AUTOCOMMIT"
+    seconds = float(engine.get_execution_options().get(READ_TIMEOUT_OPTION, 0) or 0)
+    if single_statement:
+        seconds = 0.0
+        if engine.dialect.name == "postgresql":
+            options["isolation_level"] = "AUTOCOMMIT"
     try:
-        with engine.connect().execution_options(**options) as connection:
+        with engine.connect().execution_options(**options) as connection, \
+                read_deadline(connection, seconds):
             yield connection
     except DBAPIError as error:
+        if is_statement_timeout(error):
+            raise timed_out(seconds) from error
         translated = translate(error)
         if translated is error:
             raise
         raise translated from error
 
 
+def retry_cause(error: DBAPIError) -> str:
+    """Why a retryable error lost its race: ``deadlock`` (or serialization) or ``lock_timeout``."""
+    original = error.orig
+    sqlstate = getattr(original, "sqlstate", None)
+    args = getattr(original, "args", ())
+    if sqlstate in ("40001", "40P01") or (args and args[0] == 1213):
+        return "deadlock"
+    return "lock_timeout"
+
+
 def run_transaction(
-    engine: Engine, work: Callable[[sa.Connection], T], *, attempts: int = 20
+    engine: Engine, work: Callable[[sa.Connection], T], *, attempts: int = 20,
+    on_retry: Callable[[DBAPIError], None] | None = None,
 ) -> T:
     """Run ``work`` in one transaction, again from the start if it lost a race.
 
     The work must be safe to rerun: everything it did in a failed attempt was
-    rolled back with it.
+    rolled back with it. ``on_retry`` hears of each rerun (admission counts them).
     """
     delay = 0.002
     for attempt in range(attempts):
@@ -136,6 +164,8 @@ def run_transaction(
             if translated is not error:
                 raise translated from error
             if attempt + 1 < attempts and is_retryable(error):
+                if on_retry is not None:
+                    on_retry(error)
                 time.sleep(delay)
                 delay = min(delay * 2, 0.2)
                 continue

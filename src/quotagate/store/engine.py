@@ -17,6 +17,7 @@ from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from quotagate.errors import InvalidInput
+from quotagate.store.read_deadline import READ_TIMEOUT_OPTION, configured_read_timeout
 
 DEFAULT_DATABASE_URL = "sqlite:///quotagate.db"
 # Execution option marking a connection that only reads (see _configure_sqlite).
@@ -82,8 +83,12 @@ def redact(text: str) -> str:
         return "<unparseable URL>"
 
 
-def create_engine(text: str, **options: Any) -> Engine:
+def create_engine(text: str, *, read_timeout: float | None = None, **options: Any) -> Engine:
+    """An engine for ``text``; ``read_timeout`` (seconds, default $QUOTAGATE_READ_TIMEOUT or 5)
+    bounds every read-only view."""
     url = normalise_url(text)
+    if read_timeout is None:
+        read_timeout = configured_read_timeout()
     backend = url.get_backend_name()
     try:
         if backend == "sqlite":
@@ -99,6 +104,8 @@ def create_engine(text: str, **options: Any) -> Engine:
             engine = sa.create_engine(url, **options)
             if ping_idle:
                 _ping_when_idle(engine)
+        # Read-only views run under this deadline (quotagate.store.read_deadline).
+        engine.update_execution_options(**{READ_TIMEOUT_OPTION: read_timeout})
     except NoSuchModuleError as exc:  # pragma: no cover - depends on extras installed
         raise InvalidInput(str(exc), code="invalid_database_url") from exc
     except ModuleNotFoundError as exc:

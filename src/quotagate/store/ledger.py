@@ -33,7 +33,7 @@ from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL, queue_key
 from quotagate.domain.placement import Candidate, Placement, plan_admissions
 from quotagate.errors import Conflict, InvalidInput, NotFound
 from quotagate.rate.gate import RateGate, rate_limited, rejection_reason
-from quotagate.store import schema, statements
+from quotagate.store import admission_stats, schema, statements
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
 from quotagate.store.dialect import run_transaction, supports_skip_locked
@@ -286,9 +286,11 @@ class Ledger:
         for _ in range(50):
             try:
                 return run_transaction(
-                    self.engine, lambda connection: self._admit(connection, limit, actor)
+                    self.engine, lambda connection: self._admit(connection, limit, actor),
+                    on_retry=admission_stats.count_database_rerun,
                 )
             except CapacityChanged:
+                admission_stats.count_rerun("stale_snapshot")
                 continue
         return []
 
@@ -315,7 +317,8 @@ class Ledger:
             window = self.admission_window
         if not locked:
             return []
-        self._charge(connection, locked)
+        with admission_stats.lock_wait():
+            self._charge(connection, locked)
         now = self.clock.now()
         ids = [placement.id for placement in locked]
         parameters: dict[str, Any] = {"ids": ids, "now": now}
@@ -370,7 +373,8 @@ class Ledger:
             )
             if not plan:
                 return []
-            got = self._lock_waiting(connection, [placement.id for placement in plan])
+            with admission_stats.lock_wait():
+                got = self._lock_waiting(connection, [placement.id for placement in plan])
             missing = {placement.id for placement in plan} - got
             if not missing:
                 return plan

@@ -159,6 +159,9 @@ audit = sa.Table(
     sa.Column("outcome", sa.String(32), nullable=False),
     sa.Column("reason", sa.String(1024), nullable=True),
     sa.Index(None, "tenant", "id"),
+    # The dashboard's last hour of decisions, and one request's story.
+    sa.Index(None, "at"),
+    sa.Index(None, "target"),
 )
 
 api_token = sa.Table(

@@ -8,9 +8,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from quotagate.domain.clock import Clock, SystemClock
+from quotagate.domain.explanation import explain_waiting
 from quotagate.domain.model import CHARGED_STATES, Request, RequestState
 from quotagate.domain.ordering import effective_priority
-from quotagate.domain.placement import blocking_resources, fits, total_cost
+from quotagate.domain.placement import total_cost
 from quotagate.errors import NotFound
 from quotagate.store import schema
 from quotagate.store.dialect import reading
@@ -155,33 +156,8 @@ class LedgerViews:
             tenants, pools = all_usage(connection)
             position = self.queue_position(connection, row, same_tenant=False)
             tenant_position = self.queue_position(connection, row, same_tenant=True)
-        tenant_blocks: list[dict[str, Any]] = [
-            {"resource": resource, "need": cost[resource],
-             "used": tenants.get(row["tenant"], {}).get(resource, (0, 0))[0],
-             "cap": tenants.get(row["tenant"], {}).get(resource, (0, 0))[1]}
-            for resource in blocking_resources(cost, tenants.get(row["tenant"], {}))
-        ]
-        pool_blocks = {
-            name: blocking_resources(cost, usage) for name, usage in sorted(pools.items())
-            if not fits(cost, usage)
-        }
-        fitting_pools = sorted(name for name, usage in pools.items() if fits(cost, usage))
-        if tenant_blocks:
-            verdict = "tenant quota: " + ", ".join(
-                f"{b['resource']} needs {b['need']}, {b['cap'] - b['used']} of {b['cap']} left"
-                for b in tenant_blocks
-            )
-        elif not fitting_pools:
-            verdict = "no pool has room: " + "; ".join(
-                f"{name} lacks {', '.join(resources)}" for name, resources in pool_blocks.items()
-            ) if pool_blocks else "no pool exists"
-        elif tenant_position > self.admission_window:
-            verdict = (
-                f"fits, but is number {tenant_position} in its tenant's queue; admission looks "
-                f"at the first {self.admission_window} of each tenant"
-            )
-        else:
-            verdict = "fits now; it will be admitted by the next admission pass"
+        why = explain_waiting(cost, tenants.get(row["tenant"], {}), pools, tenant_position,
+                              self.admission_window)
         now = self.clock.now()
         return {
             "id": request_id,
@@ -193,10 +169,10 @@ class LedgerViews:
                 effective_priority(row["priority"], row["created"], now, self.aging_interval), 3
             ),
             "waited_seconds": round(max(0.0, now - row["created"]), 3),
-            "tenant_blocked_by": tenant_blocks,
-            "pools_blocked": pool_blocks,
-            "fitting_pools": fitting_pools,
-            "reason": verdict,
+            "tenant_blocked_by": why.tenant_blocked_by,
+            "pools_blocked": why.pools_blocked,
+            "fitting_pools": why.fitting_pools,
+            "reason": why.reason,
         }
 
     def check_invariants(self) -> list[str]:

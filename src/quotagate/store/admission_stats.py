@@ -1,0 +1,92 @@
+"""Process-wide admission counters: reruns by cause and time spent waiting on locks.
+
+What production must record (docs/dashboard.md): how often an admission
+transaction was run again and why, and how long it waited for row locks.
+Plain numbers behind a lock, like quotagate.delivery.stats; the metrics
+endpoint of the same process exports them, Prometheus sums the processes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sqlalchemy.exc import DBAPIError
+
+from quotagate.store.dialect import retry_cause
+
+# stale_snapshot: a conditional charge missed because another admitter charged first;
+# lock_timeout: a lock was not granted in time (or SQLite was busy);
+# deadlock: a deadlock or serialization failure rolled the transaction back.
+RERUN_CAUSES = ("stale_snapshot", "lock_timeout", "deadlock")
+# Seconds, from an uncontended lock (well under a millisecond) to a stuck one.
+LOCK_WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass(frozen=True)
+class AdmissionStats:
+    reruns: dict[str, int]
+    # Cumulative counts per upper bound of LOCK_WAIT_BUCKETS, then +Inf.
+    lock_wait_buckets: list[int]
+    lock_wait_sum: float
+    lock_wait_count: int
+
+
+_lock = threading.Lock()
+_reruns: dict[str, int] = dict.fromkeys(RERUN_CAUSES, 0)
+_bucket_counts: list[int] = [0] * (len(LOCK_WAIT_BUCKETS) + 1)
+_wait_sum = 0.0
+
+
+def count_rerun(cause: str) -> None:
+    if cause not in _reruns:
+        raise KeyError(f"unknown rerun cause {cause!r}")
+    with _lock:
+        _reruns[cause] += 1
+
+
+def count_database_rerun(error: DBAPIError) -> None:
+    """``run_transaction``'s retry hook: classify the driver error and count it."""
+    count_rerun(retry_cause(error))
+
+
+def observe_lock_wait(seconds: float) -> None:
+    global _wait_sum
+    index = next((i for i, bound in enumerate(LOCK_WAIT_BUCKETS) if seconds <= bound),
+                 len(LOCK_WAIT_BUCKETS))
+    with _lock:
+        _bucket_counts[index] += 1
+        _wait_sum += seconds
+
+
+@contextmanager
+def lock_wait() -> Iterator[None]:
+    """Time a statement that takes row locks (it waits while another transaction holds them)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        observe_lock_wait(time.perf_counter() - started)
+
+
+def snapshot() -> AdmissionStats:
+    with _lock:
+        cumulative, running = [], 0
+        for count in _bucket_counts:
+            running += count
+            cumulative.append(running)
+        return AdmissionStats(dict(_reruns), cumulative, _wait_sum, running)
+
+
+def reset() -> None:
+    """For tests: start every counter from zero."""
+    global _wait_sum
+    with _lock:
+        for cause in _reruns:
+            _reruns[cause] = 0
+        for index in range(len(_bucket_counts)):
+            _bucket_counts[index] = 0
+        _wait_sum = 0.0

@@ -1,0 +1,259 @@
+"""The page at /ui/ in headless Chromium against a real `quotagate serve`, on every backend.
+
+Each test signs in as a person would (typing a token into the form), changes
+the ledger through the HTTP API like any client, and waits for the page to
+show it by itself. Screenshots of every view, at 1280x800 and phone width, are
+saved under the pytest tmp dir (the path is printed).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from test_http_support import Server, bearer, make_token, running_server
+
+from quotagate import Quotagate
+from quotagate.delivery.registry import TargetStore
+from support.browser import DESKTOP, PHONE, chromium, collect_page_errors
+from support.databases import BACKENDS, fresh_database
+from support.executor import running_executor
+
+# The page polls once a second; this leaves room for a loaded test machine.
+LIVE_TIMEOUT_MS = 5000
+VIEWS = ("overview", "queue", "decisions", "delivery", "rates")
+
+
+@dataclass
+class Site:
+    server: Server
+    db_url: str
+    admin_token: str
+    admin: httpx.Client
+    screenshots: Path
+
+    @property
+    def page_url(self) -> str:
+        return f"{self.server.url}/ui/"
+
+    def tenant(self, quota: dict[str, int], rate: str | None = None) -> tuple[str, str]:
+        """A new tenant (and optionally a rate quota); its name and a token scoped to it."""
+        name = f"t-{uuid.uuid4().hex[:8]}"
+        response = self.admin.put(f"/v1/tenants/{name}", json={"quota": quota})
+        assert response.status_code == 200, response.text
+        if rate is not None:
+            capacity, refill = rate.split(",")
+            response = self.admin.put(f"/v1/tenants/{name}/rate", json={
+                "capacity": int(capacity), "refill_per_second": float(refill)})
+            assert response.status_code == 200, response.text
+        return name, make_token(self.db_url, tenant=name)
+
+    def submit(self, tenant: str, request_id: str, gpu: int = 1) -> httpx.Response:
+        return self.admin.post(f"/v1/tenants/{tenant}/requests",
+                               json={"id": request_id, "cost": {"gpu": gpu}})
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with chromium() as launched:
+        yield launched
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    tmp_path = tmp_path_factory.mktemp(f"ui-{request.param}")
+    screenshots = tmp_path_factory.mktemp(f"screenshots-{request.param}")
+    with fresh_database(str(request.param), tmp_path) as db_url, running_executor() as executor:
+        admin_token = make_token(db_url, label="dashboard test")
+        with Quotagate.connect(db_url) as gate:
+            # Delivered work keeps running at this executor while the tests look at it.
+            TargetStore(gate.engine).set("executor", "webhook", {"url": executor}, default=True,
+                                         actor="test")
+        with running_server(db_url, tmp_path) as server, httpx.Client(
+            base_url=server.url, headers=bearer(admin_token), timeout=30
+        ) as admin:
+            response = admin.put("/v1/pools/gpu-east", json={"capacity": {"gpu": 16}})
+            assert response.status_code == 200, response.text
+            print(f"\nscreenshots of the {request.param} run: {screenshots}")
+            yield Site(server, db_url, admin_token, admin, screenshots)
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport=DESKTOP)
+    opened = context.new_page()
+    opened.set_default_timeout(15_000)
+    try:
+        yield opened
+    finally:
+        context.close()
+
+
+def sign_in(page: Any, site: Site, token: str) -> None:
+    """Open the page and sign in with the keyboard: type the token, press Enter."""
+    page.goto(site.page_url)
+    token_input = page.locator("input[name=token]")
+    token_input.wait_for()
+    assert page.evaluate("document.activeElement.name") == "token"
+    page.keyboard.type(token)
+    page.keyboard.press("Enter")
+    page.locator("#session").wait_for(state="visible")
+    page.wait_for_function("() => document.getElementById('scope').textContent.length > 0")
+
+
+def row(page: Any, table: str, key: str) -> Any:
+    return page.locator(f'#{table} tbody tr[data-key="{key}"]')
+
+
+def test_an_admin_sees_every_view_and_each_is_photographed(page: Any, site: Site) -> None:
+    errors = collect_page_errors(page)
+    busy, _ = site.tenant({"gpu": 2})
+    quiet, _ = site.tenant({"gpu": 4}, rate="2,0")
+    for number in range(4):
+        assert site.submit(busy, f"{busy}-job-{number}").status_code == 202
+    assert site.submit(quiet, f"{quiet}-job-0", gpu=3).status_code == 202
+    assert site.submit(quiet, f"{quiet}-job-1", gpu=3).status_code == 202
+    assert site.submit(quiet, f"{quiet}-job-2").status_code == 429
+    sign_in(page, site, site.admin_token)
+    assert page.locator("#scope").inner_text() == "admin · all tenants"
+    # Both tenants' usage rows, each with a bar.
+    row(page, "tenants", f"{busy}/gpu").wait_for()
+    row(page, "tenants", f"{quiet}/gpu").wait_for()
+    assert "2 / 2" in row(page, "tenants", f"{busy}/gpu").inner_text()
+    assert row(page, "pools", "gpu-east/gpu").locator("[role=meter]").count() == 1
+    for viewport, label in ((DESKTOP, "desktop"), (PHONE, "phone")):
+        page.set_viewport_size(viewport)
+        for view in VIEWS:
+            page.goto(f"{site.page_url}#/{view}")
+            page.locator(f"#view-{view}").wait_for(state="visible")
+            page.wait_for_function(
+                "() => document.getElementById('live').textContent.startsWith('updated')")
+            page.screenshot(path=str(site.screenshots / f"{view}-{label}.png"))
+        page.goto(f"{site.page_url}#/requests/{busy}/{busy}-job-3")
+        page.locator("#request-title").filter(has_text=f"{busy}-job-3").wait_for()
+        page.screenshot(path=str(site.screenshots / f"request-waiting-{label}.png"),
+                        full_page=True)
+        # A delivered request's story: its binding and the fencing token it was delivered with.
+        page.goto(f"{site.page_url}#/requests/{busy}/{busy}-job-0")
+        page.locator("#request-binding").filter(has_text="Fencing token").wait_for(
+            timeout=LIVE_TIMEOUT_MS)
+        page.screenshot(path=str(site.screenshots / f"request-delivered-{label}.png"),
+                        full_page=True)
+    binding = site.admin.get(f"/v1/tenants/{busy}/requests/{busy}-job-0").json()["binding"]
+    shown = page.locator("#request-binding").inner_text()
+    assert binding["external_name"] in shown
+    assert f"Fencing token\n{binding['fencing_token']}" in shown.replace("\t", "\n")
+    # The waiting request's page says why it waits, as `explain` does.
+    explained = site.admin.get(f"/v1/tenants/{busy}/requests/{busy}-job-3").json()["queue"]
+    assert page.locator("#request-queue").inner_text().count(explained["reason"]) == 1
+    assert errors == []
+
+
+def test_a_tenant_sees_only_its_own_rows_and_cannot_open_another_tenants_request(
+    page: Any, site: Site
+) -> None:
+    own, own_token = site.tenant({"gpu": 1})
+    other, _ = site.tenant({"gpu": 1})
+    for tenant in (own, other):
+        assert site.submit(tenant, f"{tenant}-a").status_code == 202
+        assert site.submit(tenant, f"{tenant}-b").status_code == 202
+    sign_in(page, site, own_token)
+    assert page.locator("#scope").inner_text() == f"tenant {own}"
+    row(page, "tenants", f"{own}/gpu").wait_for()
+    tenants_shown = page.locator("#tenants tbody tr").evaluate_all(
+        "rows => rows.map(row => row.dataset.key)")
+    assert tenants_shown == [f"{own}/gpu"]
+    page.goto(f"{site.page_url}#/queue")
+    row(page, "queue", f"{own}-b").wait_for()
+    assert page.locator("#queue tbody tr").evaluate_all(
+        "rows => rows.map(row => row.dataset.key)") == [f"{own}-b"]
+    page.goto(f"{site.page_url}#/decisions")
+    page.locator("#decisions tbody tr").first.wait_for()
+    assert other not in page.locator("#decisions").inner_text()
+    # Another tenant's request, even by its exact address, shows the API's refusal.
+    page.goto(f"{site.page_url}#/requests/{other}/{other}-a")
+    banner = page.locator("#error")
+    banner.wait_for(state="visible")
+    assert banner.inner_text() == f"request '{other}-a' does not exist"
+    assert page.locator("#view-request").is_hidden()
+
+
+def test_a_submit_appears_in_the_queue_and_moves_to_admitted_without_a_reload(
+    page: Any, site: Site
+) -> None:
+    tenant, token = site.tenant({"gpu": 1})
+    assert site.submit(tenant, f"{tenant}-first").status_code == 202
+    sign_in(page, site, token)
+    page.goto(f"{site.page_url}#/queue")
+    page.locator("#view-queue").wait_for(state="visible")
+    page.evaluate("window.notReloaded = true")
+    request_id = f"{tenant}-second"
+    assert site.submit(tenant, request_id).status_code == 202
+    waiting = row(page, "queue", request_id)
+    waiting.wait_for(timeout=LIVE_TIMEOUT_MS)
+    assert "tenant quota: gpu needs 1, 0 of 1 left" in waiting.inner_text()
+    # Make room: the admission loop admits it, and the page follows by itself.
+    response = site.admin.put(f"/v1/tenants/{tenant}", json={"quota": {"gpu": 2}})
+    assert response.status_code == 200, response.text
+    waiting.wait_for(state="detached", timeout=LIVE_TIMEOUT_MS)
+    page.goto(f"{site.page_url}#/requests/{tenant}/{request_id}")
+    state = page.locator("#request-facts .badge").first
+    state.wait_for()
+    page.wait_for_function(
+        "() => ['reserved', 'delivered'].includes("
+        "document.querySelector('#request-facts .badge').textContent)", timeout=LIVE_TIMEOUT_MS)
+    assert "pool=gpu-east" in page.locator("#story").inner_text()
+    assert page.evaluate("window.notReloaded") is True
+
+
+def test_moving_between_views_keeps_one_polling_loop(page: Any, site: Site) -> None:
+    _, token = site.tenant({"gpu": 1})
+    sign_in(page, site, token)
+    for view in (*VIEWS, *VIEWS):
+        page.goto(f"{site.page_url}#/{view}")
+        page.locator(f"#view-{view}").wait_for(state="visible")
+    polls: list[float] = []
+    page.on("request", lambda request: polls.append(time.monotonic())
+            if request.url.endswith("/v1/dashboard") else None)
+    started = time.monotonic()
+    page.wait_for_timeout(3000)
+    elapsed = time.monotonic() - started
+    # One loop polls once a second; ten navigations must not have left ten loops behind.
+    assert 1 <= len(polls) <= elapsed + 1, polls
+
+
+def test_a_refused_submit_appears_with_its_reason(page: Any, site: Site) -> None:
+    tenant, token = site.tenant({"gpu": 4}, rate="1,0")
+    sign_in(page, site, token)
+    page.goto(f"{site.page_url}#/decisions")
+    page.locator("#view-decisions").wait_for(state="visible")
+    assert site.submit(tenant, f"{tenant}-ok").status_code == 202
+    refused = site.submit(tenant, f"{tenant}-refused")
+    assert refused.status_code == 429
+    entry = page.locator("#decisions tbody tr").filter(has_text=f"{tenant}-refused")
+    entry.wait_for(timeout=LIVE_TIMEOUT_MS)
+    assert entry.locator(".badge").inner_text() == "rejected"
+    assert "rate quota exhausted" in entry.inner_text()
+
+
+def test_a_wrong_token_shows_the_apis_message(page: Any, site: Site) -> None:
+    expected = httpx.get(f"{site.server.url}/v1/dashboard", headers=bearer("qg_wrong_token"),
+                         timeout=30).json()["message"]
+    page.goto(site.page_url)
+    page.locator("input[name=token]").fill("qg_wrong_token")
+    page.locator("#sign-in-form button").click()
+    message = page.locator("#sign-in-error")
+    page.wait_for_function(
+        "() => document.getElementById('sign-in-error').textContent.length > 0")
+    assert message.inner_text() == expected
+    assert page.locator("#sign-in").is_visible()
+    # Nothing of the refused token is kept in the tab.
+    assert page.evaluate("sessionStorage.length") == 0
+    assert page.evaluate("document.cookie") == ""
+    assert "qg_wrong_token" not in page.url

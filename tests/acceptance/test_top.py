@@ -1,0 +1,64 @@
+"""`quotagate top --once` as a script runs it: on every backend, and against a running server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_http_support import make_token, running_server
+
+from quotagate import Quotagate
+from quotagate.errors import RateLimited
+from support.cli import run
+
+
+def _ledger(db_url: str) -> str:
+    """Two tenants; one request waits for team-a's quota, one of team-b's was rejected."""
+    with Quotagate.connect(db_url) as gate:
+        gate.set_pool("main", {"gpu": 8})
+        gate.set_tenant("team-a", {"gpu": 1})
+        gate.set_tenant("team-b", {"gpu": 2})
+        gate.set_rate("team-b", "capacity=1,refill=0")
+        gate.submit("a-first", "team-a", {"gpu": 1})
+        gate.submit("a-second", "team-a", {"gpu": 1})
+        gate.submit("b-first", "team-b", {"gpu": 1})
+        with pytest.raises(RateLimited):
+            gate.submit("b-refused", "team-b", {"gpu": 1})
+        assert len(gate.admit(8)) == 2
+        reason: str = gate.explain("a-second")["reason"]
+    return reason
+
+
+def test_top_once_prints_tenants_pools_the_queue_with_reasons_and_decisions(
+    db_url: str, tmp_path: Path
+) -> None:
+    reason = _ledger(db_url)
+    frame = run("top", "--once", "--width", "200", db=db_url, cwd=tmp_path).stdout
+    assert "all tenants" in frame
+    for text in ("team-a", "team-b", "main", "Queue head (1 of 1)", "a-second", reason,
+                 "b-refused", "rejected", "rate quota exhausted", "1/1", "2/8"):
+        assert text in frame, (text, frame)
+    narrowed = run("top", "--once", "--width", "200", "--tenant", "team-b", db=db_url,
+                   cwd=tmp_path).stdout
+    assert "tenant team-b" in narrowed
+    assert "a-second" not in narrowed and "team-a" not in narrowed
+    bad = run("top", "--once", "--tenant", "Not A Name", db=db_url, cwd=tmp_path, expect=2)
+    assert bad.stderr.startswith("error: invalid_tenant_name: tenant name must be"), bad.stderr
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_top_reads_a_running_server_with_the_tokens_scope(db_url: str, tmp_path: Path) -> None:
+    _ledger(db_url)
+    with running_server(db_url, tmp_path, args=["--no-workers"]) as server:
+        token = make_token(db_url, tenant="team-b")
+        frame = run("top", "--once", "--width", "200", "--url", server.url, "--token", token,
+                    db=db_url, cwd=tmp_path).stdout
+        assert "tenant team-b" in frame and "b-refused" in frame
+        assert "team-a" not in frame and "a-second" not in frame
+        refused = run("top", "--once", "--url", server.url, "--token", "qg_wrong_token",
+                      db=db_url, cwd=tmp_path, expect=1)
+        assert refused.stderr.startswith("error: "), refused.stderr
+        assert "qg_wrong_token" not in refused.stderr
+    missing = run("top", "--once", "--url", "http://127.0.0.1:9", db=db_url, cwd=tmp_path,
+                  expect=2)
+    assert "error: missing_token: --url needs --token" in missing.stderr

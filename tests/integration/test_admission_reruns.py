@@ -1,0 +1,152 @@
+"""What production must record: admission reruns by cause and lock-wait time, from real lock conflicts.
+
+Row locks that make a transaction wait exist on the servers (SQLite takes one
+write lock at BEGIN instead), so these run on PostgreSQL and MariaDB/MySQL.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
+
+from quotagate import Quotagate
+from quotagate.observability.metrics import Metrics
+from quotagate.store import admission_stats, schema
+from quotagate.store.dialect import is_retryable, retry_cause, run_transaction
+from support.waiting import wait_for
+
+SERVERS = [pytest.param("postgresql", marks=pytest.mark.postgresql),
+           pytest.param("mysql", marks=pytest.mark.mysql)]
+HELD_SECONDS = 0.4
+
+
+@pytest.fixture(autouse=True)
+def fresh_counters() -> Iterator[None]:
+    admission_stats.reset()
+    yield
+    admission_stats.reset()
+
+
+def _lock_waiters(engine: sa.Engine) -> int:
+    """Transactions of this database waiting for a row lock right now."""
+    if engine.dialect.name == "postgresql":
+        query = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                 "AND datname = current_database()")
+    else:
+        query = "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+    # A connection of its own each time: PostgreSQL keeps one activity snapshot per transaction.
+    with engine.connect() as connection:
+        return int(connection.exec_driver_sql(query).scalar_one())
+
+
+@pytest.mark.parametrize("backend", SERVERS, indirect=True)
+def test_a_charge_that_waited_on_a_lock_and_then_missed_is_a_stale_snapshot_rerun(
+    gate: Quotagate,
+) -> None:
+    gate.set_pool("main", {"gpu": 4})
+    gate.set_tenant("team-a", {"gpu": 2})
+    gate.submit("job-1", "team-a", {"gpu": 1})
+    admitted: list[object] = []
+    with gate.engine.connect() as holder:
+        transaction = holder.begin()
+        # Another writer takes team-a's quota row and fills it, not committed yet.
+        holder.execute(schema.tenant_quota.update()
+                       .where(schema.tenant_quota.c.tenant == "team-a")
+                       .values(used=schema.tenant_quota.c.cap))
+        admitter = threading.Thread(target=lambda: admitted.extend(gate.admit(1)))
+        admitter.start()
+        wait_for(lambda: _lock_waiters(gate.engine) > 0, "admission to wait for the quota row lock")
+        blocked_at = time.perf_counter()
+        time.sleep(HELD_SECONDS)  # hold the lock a known time: the wait must cover it
+        transaction.commit()
+        held = time.perf_counter() - blocked_at
+        admitter.join(30)
+    assert not admitter.is_alive()
+    # Its snapshot said room; the charge, once it got the row, found none: rerun, nothing fits.
+    assert admitted == []
+    assert gate.show("job-1").state.value == "waiting"
+    stats = admission_stats.snapshot()
+    assert stats.reruns == {"stale_snapshot": 1, "lock_timeout": 0, "deadlock": 0}
+    assert stats.lock_wait_sum >= held
+    value = Metrics(gate.engine).registry.get_sample_value
+    assert value("quotagate_admission_reruns_total", {"cause": "stale_snapshot"}) == 1
+    assert value("quotagate_admission_lock_wait_seconds_sum") >= held
+    assert value("quotagate_admission_lock_wait_seconds_count") == stats.lock_wait_count
+
+
+def _set_lock_timeout(connection: sa.Connection) -> None:
+    if connection.dialect.name == "postgresql":
+        connection.exec_driver_sql("SET LOCAL lock_timeout = '100ms'")
+    else:
+        connection.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 1")
+
+
+@pytest.mark.parametrize("backend", SERVERS, indirect=True)
+def test_a_lock_timeout_is_rerun_and_reported_as_lock_timeout(gate: Quotagate) -> None:
+    gate.set_tenant("team-a", {"gpu": 2})
+    quota = schema.tenant_quota
+    bump = quota.update().where(quota.c.tenant == "team-a").values(cap=quota.c.cap + 1)
+    causes: list[str] = []
+    holder = gate.engine.connect()
+    transaction = holder.begin()
+    holder.execute(bump)
+
+    def on_retry(error: DBAPIError) -> None:
+        assert is_retryable(error)
+        causes.append(retry_cause(error))
+        if transaction.is_active:
+            transaction.commit()  # the lock goes away: the rerun gets through
+
+    def work(connection: sa.Connection) -> None:
+        _set_lock_timeout(connection)
+        connection.execute(bump)
+
+    try:
+        run_transaction(gate.engine, work, on_retry=on_retry)
+    finally:
+        holder.close()
+    assert causes == ["lock_timeout"]
+    assert gate.config.get_tenant("team-a")["quota"]["gpu"]["cap"] == 4
+
+
+@pytest.mark.parametrize("backend", SERVERS, indirect=True)
+def test_a_deadlock_is_told_apart_from_a_lock_timeout(gate: Quotagate) -> None:
+    gate.set_tenant("team-a", {"gpu": 2})
+    gate.set_tenant("team-b", {"gpu": 2})
+    quota = schema.tenant_quota
+
+    def bump(connection: sa.Connection, tenant: str) -> None:
+        connection.execute(quota.update().where(quota.c.tenant == tenant)
+                           .values(cap=quota.c.cap + 1))
+
+    first, second = gate.engine.connect(), gate.engine.connect()
+    errors: list[DBAPIError] = []
+    try:
+        first_transaction, second_transaction = first.begin(), second.begin()
+        bump(first, "team-a")
+        bump(second, "team-b")
+
+        def cross(connection: sa.Connection, tenant: str) -> None:
+            try:
+                bump(connection, tenant)
+            except DBAPIError as error:
+                errors.append(error)
+
+        crossing = threading.Thread(target=cross, args=(first, "team-b"))
+        crossing.start()
+        wait_for(lambda: _lock_waiters(gate.engine) > 0, "the first transaction to wait")
+        cross(second, "team-a")  # each now waits for the other: the server picks a victim
+        second_transaction.rollback()
+        crossing.join(30)
+        first_transaction.rollback()
+    finally:
+        first.close()
+        second.close()
+    assert len(errors) == 1
+    assert is_retryable(errors[0])
+    assert retry_cause(errors[0]) == "deadlock"

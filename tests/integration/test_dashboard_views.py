@@ -1,0 +1,166 @@
+"""The dashboard's views (quotagate.store.dashboard) and the read deadline, on every backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from quotagate import ManualClock, Quotagate
+from quotagate.errors import NotFound, RateLimited, StoreUnavailable
+from quotagate.observability.metrics import Metrics
+from quotagate.store import schema
+from quotagate.store.dialect import reading
+from quotagate.store.engine import create_engine
+
+
+def _busy_ledger(gate: Quotagate, clock: ManualClock) -> None:
+    """Two tenants: three of team-a's and one of team-b's admitted, one waiting, one rejected."""
+    gate.set_pool("main", {"gpu": 8})
+    gate.set_tenant("team-a", {"gpu": 2})
+    gate.set_tenant("team-b", {"gpu": 2})
+    gate.set_rate("team-b", "capacity=1,refill=0")
+    gate.submit("a-1", "team-a", {"gpu": 1})
+    gate.submit("a-2", "team-a", {"gpu": 1})
+    gate.submit("a-3", "team-a", {"gpu": 1}, priority=5)
+    gate.submit("b-1", "team-b", {"gpu": 1})
+    with pytest.raises(RateLimited):
+        gate.submit("b-2", "team-b", {"gpu": 1})
+    clock.advance(60)
+    admitted = gate.admit(10)
+    assert sorted(placement.id for placement in admitted) == ["a-1", "a-3", "b-1"]
+
+
+def test_the_snapshot_shows_usage_queue_reasons_decisions_backlog_and_buckets(
+    gate: Quotagate, clock: ManualClock
+) -> None:
+    _busy_ledger(gate, clock)
+    snapshot = gate.dashboard()
+    assert snapshot.tenant is None
+    assert {(row.name, row.resource, row.used, row.cap) for row in snapshot.tenants} == {
+        ("team-a", "gpu", 2, 2), ("team-b", "gpu", 1, 2)}
+    assert [(row.name, row.used, row.cap) for row in snapshot.pools] == [("main", 3, 8)]
+    assert snapshot.waiting == 1
+    [waiting] = snapshot.queue
+    assert (waiting.position, waiting.id, waiting.tenant) == (1, "a-2", "team-a")
+    # The same reason `explain` gives for the same request.
+    assert waiting.reason == gate.explain("a-2")["reason"]
+    assert waiting.reason.startswith("tenant quota: gpu needs 1, 0 of 2 left")
+    assert waiting.waited_seconds == 60
+    assert snapshot.backlog == 3
+    assert sorted(entry.request_id for entry in snapshot.deliveries) == ["a-1", "a-3", "b-1"]
+    operations = [(entry.operation, entry.outcome, entry.target) for entry in snapshot.decisions]
+    assert ("submit", "rejected", "b-2") in operations
+    assert operations.index(("admit", "reserved", "a-1")) < operations.index(
+        ("submit", "accepted", "a-1")), "newest first"
+    rejected = next(entry for entry in snapshot.decisions if entry.outcome == "rejected")
+    assert "rate quota" in (rejected.reason or "")
+    [bucket] = snapshot.buckets
+    assert (bucket.tenant, bucket.capacity, bucket.tokens) == ("team-b", 1.0, 0.0)
+
+
+def test_the_last_hour_counts_admissions_and_rejections_and_replays_the_queue_depth(
+    gate: Quotagate, clock: ManualClock
+) -> None:
+    _busy_ledger(gate, clock)
+    history = gate.dashboard().history
+    assert len(history) == 60
+    now, before, earlier = history[-1], history[-2], history[-3]
+    assert now.minute == clock.now() // 60 * 60
+    assert (now.admitted, now.rejected, now.queue_depth) == (3, 0, 1)
+    # At the end of the minute before, all four accepted requests were waiting.
+    assert (before.admitted, before.rejected, before.queue_depth) == (0, 1, 4)
+    assert earlier.queue_depth == 0
+    # Three minutes on, one more admission: the minutes read by earlier polls keep their
+    # counts (they are not read again) and the new one joins them.
+    clock.advance(180)
+    gate.set_tenant("team-a", {"gpu": 3})
+    assert [placement.id for placement in gate.admit(10)] == ["a-2"]
+    later = gate.dashboard().history
+    assert [(m.admitted, m.rejected, m.queue_depth) for m in later[-6:]] == [
+        (0, 0, 0), (0, 1, 4), (3, 0, 1), (0, 0, 1), (0, 0, 1), (1, 0, 0)]
+    assert later[-4].minute == now.minute
+
+
+def test_a_tenant_scope_narrows_every_view_to_that_tenant(
+    gate: Quotagate, clock: ManualClock
+) -> None:
+    _busy_ledger(gate, clock)
+    snapshot = gate.dashboard("team-b")
+    assert {row.name for row in snapshot.tenants} == {"team-b"}
+    assert snapshot.queue == [] and snapshot.waiting == 0
+    assert {entry.tenant for entry in snapshot.decisions} == {"team-b"}
+    assert [entry.request_id for entry in snapshot.deliveries] == ["b-1"]
+    assert [bucket.tenant for bucket in snapshot.buckets] == ["team-b"]
+    assert all(minute.admitted <= 1 for minute in snapshot.history)
+    assert sum(minute.admitted for minute in snapshot.history) == 1
+
+
+def test_a_request_story_has_its_audit_entries_and_delivery_and_hides_from_other_tenants(
+    gate: Quotagate, clock: ManualClock
+) -> None:
+    _busy_ledger(gate, clock)
+    story = gate.request_story("a-1", tenant="team-a")
+    assert story["request"]["state"] == "reserved"
+    assert [(entry["operation"], entry["outcome"]) for entry in story["history"]] == [
+        ("submit", "accepted"), ("admit", "reserved")]
+    assert story["delivery"]["delivered"] is False
+    assert story["delivery"]["fencing_token"] == 0
+    assert story["binding"] is None
+    waiting = gate.request_story("a-2")
+    assert waiting["queue"]["reason"] == gate.explain("a-2")["reason"]
+    with pytest.raises(NotFound):
+        gate.request_story("a-1", tenant="team-b")
+    with pytest.raises(NotFound):
+        gate.request_story("no-such-request")
+
+
+def test_stops_not_confirmed_are_listed_and_exported_by_state_name(
+    gate: Quotagate, clock: ManualClock
+) -> None:
+    _busy_ledger(gate, clock)
+    # The delivery engine moves a stopped request to `cancelling` until its executor
+    # confirms; that state is counted by name, whichever code writes it.
+    with gate.engine.begin() as connection:
+        connection.execute(schema.request.update().where(schema.request.c.id == "b-1")
+                           .values(state="cancelling", updated=clock.now()))
+    clock.advance(7)
+    [stop] = gate.dashboard().stops
+    assert (stop.id, stop.tenant, stop.state, stop.cost, stop.since_seconds) == (
+        "b-1", "team-b", "cancelling", {"gpu": 1}, 7)
+    assert gate.dashboard("team-a").stops == []
+    value = Metrics(gate.engine, clock=clock).registry.get_sample_value
+    assert value("quotagate_unconfirmed_stops", {"tenant": "team-b", "state": "cancelling"}) == 1
+    assert value("quotagate_oldest_unconfirmed_stop_seconds",
+                 {"tenant": "team-b", "state": "cancelling"}) == 7
+
+
+_SLOW_READ = {
+    "sqlite": "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+              "WHERE i < 1000000000) SELECT count(*) FROM n",
+    "postgresql": "SELECT pg_sleep(30)",
+    "mysql": "SELECT SLEEP(30)",
+}
+
+
+def test_a_read_past_its_deadline_is_stopped_and_reported_as_store_timeout(
+    db_url: str, backend: str, tmp_path: Path
+) -> None:
+    engine = create_engine(db_url, read_timeout=0.3)
+    try:
+        with pytest.raises(StoreUnavailable) as raised, reading(engine) as connection:
+            connection.execute(sa.text(_SLOW_READ[backend]))
+        assert raised.value.code == "store_timeout"
+        assert raised.value.status == 503
+        # The deadline ends with the read: the same pooled connection answers the next one,
+        # and a connection taken outside `reading` carries no deadline.
+        with reading(engine) as connection:
+            assert connection.execute(sa.text("SELECT 1")).scalar() == 1
+        if backend == "mysql":
+            with engine.connect() as connection:
+                assert float(connection.execute(
+                    sa.text("SELECT @@max_statement_time")).scalar() or 0) == 0
+    finally:
+        engine.dispose()
+
