@@ -9,6 +9,7 @@ never wait.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import sqlalchemy as sa
@@ -21,6 +22,10 @@ DEFAULT_DATABASE_URL = "sqlite:///quotagate.db"
 # Execution option marking a connection that only reads (see _configure_sqlite).
 READ_ONLY_OPTION = "quotagate_read_only"
 ENVIRONMENT_VARIABLE = "QUOTAGATE_DB"
+# A pooled connection back in use within this many seconds is not pinged first
+# (see _ping_after_idle).
+PING_AFTER_IDLE = 1.0
+_CHECKED_IN_AT = "quotagate_checked_in_at"
 
 _DRIVERS = {
     "sqlite": ("sqlite+pysqlite", None),
@@ -94,8 +99,9 @@ def create_engine(text: str, **options: Any) -> Engine:
             # Row locks plus conditional updates give the guarantees we need;
             # REPEATABLE READ (MySQL's default) would only add gap-lock deadlocks.
             options.setdefault("isolation_level", "READ COMMITTED")
-            options.setdefault("pool_pre_ping", True)
             engine = sa.create_engine(url, **options)
+            if not options.get("pool_pre_ping"):
+                _ping_after_idle(engine)
     except NoSuchModuleError as exc:  # pragma: no cover - depends on extras installed
         raise InvalidInput(str(exc), code="invalid_database_url") from exc
     except ModuleNotFoundError as exc:
@@ -105,6 +111,32 @@ def create_engine(text: str, **options: Any) -> Engine:
             code="driver_missing",
         ) from exc
     return engine
+
+
+def _ping_after_idle(engine: Engine) -> None:
+    """Ping a pooled connection before use only if it sat idle for a while.
+
+    ``pool_pre_ping`` pings at every checkout: one more round trip in every
+    transaction, a tenth of an admission (docs/performance.md). A connection
+    handed back less than :data:`PING_AFTER_IDLE` seconds ago was just working;
+    one that idled longer (the server may have restarted meanwhile) is pinged,
+    and replaced by a fresh one if the ping fails, as pre-ping would.
+    """
+
+    @sa.event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        record.info[_CHECKED_IN_AT] = time.monotonic()
+
+    @sa.event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        checked_in = record.info.get(_CHECKED_IN_AT)
+        if checked_in is None or time.monotonic() - checked_in < PING_AFTER_IDLE:
+            return  # a new connection, or one that was working a moment ago
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            # The pool discards this connection and checks out a fresh one.
+            raise sa.exc.DisconnectionError(str(exc)) from exc
 
 
 def _configure_sqlite(engine: Engine) -> None:
