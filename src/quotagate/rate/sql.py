@@ -31,6 +31,7 @@ Two engine details shape the statement:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 import sqlalchemy as sa
@@ -42,7 +43,7 @@ from quotagate.errors import Conflict, NotFound
 from quotagate.rate.backend import Take, register
 from quotagate.rate.keys import BucketKey
 from quotagate.store import schema
-from quotagate.store.dialect import database_now, reading, run_transaction
+from quotagate.store.dialect import database_now, dialect_now, reading, run_transaction
 from quotagate.store.engine import create_engine, normalise_url, redact
 
 bucket = schema.rate_bucket
@@ -107,26 +108,61 @@ def _tokens_after(connection: sa.Connection, statement: sa.Update, key: BucketKe
     return None if row is None else float(row.tokens)
 
 
-def take_in(connection: sa.Connection, key: BucketKey, amount: int = 1) -> Decision | None:
-    """Take ``amount`` tokens inside the caller's transaction; None if there is no bucket."""
-    now = database_now(connection)
+@lru_cache(maxsize=8)
+def _take_statement(dialect: str, returning: bool) -> sa.Update:
+    """The conditional take, built once per dialect (``bucket_key`` and ``amount`` bound).
+
+    Building it per call cost more CPU than the UPDATE itself takes on a nearby
+    database (docs/performance.md).
+    """
+    now = dialect_now(dialect)
     available = _available(now)
+    amount = sa.bindparam("amount", type_=sa.Integer)
     statement = (
         bucket.update()
-        .where(bucket.c.key == key.name, available >= amount)
+        .where(bucket.c.key == sa.bindparam("bucket_key"), available >= amount)
         .ordered_values(
             (bucket.c.tokens, available - amount),
             (bucket.c.updated, _greatest(bucket.c.updated, now)),
         )
     )
-    row = _updated_row(connection, statement, key)
+    return statement.returning(*_AFTER) if returning else statement
+
+
+@lru_cache(maxsize=8)
+def _read_statement(dialect: str) -> sa.Select[Any]:
+    return sa.select(
+        bucket.c.capacity, bucket.c.refill_per_second, bucket.c.tokens, bucket.c.updated,
+        dialect_now(dialect).label("now"),
+    ).where(bucket.c.key == sa.bindparam("bucket_key"))
+
+
+@lru_cache(maxsize=1)
+def _after_statement() -> sa.Select[Any]:
+    return sa.select(*_AFTER).where(bucket.c.key == sa.bindparam("bucket_key"))
+
+
+def take_in(connection: sa.Connection, key: BucketKey, amount: int = 1) -> Decision | None:
+    """Take ``amount`` tokens inside the caller's transaction; None if there is no bucket."""
+    dialect = connection.dialect
+    # Not "key": a column of the updated table cannot name a bound parameter.
+    parameters = {"bucket_key": key.name, "amount": amount}
+    if dialect.update_returning:
+        row = connection.execute(_take_statement(dialect.name, True), parameters).first()
+    elif connection.execute(_take_statement(dialect.name, False), parameters).rowcount == 1:
+        # MySQL/MariaDB have no UPDATE … RETURNING; the row is ours until commit.
+        row = connection.execute(_after_statement(), parameters).one()
+    else:
+        row = None
     if row is not None:
         return decide(_config(row), float(row.tokens), amount, True)
-    current = read(connection, key)
+    current = connection.execute(_read_statement(dialect.name), parameters).first()
     if current is None:
         return None
-    config, left = current
-    return decide(config, left, amount, False)
+    config = _config(current)
+    state = refill(config, BucketState(float(current.tokens), float(current.updated)),
+                   float(current.now))
+    return decide(config, state.tokens, amount, False)
 
 
 def add_in(connection: sa.Connection, key: BucketKey, amount: int) -> float | None:

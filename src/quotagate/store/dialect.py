@@ -62,9 +62,13 @@ def begin_statement(engine: HasDialect) -> str | None:
     return "BEGIN IMMEDIATE" if engine.dialect.name == "sqlite" else None
 
 
-def database_now(engine: Engine | sa.Connection) -> sa.ColumnElement[float]:
+def database_now(engine: HasDialect) -> sa.ColumnElement[float]:
     """An SQL expression for the database server's clock, in epoch seconds."""
-    name = engine.dialect.name
+    return dialect_now(engine.dialect.name)
+
+
+def dialect_now(name: str) -> sa.ColumnElement[float]:
+    """:func:`database_now` for a dialect named ``name`` (sqlite, postgresql, mysql)."""
     if name == "postgresql":
         return sa.cast(sa.func.extract("epoch", sa.func.clock_timestamp()), sa.Double)
     if name == "mysql":

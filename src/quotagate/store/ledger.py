@@ -428,10 +428,10 @@ class Ledger:
             (schema.tenant_quota, "tenant", tenant_amounts),
             (schema.pool_capacity, "pool", pool_amounts),
         ):
-            count = transaction.rowcount(
-                statements.charge_statement(table, holder, len(amounts)),
-                statements.charge_parameters(dict(amounts)),
+            statement = statements.charge_statement(
+                table, holder, len(amounts), lock_in_order=reserves_with_lock(transaction)
             )
+            count = transaction.rowcount(statement, statements.charge_parameters(dict(amounts)))
             if count != len(amounts):
                 raise CapacityChanged(holder)
 

@@ -118,14 +118,23 @@ def reserve_parameters(plan: Sequence[Placement], now: float) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=256)
-def charge_statement(table: sa.Table, holder_column: str, count: int) -> sa.Update:
+def charge_statement(
+    table: sa.Table, holder_column: str, count: int, *, lock_in_order: bool = False
+) -> sa.Update:
     """Charge ``count`` (holder, resource) rows of one table in one conditional UPDATE.
 
-    Parameters ``holder_i``, ``resource_i``, ``amount_i``. Each row is only
-    charged where ``used + amount <= cap``; the caller checks that ``count``
-    rows changed, else the whole transaction rolls back. One statement per
-    table, whatever the batch: a batch over four tenants and three pools costs
-    two round trips, not seven.
+    Parameters ``holder_i``, ``resource_i``, ``amount_i``, given in (holder,
+    resource) order. Each row is only charged where ``used + amount <= cap``;
+    the caller checks that ``count`` rows changed, else the whole transaction
+    rolls back. One statement per table, whatever the batch: a batch over four
+    tenants and three pools costs two round trips, not seven.
+
+    Concurrent admitters must take these row locks in one order, or they
+    deadlock (and PostgreSQL only notices after ``deadlock_timeout``, a second).
+    MySQL's InnoDB walks the primary key ranges in key order and SQLite has one
+    writer; PostgreSQL's UPDATE locks in whatever order its plan visits rows, so
+    with ``lock_in_order`` the rows are first locked by a sorted ``SELECT … FOR
+    UPDATE`` in the same statement.
     """
     holder, resource = table.c[holder_column], table.c.resource
     rows = [
@@ -135,11 +144,19 @@ def charge_statement(table: sa.Table, holder_column: str, count: int) -> sa.Upda
     amount = sa.case(
         *((row, sa.bindparam(f"amount_{i}", type_=sa.BigInteger)) for i, row in enumerate(rows))
     )
-    return (
-        table.update()
-        .where(sa.or_(*rows), table.c.used + amount <= table.c.cap)
-        .values(used=table.c.used + amount)
-    )
+    statement = table.update().where(table.c.used + amount <= table.c.cap)
+    if lock_in_order:
+        locked = (
+            sa.select(holder.label("holder"), resource.label("resource"))
+            .where(sa.or_(*rows))
+            .order_by(holder, resource)
+            .with_for_update()
+            .subquery("locked")
+        )
+        statement = statement.where(holder == locked.c.holder, resource == locked.c.resource)
+    else:
+        statement = statement.where(sa.or_(*rows))
+    return statement.values(used=table.c.used + amount)
 
 
 def charge_parameters(amounts: dict[tuple[str, str], int]) -> dict[str, Any]:
