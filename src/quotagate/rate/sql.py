@@ -44,6 +44,7 @@ from quotagate.rate.backend import Take, register
 from quotagate.rate.keys import BucketKey
 from quotagate.store import schema
 from quotagate.store.dialect import database_now, dialect_now, reading, run_transaction
+from quotagate.store.driver import DriverTransaction, run_driver_transaction
 from quotagate.store.engine import create_engine, normalise_url, redact
 
 bucket = schema.rate_bucket
@@ -165,6 +166,31 @@ def take_in(connection: sa.Connection, key: BucketKey, amount: int = 1) -> Decis
     return decide(config, state.tokens, amount, False)
 
 
+def _take_on_driver(
+    transaction: DriverTransaction, key: BucketKey, amount: int
+) -> Decision | None:
+    """:func:`take_in` with the same statements, run by :mod:`quotagate.store.driver`."""
+    dialect = transaction.dialect
+    parameters = {"bucket_key": key.name, "amount": amount}
+    row: Any = None
+    if dialect.update_returning:
+        rows = transaction.rows(_take_statement(dialect.name, True), parameters)
+        row = rows[0] if rows else None
+    elif transaction.rowcount(_take_statement(dialect.name, False), parameters) == 1:
+        row = transaction.rows(_after_statement(), parameters)[0]
+    if row is not None:
+        tokens, capacity, refill_per_second = row
+        config = BucketConfig(float(capacity), float(refill_per_second))
+        return decide(config, float(tokens), amount, True)
+    rows = transaction.rows(_read_statement(dialect.name), parameters)
+    if not rows:
+        return None
+    capacity, refill_per_second, tokens, updated, now = rows[0]
+    config = BucketConfig(float(capacity), float(refill_per_second))
+    state = refill(config, BucketState(float(tokens), float(updated)), float(now))
+    return decide(config, state.tokens, amount, False)
+
+
 def add_in(connection: sa.Connection, key: BucketKey, amount: int) -> float | None:
     """Top up inside the caller's transaction; the tokens now, or None if there is no bucket."""
     now = database_now(connection)
@@ -253,7 +279,11 @@ class SqlRateStore:
         raise Conflict(f"rate bucket {key} is being configured concurrently; retry")
 
     def take(self, key: BucketKey, config: BucketConfig, amount: int = 1) -> Decision:
-        decision = run_transaction(self.engine, lambda connection: take_in(connection, key, amount))
+        # Its own short transaction, on the driver connection: SQLAlchemy's
+        # Connection would cost more than the UPDATE (quotagate.store.driver).
+        decision = run_driver_transaction(
+            self.engine, lambda transaction: _take_on_driver(transaction, key, amount)
+        )
         if decision is None:
             raise NotFound(f"rate bucket {key} is not configured in {self.description}",
                            code="unknown_rate_bucket")
