@@ -34,6 +34,8 @@ from quotagate.store.dialect import begin_statement, is_retryable, translate
 T = TypeVar("T")
 
 
+
+
 @dataclass(frozen=True)
 class _Compiled:
     sql: str
@@ -44,13 +46,14 @@ class _Compiled:
     processors: Mapping[str, Callable[[Any], Any]]
 
     def parameters(self, given: Mapping[str, Any]) -> Any:
-        values = {**self.fixed, **given} if self.fixed else dict(given)
-        for name, process in self.processors.items():
-            if name in values:
-                values[name] = process(values[name])
+        """The driver's parameters: a dict (named styles) or a tuple (positional)."""
+        if self.processors:
+            given = {name: self.processors[name](value) if name in self.processors else value
+                     for name, value in given.items()}
         if self.positions is None:
-            return values
-        return tuple(values[name] for name in self.positions)
+            return {**self.fixed, **given} if self.fixed else given
+        fixed = self.fixed
+        return tuple(given[name] if name in given else fixed[name] for name in self.positions)
 
 
 @lru_cache(maxsize=1024)
