@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import multiprocessing
 import queue
 import statistics
@@ -33,6 +34,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+import _pgbench
 from _databases import BACKENDS, ServerUnavailable, throwaway_database
 from _raw_admission import RawAdmission
 from quotagate.cli.common import render_table
@@ -67,11 +69,15 @@ class Settings:
     rounds: int  # throughput runs of each kind; the best counts
     queue: int  # waiting requests at the start of each throughput run
     samples: int  # admissions timed per latency scenario
-    big_queue: int
+    big_queues: tuple[int, ...]  # the long queues of the latency table
+    drain: int  # waiting requests a sustained drain admits to the end
 
 
-FULL = Settings(seconds=3.0, rounds=2, queue=30_000, samples=300, big_queue=100_000)
-QUICK = Settings(seconds=1.0, rounds=1, queue=8_000, samples=60, big_queue=20_000)
+# FULL's drain is "tens of thousands"; --million adds 1,000,000 to the latency queues.
+FULL = Settings(seconds=3.0, rounds=2, queue=30_000, samples=300, big_queues=(100_000,),
+                drain=40_000)
+QUICK = Settings(seconds=1.0, rounds=1, queue=8_000, samples=60, big_queues=(20_000,),
+                 drain=10_000)
 
 
 # -- the queue ---------------------------------------------------------------
@@ -172,6 +178,7 @@ class Run:
     raw: bool  # raw SQL through the driver instead of Ledger.admit
     batch: int
     seconds: float
+    drain: bool = False  # admit until the queue is empty, however long that takes
 
 
 @dataclass(frozen=True)
@@ -180,6 +187,8 @@ class WorkerResult:
     started: float
     finished: float
     error: str | None = None
+    # (monotonic time, admissions so far) after every call that admitted: a drain's course.
+    progress: tuple[tuple[float, int], ...] = ()
 
 
 def _admitter(run: Run) -> tuple[Callable[[], int], Callable[[], None]]:
@@ -191,18 +200,23 @@ def _admitter(run: Run) -> tuple[Callable[[], int], Callable[[], None]]:
     return (lambda: len(ledger.admit(run.batch))), ledger.engine.dispose
 
 
-def _admit_until(admit: Callable[[], int], start_at: float, seconds: float) -> WorkerResult:
+def _admit_until(
+    admit: Callable[[], int], start_at: float, seconds: float, *, track: bool = False
+) -> WorkerResult:
     while time.monotonic() < start_at:
         time.sleep(0.0005)
     started = finished = time.monotonic()
     deadline = started + seconds
     admitted = idle = 0
+    progress: list[tuple[float, int]] = []
     while time.monotonic() < deadline:
         count = admit()
         if count:
             admitted += count
             finished = time.monotonic()
             idle = 0
+            if track:
+                progress.append((finished, admitted))
         else:
             # Nothing fitted: the queue ran dry (or every candidate was locked by
             # the others for a moment). Give up after a short stretch of nothing.
@@ -210,7 +224,7 @@ def _admit_until(admit: Callable[[], int], start_at: float, seconds: float) -> W
             if idle >= 50:
                 break
             time.sleep(0.001)
-    return WorkerResult(admitted, started, finished)
+    return WorkerResult(admitted, started, finished, progress=tuple(progress))
 
 
 def _worker(commands: Any, replies: Any) -> None:
@@ -227,7 +241,7 @@ def _worker(commands: Any, replies: Any) -> None:
                 admit()
             replies.put("ready")
             start_at = commands.get()
-            replies.put(_admit_until(admit, start_at, run.seconds))
+            replies.put(_admit_until(admit, start_at, run.seconds, track=run.drain))
         except Exception as error:
             replies.put(WorkerResult(0, 0.0, 0.0, f"{type(error).__name__}: {error}"))
         finally:
@@ -266,6 +280,13 @@ class WorkerPool:
 
     def throughput(self, run: Run, processes: int) -> float:
         """Admissions per second over ``processes`` processes, common start to last admission."""
+        outcomes = self.run(run, processes)
+        elapsed = max(o.finished for o in outcomes) - min(o.started for o in outcomes)
+        total = sum(o.admitted for o in outcomes)
+        return total / elapsed if elapsed > 0 else 0.0
+
+    def run(self, run: Run, processes: int) -> list[WorkerResult]:
+        """What each of ``processes`` processes did in ``run``, started at one instant."""
         used = range(processes)
         for index in used:
             self.channels[index][0].put(run)
@@ -280,9 +301,7 @@ class WorkerPool:
         for outcome in outcomes:
             if outcome.error:
                 raise RuntimeError(f"an admitting process failed: {outcome.error}")
-        elapsed = max(o.finished for o in outcomes) - min(o.started for o in outcomes)
-        total = sum(o.admitted for o in outcomes)
-        return total / elapsed if elapsed > 0 else 0.0
+        return outcomes
 
 
 def check_balanced(engine: Engine) -> None:
@@ -290,6 +309,19 @@ def check_balanced(engine: Engine) -> None:
     violations = LedgerViews(engine).check_invariants()
     if violations:
         raise RuntimeError("the ledger does not balance after a run: " + "; ".join(violations[:5]))
+
+
+def _pgbench_rate(url: str, processes: int, log: Callable[[str], None], **run: Any) -> float | None:
+    """pgbench's transactions per second, or None (logged) where it cannot run."""
+    try:
+        return _pgbench.run(url, TENANTS, processes, **run)
+    except _pgbench.PgbenchUnavailable as error:
+        log(f"  pgbench skipped: {error}")
+        return None
+
+
+def _ratio(ours: float, baseline: float | None) -> str:
+    return f"{ours / baseline:.2f}x" if baseline else "-"
 
 
 def measure_throughput(
@@ -313,6 +345,14 @@ def measure_throughput(
                         check_balanced(engine)
                         log(f"  {backend}: {kind}, {processes} process(es): {rate:,.0f}/s")
                         best[kind, processes] = max(rate, best.get((kind, processes), 0.0))
+                    if backend == "postgresql":
+                        reset(engine)
+                        pgbench = _pgbench_rate(url, processes, log, seconds=settings.seconds)
+                        check_balanced(engine)
+                        if pgbench is not None:
+                            log(f"  {backend}: pgbench, {processes} client(s): {pgbench:,.0f}/s")
+                            best["pgbench", processes] = max(
+                                pgbench, best.get(("pgbench", processes), 0.0))
         finally:
             engine.dispose()
     rows: list[list[str]] = []
@@ -321,10 +361,91 @@ def measure_throughput(
             continue
         for processes in (1, 4):
             rate, raw_rate = best[kind, processes], best["raw", processes]
+            pgbench = best.get(("pgbench", processes))
             rows.append([
                 backend, kind, str(processes), f"{rate:,.0f}", f"{raw_rate:,.0f}",
-                f"{100 * rate / raw_rate:.0f}%" if raw_rate else "-",
+                _ratio(rate, raw_rate), f"{pgbench:,.0f}" if pgbench else "-",
+                _ratio(rate, pgbench),
             ])
+    return rows
+
+
+# -- sustained drain ---------------------------------------------------------
+
+
+def _drain_course(outcomes: Sequence[WorkerResult]) -> tuple[float, float, float]:
+    """Overall admissions/s of a drain, and the rates of its first and last fifth."""
+    started = min(o.started for o in outcomes)
+    events: list[tuple[float, int]] = []
+    for outcome in outcomes:
+        before = 0
+        for at, so_far in outcome.progress:
+            events.append((at, so_far - before))
+            before = so_far
+    events.sort()
+    course: list[tuple[float, int]] = [(started, 0)]
+    for at, count in events:
+        course.append((at, course[-1][1] + count))
+    total = course[-1][1]
+
+    def reached(fraction: float) -> tuple[float, int]:
+        """When the drain had first admitted ``fraction`` of everything, and how many."""
+        return next(point for point in course if point[1] >= fraction * total)
+
+    def rate(low: float, high: float) -> float:
+        (begin, begun), (end, done) = reached(low), reached(high)
+        return (done - begun) / (end - begin) if end > begin else 0.0
+
+    return rate(0.0, 1.0), rate(0.0, 0.2), rate(0.8, 1.0)
+
+
+def measure_drain(
+    backend: str, settings: Settings, pool: WorkerPool, log: Callable[[str], None]
+) -> list[list[str]]:
+    """``admit(16)`` until nothing waits, over ``settings.drain`` requests, 1 and 4 processes.
+
+    Unlike the bursts, nothing is vacuumed during the drain: dead index entries
+    behind the head of the queue, and the outbox and audit rows, grow as they
+    would for a user running ``quotagate admit --until-idle``. pgbench drains
+    the same queue in the same run, a quarter of it (its script cannot stop at
+    an empty queue, and one request per transaction takes long on a busy disk).
+    """
+    rows: list[list[str]] = []
+    with throwaway_database(backend) as url:
+        engine = create_engine(url)
+        try:
+            configure(engine, {tenant: {"gpu": ROOMY, "cpu": ROOMY} for tenant in TENANTS})
+            bulk_insert(engine, waiting_rows(settings.drain, TENANTS, prefix="dr",
+                                             start=time.time() - 600, span=300, priority=0))
+            for processes in (1, 4):
+                reset(engine)
+                outcomes = pool.run(Run(url, False, BATCH, 3600.0, drain=True), processes)
+                check_balanced(engine)
+                overall, first, last = _drain_course(outcomes)
+                admitted = sum(o.admitted for o in outcomes)
+                with engine.connect() as connection:
+                    left = connection.execute(
+                        sa.select(sa.func.count()).where(schema.request.c.state == "waiting")
+                    ).scalar_one()
+                if left:  # the warm-up calls took a few; everything else must be gone
+                    raise RuntimeError(f"the drain stopped with {left} requests still waiting")
+                log(f"  {backend}: drain of {admitted:,}, {processes} process(es): "
+                    f"{overall:,.0f}/s (first fifth {first:,.0f}/s, last fifth {last:,.0f}/s)")
+                pgbench = None
+                if backend == "postgresql":
+                    reset(engine)
+                    pgbench = _pgbench_rate(url, processes, log,
+                                            transactions=settings.drain // 4 // processes)
+                    check_balanced(engine)
+                    if pgbench is not None:
+                        log(f"  {backend}: pgbench drain, {processes} client(s): {pgbench:,.0f}/s")
+                rows.append([
+                    backend, str(processes), f"{admitted:,}", f"{overall:,.0f}", f"{first:,.0f}",
+                    f"{last:,.0f}", f"{pgbench:,.0f}" if pgbench else "-",
+                    _ratio(overall, pgbench),
+                ])
+        finally:
+            engine.dispose()
     return rows
 
 
@@ -409,17 +530,15 @@ def fill_queue(url: str, settings: Settings, waiting: int, *, capped_head: bool)
 def measure_latency(
     backend: str, settings: Settings, log: Callable[[str], None]
 ) -> list[list[str]]:
-    """Latency of ``admit(1)`` and of the raw transaction on three queues at once.
+    """Latency of ``admit(1)`` and of the raw transaction on every queue at once.
 
-    All three databases exist together and the samples go round all of them
+    All the databases exist together and the samples go round all of them
     (ours and raw on each), so a burst of other load on the machine cannot make
     one queue size look slower than another.
     """
-    scenarios = (
-        (1_000, False, "1,000 waiting"),
-        (settings.big_queue, False, f"{settings.big_queue:,} waiting"),
-        (settings.big_queue, True, f"{settings.big_queue:,} waiting, head at cap"),
-    )
+    scenarios: list[tuple[int, bool, str]] = [(1_000, False, "1,000 waiting")]
+    for big in settings.big_queues:
+        scenarios += [(big, False, f"{big:,} waiting"), (big, True, f"{big:,} waiting, head at cap")]
     with contextlib.ExitStack() as stack:
         admitters: list[Callable[[], int]] = []
         engines: list[Engine] = []
@@ -453,12 +572,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--backends", default=",".join(BACKENDS),
                         help="comma-separated: sqlite,postgresql,mysql (default: all)")
     parser.add_argument("--quick", action="store_true", help="shorter runs, fewer samples")
+    parser.add_argument("--million", action="store_true",
+                        help="latency with 1,000,000 waiting too (builds 2 million rows; minutes)")
+    parser.add_argument("--drain", type=int, default=None,
+                        help="waiting requests of the sustained drain (default 40,000; quick 10,000)")
+    parser.add_argument("--parts", default="throughput,drain,latency",
+                        help="comma-separated: throughput,drain,latency (default: all)")
     arguments = parser.parse_args(argv)
     backends = [name.strip() for name in arguments.backends.split(",") if name.strip()]
     unknown = sorted(set(backends) - set(BACKENDS))
     if unknown:
         parser.error(f"unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
     settings = QUICK if arguments.quick else FULL
+    if arguments.million:
+        settings = dataclasses.replace(settings, big_queues=(*settings.big_queues, 1_000_000))
+    if arguments.drain:
+        settings = dataclasses.replace(settings, drain=arguments.drain)
+    parts = {name.strip() for name in arguments.parts.split(",") if name.strip()}
 
     began = time.monotonic()
 
@@ -466,6 +596,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[{time.monotonic() - began:5.0f} s] {line}", file=sys.stderr, flush=True)
 
     throughput_rows: list[list[str]] = []
+    drain_rows: list[list[str]] = []
     latency_rows: list[list[str]] = []
     skipped: list[str] = []
     pool = WorkerPool(4)
@@ -473,8 +604,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for backend in backends:
             log(f"{backend}:")
             try:
-                throughput_rows += measure_throughput(backend, settings, pool, log)
-                latency_rows += measure_latency(backend, settings, log)
+                if "throughput" in parts:
+                    throughput_rows += measure_throughput(backend, settings, pool, log)
+                if "drain" in parts:
+                    drain_rows += measure_drain(backend, settings, pool, log)
+                if "latency" in parts:
+                    latency_rows += measure_latency(backend, settings, log)
             except ServerUnavailable as error:
                 log(f"  skipped: {error}")
                 skipped.append(f"{backend} skipped: {error}")
@@ -485,8 +620,18 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"start, {len(TENANTS)} tenants, {len(POOLS)} pools, costs over gpu+cpu; raw SQL "
           "admits one per transaction)")
     print(render_table(
-        ["backend", "scenario", "processes", "admissions/s", "raw SQL/s", "ours/raw"],
+        ["backend", "scenario", "processes", "admissions/s", "raw SQL/s", "ours/raw",
+         "pgbench/s", "ours/pgbench"],
         throughput_rows,
+    ))
+    print()
+    print(f"Sustained drain: admit({BATCH}) until nothing waits ({settings.drain:,} waiting at "
+          "start, no vacuum during the drain); pgbench drains a quarter of the same queue, "
+          "one request per transaction")
+    print(render_table(
+        ["backend", "processes", "admitted", "admissions/s", "first fifth/s", "last fifth/s",
+         "pgbench/s", "ours/pgbench"],
+        drain_rows,
     ))
     print()
     print(f"Latency of one admit(1), milliseconds ({settings.samples} samples each)")

@@ -38,6 +38,7 @@ from quotagate.domain.bucket import BucketConfig
 from quotagate.rate.backend import Take, rate_store_from_url
 from quotagate.rate.keys import BucketKey
 from quotagate.rate.redis import RedisRateStore
+from quotagate.rate.sql import _take_statement
 
 LIMIT = 100  # per second, for every limiter
 BATCH = 100
@@ -116,7 +117,42 @@ def sql_contenders(
             f"quotagate SQL store, {backend}",
             lambda store=store, key=key: store.take(key, CONFIG),
             note="1 UPDATE per take, own transaction"))
+        raw_key = BucketKey("team-raw")
+        store.configure(raw_key, CONFIG, fresh=True)
+        contenders.append(raw_update_contender(store, raw_key, backend, stack))
     return contenders
+
+
+def raw_update_contender(
+    store: Any, key: BucketKey, backend: str, stack: ExitStack
+) -> Contender:
+    """The SQL store's baseline: its conditional UPDATE, compiled once, run on the bare driver.
+
+    Same statement, same driver (psycopg, pymysql, sqlite3), one transaction
+    per take, no SQLAlchemy and no reading of the refused bucket: one round
+    trip and a commit.
+    """
+    engine = store.engine
+    statement = _take_statement(engine.dialect.name, False).compile(dialect=engine.dialect)
+    text = statement.string
+    if statement.positional:
+        arguments: Any = tuple({"bucket_key": key.name, "amount": 1}.get(name, value)
+                               for name, value in
+                               ((n, statement.binds[n].value) for n in statement.positiontup))
+    else:
+        arguments = {**{name: bind.value for name, bind in statement.binds.items()},
+                     "bucket_key": key.name, "amount": 1}
+    connection = engine.raw_connection()
+    stack.callback(connection.close)
+    cursor = connection.cursor()
+
+    def decide() -> object:
+        cursor.execute(text, arguments)
+        connection.commit()
+        return cursor.rowcount
+
+    return Contender(f"raw conditional UPDATE, {backend}", decide,
+                     note="the store's UPDATE on the bare driver: the SQL limit")
 
 
 def redis_contenders(url: str, stack: ExitStack, log: Callable[[str], None]) -> list[Contender]:
@@ -233,6 +269,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"Rate-limit decisions per second: one client; median of {settings.rounds} interleaved "
           f"{settings.seconds:g} s runs; limit {LIMIT}/s; 'vs raw' = against raw EVALSHA")
     print(render_table(contenders, baseline))
+    sql_rows = []
+    for each in contenders:
+        if each.name.startswith("quotagate SQL store, "):
+            backend = each.name.removeprefix("quotagate SQL store, ")
+            raw = next(c for c in contenders if c.name == f"raw conditional UPDATE, {backend}")
+            sql_rows.append(f"{backend:<12} {each.rate:>12,.0f} {raw.rate:>12,.0f} "
+                            f"{each.rate / raw.rate:>8.2f}x")
+    if sql_rows:
+        print()
+        print("SQL store against its raw conditional UPDATE on the same driver (same run)")
+        print(f"{'backend':<12} {'store/s':>12} {'raw/s':>12} {'ratio':>9}")
+        print("\n".join(sql_rows))
     print(f"\ntotal time {time.monotonic() - began:.0f} s")
     return 0
 

@@ -40,7 +40,7 @@ def test_a_connection_dropped_while_idle_is_replaced_before_use(
     backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with fresh_database(backend, tmp_path, create_schema=False) as url:
-        monkeypatch.setattr(engine_module, "IDLE_PING_AFTER", 0.0)  # every return counts as idle
+        monkeypatch.setattr(engine_module, "PING_AFTER_IDLE", 0.0)  # every return counts as idle
         engine, killed = _drop_pooled_connection(url, backend)
         try:
             with engine.connect() as connection:
@@ -55,7 +55,7 @@ def test_a_connection_just_returned_is_not_pinged(
     backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with fresh_database(backend, tmp_path, create_schema=False) as url:
-        monkeypatch.setattr(engine_module, "IDLE_PING_AFTER", 3600.0)
+        monkeypatch.setattr(engine_module, "PING_AFTER_IDLE", 3600.0)
         engine, _killed = _drop_pooled_connection(url, backend)
         try:
             # No ping: the dead connection is used, fails once, and the pool is renewed.

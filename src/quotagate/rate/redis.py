@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Sequence
+from functools import lru_cache
 from importlib import resources
 from itertools import groupby
 from typing import Any
@@ -37,6 +38,17 @@ logger = logging.getLogger(__name__)
 
 SCRIPT = resources.files("quotagate.rate").joinpath("token_bucket.lua").read_text()
 SCRIPT_SHA = hashlib.sha1(SCRIPT.encode()).hexdigest()
+
+
+@lru_cache(maxsize=4096)
+def _redis_key(key: BucketKey) -> str:
+    return redis_key(key)
+
+
+@lru_cache(maxsize=1024)
+def _shape(config: BucketConfig) -> str:
+    """``"capacity refill"`` as the script reads it; repr keeps every digit of a float."""
+    return f"{float(config.capacity)!r} {float(config.refill_per_second)!r}"
 
 
 def _import_redis() -> Any:
@@ -79,11 +91,11 @@ class RedisRateStore:
 
     # -- the script ------------------------------------------------------------
 
-    def _evalsha(self, keys: list[str], args: list[Any]) -> list[Any]:
+    def _evalsha(self, keys: list[str], args: list[Any]) -> bytes:
         errors = self._redis.exceptions
         try:
             try:
-                result: list[Any] = self.client.evalsha(SCRIPT_SHA, len(keys), *keys, *args)
+                result: bytes = self.client.evalsha(SCRIPT_SHA, len(keys), *keys, *args)
             except errors.NoScriptError:
                 # First call on this server, or it restarted: load once, then by SHA again.
                 self.client.script_load(SCRIPT)
@@ -96,7 +108,7 @@ class RedisRateStore:
         return result
 
     def _run(self, operation: str, items: Sequence[Take]) -> list[tuple[bool, float]]:
-        keys = [redis_key(item.key) for item in items]
+        keys = [_redis_key(item.key) for item in items]
         if not self.cluster:
             groups = [list(range(len(items)))]
         else:
@@ -105,19 +117,18 @@ class RedisRateStore:
             groups = [list(group) for _, group in groupby(ordered, key=lambda i: slot(keys[i]))]
         answers: list[tuple[bool, float]] = [(False, 0.0)] * len(items)
         for group in groups:
-            args: list[Any] = [operation]
-            for index in group:
-                item = items[index]
-                args += [repr(item.config.capacity), repr(item.config.refill_per_second),
-                         item.amount]
-            replies = self._evalsha([keys[index] for index in group], args)
-            triples = zip(replies[0::3], replies[1::3], replies[2::3], strict=True)
-            for index, (granted, tokens, missing) in zip(group, triples, strict=True):
-                if int(missing) and operation != "set":
+            specification = " ".join(
+                f"{_shape(items[index].config)} {items[index].amount}" for index in group
+            )
+            words = self._evalsha([keys[index] for index in group], [operation, specification])
+            reply = words.split()
+            for position, index in enumerate(group):
+                status = int(reply[2 * position])
+                if status & 2 and operation != "set":
                     logger.warning("rate bucket %s had no state in %s (lost by a restart or "
                                    "eviction?); it restarts empty", items[index].key,
                                    self._description)
-                answers[index] = (bool(int(granted)), float(tokens))
+                answers[index] = (bool(status & 1), float(reply[2 * position + 1]))
         return answers
 
     # -- the port ----------------------------------------------------------------

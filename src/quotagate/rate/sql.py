@@ -31,6 +31,7 @@ Two engine details shape the statement:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 import sqlalchemy as sa
@@ -42,7 +43,8 @@ from quotagate.errors import Conflict, NotFound
 from quotagate.rate.backend import Take, register
 from quotagate.rate.keys import BucketKey
 from quotagate.store import schema
-from quotagate.store.dialect import database_now, reading, run_transaction
+from quotagate.store.dialect import database_now, dialect_now, reading, run_transaction
+from quotagate.store.driver import DriverTransaction, run_driver_transaction
 from quotagate.store.engine import create_engine, normalise_url, redact
 
 bucket = schema.rate_bucket
@@ -107,26 +109,86 @@ def _tokens_after(connection: sa.Connection, statement: sa.Update, key: BucketKe
     return None if row is None else float(row.tokens)
 
 
-def take_in(connection: sa.Connection, key: BucketKey, amount: int = 1) -> Decision | None:
-    """Take ``amount`` tokens inside the caller's transaction; None if there is no bucket."""
-    now = database_now(connection)
+@lru_cache(maxsize=8)
+def _take_statement(dialect: str, returning: bool) -> sa.Update:
+    """The conditional take, built once per dialect (``bucket_key`` and ``amount`` bound).
+
+    Building it per call cost more CPU than the UPDATE itself takes on a nearby
+    database (docs/performance.md).
+    """
+    now = dialect_now(dialect)
     available = _available(now)
+    amount = sa.bindparam("amount", type_=sa.Integer)
     statement = (
         bucket.update()
-        .where(bucket.c.key == key.name, available >= amount)
+        .where(bucket.c.key == sa.bindparam("bucket_key"), available >= amount)
         .ordered_values(
             (bucket.c.tokens, available - amount),
             (bucket.c.updated, _greatest(bucket.c.updated, now)),
         )
     )
-    row = _updated_row(connection, statement, key)
+    return statement.returning(*_AFTER) if returning else statement
+
+
+@lru_cache(maxsize=8)
+def _read_statement(dialect: str) -> sa.Select[Any]:
+    return sa.select(
+        bucket.c.capacity, bucket.c.refill_per_second, bucket.c.tokens, bucket.c.updated,
+        dialect_now(dialect).label("now"),
+    ).where(bucket.c.key == sa.bindparam("bucket_key"))
+
+
+@lru_cache(maxsize=1)
+def _after_statement() -> sa.Select[Any]:
+    return sa.select(*_AFTER).where(bucket.c.key == sa.bindparam("bucket_key"))
+
+
+def take_in(connection: sa.Connection, key: BucketKey, amount: int = 1) -> Decision | None:
+    """Take ``amount`` tokens inside the caller's transaction; None if there is no bucket."""
+    dialect = connection.dialect
+    # Not "key": a column of the updated table cannot name a bound parameter.
+    parameters = {"bucket_key": key.name, "amount": amount}
+    if dialect.update_returning:
+        row = connection.execute(_take_statement(dialect.name, True), parameters).first()
+    elif connection.execute(_take_statement(dialect.name, False), parameters).rowcount == 1:
+        # MySQL/MariaDB have no UPDATE … RETURNING; the row is ours until commit.
+        row = connection.execute(_after_statement(), parameters).one()
+    else:
+        row = None
     if row is not None:
         return decide(_config(row), float(row.tokens), amount, True)
-    current = read(connection, key)
+    current = connection.execute(_read_statement(dialect.name), parameters).first()
     if current is None:
         return None
-    config, left = current
-    return decide(config, left, amount, False)
+    config = _config(current)
+    state = refill(config, BucketState(float(current.tokens), float(current.updated)),
+                   float(current.now))
+    return decide(config, state.tokens, amount, False)
+
+
+def _take_on_driver(
+    transaction: DriverTransaction, key: BucketKey, amount: int
+) -> Decision | None:
+    """:func:`take_in` with the same statements, run by :mod:`quotagate.store.driver`."""
+    dialect = transaction.dialect
+    parameters = {"bucket_key": key.name, "amount": amount}
+    row: Any = None
+    if dialect.update_returning:
+        rows = transaction.rows(_take_statement(dialect.name, True), parameters)
+        row = rows[0] if rows else None
+    elif transaction.rowcount(_take_statement(dialect.name, False), parameters) == 1:
+        row = transaction.rows(_after_statement(), parameters)[0]
+    if row is not None:
+        tokens, capacity, refill_per_second = row
+        config = BucketConfig(float(capacity), float(refill_per_second))
+        return decide(config, float(tokens), amount, True)
+    rows = transaction.rows(_read_statement(dialect.name), parameters)
+    if not rows:
+        return None
+    capacity, refill_per_second, tokens, updated, now = rows[0]
+    config = BucketConfig(float(capacity), float(refill_per_second))
+    state = refill(config, BucketState(float(tokens), float(updated)), float(now))
+    return decide(config, state.tokens, amount, False)
 
 
 def add_in(connection: sa.Connection, key: BucketKey, amount: int) -> float | None:
@@ -217,7 +279,11 @@ class SqlRateStore:
         raise Conflict(f"rate bucket {key} is being configured concurrently; retry")
 
     def take(self, key: BucketKey, config: BucketConfig, amount: int = 1) -> Decision:
-        decision = run_transaction(self.engine, lambda connection: take_in(connection, key, amount))
+        # Its own short transaction, on the driver connection: SQLAlchemy's
+        # Connection would cost more than the UPDATE (quotagate.store.driver).
+        decision = run_driver_transaction(
+            self.engine, lambda transaction: _take_on_driver(transaction, key, amount)
+        )
         if decision is None:
             raise NotFound(f"rate bucket {key} is not configured in {self.description}",
                            code="unknown_rate_bucket")

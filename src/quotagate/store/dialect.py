@@ -9,10 +9,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from quotagate.errors import StoreUnavailable
@@ -26,6 +26,14 @@ from quotagate.store.read_deadline import (
 
 T = TypeVar("T")
 
+
+class HasDialect(Protocol):
+    """An engine, a connection, or a driver-level transaction (quotagate.store.driver)."""
+
+    @property
+    def dialect(self) -> Dialect: ...
+
+
 # Error codes meaning "your transaction lost a race; run it again".
 _PG_RETRY_SQLSTATES = {"40001", "40P01", "55P03"}
 _MYSQL_RETRY_CODES = {1205, 1213}
@@ -33,13 +41,40 @@ _MYSQL_RETRY_CODES = {1205, 1213}
 _MYSQL_DOWN_CODES = {2002, 2003, 2006, 2013}
 
 
-def supports_skip_locked(engine: Engine | sa.Connection) -> bool:
+def supports_skip_locked(engine: HasDialect) -> bool:
     return engine.dialect.name in ("postgresql", "mysql")
 
 
-def database_now(engine: Engine | sa.Connection) -> sa.ColumnElement[float]:
+def reserves_with_lock(engine: HasDialect) -> bool:
+    """Can one UPDATE lock (SKIP LOCKED, in a subquery on its own table) and return rows?
+
+    PostgreSQL can; MySQL/MariaDB can neither read the updated table in a
+    subquery nor return rows from an UPDATE, so they lock with a SELECT first.
+    """
+    return engine.dialect.name == "postgresql"
+
+
+def supports_dml_cte(engine: HasDialect) -> bool:
+    """Can an INSERT carry another INSERT in a WITH clause (one round trip for both)?"""
+    return engine.dialect.name == "postgresql"
+
+
+def begin_statement(engine: HasDialect) -> str | None:
+    """What a driver-level transaction must send first (quotagate.store.engine's SQLite BEGIN).
+
+    SQLite takes the write lock at BEGIN (docs/decisions/005-sqlite-begin-immediate.md);
+    the servers' drivers begin by themselves.
+    """
+    return "BEGIN IMMEDIATE" if engine.dialect.name == "sqlite" else None
+
+
+def database_now(engine: HasDialect) -> sa.ColumnElement[float]:
     """An SQL expression for the database server's clock, in epoch seconds."""
-    name = engine.dialect.name
+    return dialect_now(engine.dialect.name)
+
+
+def dialect_now(name: str) -> sa.ColumnElement[float]:
+    """:func:`database_now` for a dialect named ``name`` (sqlite, postgresql, mysql)."""
     if name == "postgresql":
         return sa.cast(sa.func.extract("epoch", sa.func.clock_timestamp()), sa.Double)
     if name == "mysql":

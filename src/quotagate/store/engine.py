@@ -23,6 +23,10 @@ DEFAULT_DATABASE_URL = "sqlite:///quotagate.db"
 # Execution option marking a connection that only reads (see _configure_sqlite).
 READ_ONLY_OPTION = "quotagate_read_only"
 ENVIRONMENT_VARIABLE = "QUOTAGATE_DB"
+# A pooled connection back in use within this many seconds is not pinged first
+# (see _ping_after_idle).
+PING_AFTER_IDLE = 1.0
+_CHECKED_IN_AT = "quotagate_checked_in_at"
 
 _DRIVERS = {
     "sqlite": ("sqlite+pysqlite", None),
@@ -100,10 +104,9 @@ def create_engine(text: str, *, read_timeout: float | None = None, **options: An
             # Row locks plus conditional updates give the guarantees we need;
             # REPEATABLE READ (MySQL's default) would only add gap-lock deadlocks.
             options.setdefault("isolation_level", "READ COMMITTED")
-            ping_idle = not options.get("pool_pre_ping", False)
             engine = sa.create_engine(url, **options)
-            if ping_idle:
-                _ping_when_idle(engine)
+            if not options.get("pool_pre_ping"):
+                _ping_after_idle(engine)
         # Read-only views run under this deadline (quotagate.store.read_deadline).
         engine.update_execution_options(**{READ_TIMEOUT_OPTION: read_timeout})
     except NoSuchModuleError as exc:  # pragma: no cover - depends on extras installed
@@ -117,37 +120,30 @@ def create_engine(text: str, *, read_timeout: float | None = None, **options: An
     return engine
 
 
-# A pooled connection unused for longer than this is pinged before it is handed out.
-IDLE_PING_AFTER = 1.0
+def _ping_after_idle(engine: Engine) -> None:
+    """Ping a pooled connection before use only if it sat idle for a while.
 
-
-def _ping_when_idle(engine: Engine) -> None:
-    """Ping a pooled connection at checkout only when it sat idle in the pool.
-
-    SQLAlchemy's ``pool_pre_ping`` pings at every checkout: one more round trip
-    for every transaction, two for an HTTP submit (its token read and its write),
-    measured by benchmarks/api.py. A connection back in the pool within the last
-    second was working a second ago; one idle for longer (a quiet night, a
-    database restart) is pinged and, if dead, replaced before anyone uses it.
-    A server that dies inside that second fails one statement, which reports the
-    store unavailable and invalidates the whole pool, as before.
+    ``pool_pre_ping`` pings at every checkout: one more round trip in every
+    transaction, a tenth of an admission (docs/performance.md). A connection
+    handed back less than :data:`PING_AFTER_IDLE` seconds ago was just working;
+    one that idled longer (the server may have restarted meanwhile) is pinged,
+    and replaced by a fresh one if the ping fails, as pre-ping would.
     """
 
     @sa.event.listens_for(engine, "checkin")
     def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
-        record.info["returned_at"] = time.monotonic()
+        record.info[_CHECKED_IN_AT] = time.monotonic()
 
     @sa.event.listens_for(engine, "checkout")
     def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
-        returned = record.info.get("returned_at")
-        if returned is None or time.monotonic() - returned < IDLE_PING_AFTER:
-            return  # new, or just used
+        checked_in = record.info.get(_CHECKED_IN_AT)
+        if checked_in is None or time.monotonic() - checked_in < PING_AFTER_IDLE:
+            return  # a new connection, or one that was working a moment ago
         try:
-            # The dialect's own ping, the one pool_pre_ping uses.
             engine.dialect.do_ping(dbapi_connection)
-        except Exception as error:
-            # The pool discards this connection and checks out (or opens) another.
-            raise sa.exc.DisconnectionError(f"pooled connection is dead: {error}") from error
+        except Exception as exc:
+            # The pool discards this connection and checks out a fresh one.
+            raise sa.exc.DisconnectionError(str(exc)) from exc
 
 
 def _configure_sqlite(engine: Engine) -> None:

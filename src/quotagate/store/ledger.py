@@ -15,6 +15,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import sqlalchemy as sa
@@ -31,18 +32,25 @@ from quotagate.domain.model import (
 )
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL, queue_key
 from quotagate.domain.placement import Candidate, Placement, plan_admissions
+from quotagate.domain.placement import charge as charge_usage
 from quotagate.errors import Conflict, InvalidInput, NotFound
 from quotagate.rate.gate import RateGate, rate_limited, rejection_reason
 from quotagate.store import admission_stats, schema, statements
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
-from quotagate.store.dialect import run_transaction, supports_skip_locked
+from quotagate.store.dialect import (
+    reserves_with_lock,
+    run_transaction,
+    supports_dml_cte,
+    supports_skip_locked,
+)
+from quotagate.store.driver import DriverTransaction, run_driver_transaction
 from quotagate.store.rows import (
     adjust_usage,
-    all_usage,
     decode_cost,
     encode_cost,
     request_from_row,
+    usage_from_rows,
 )
 
 DEFAULT_TTL = 3600.0
@@ -82,6 +90,13 @@ class _Token:
 class ReleaseResult:
     request: Request
     released: dict[str, int]
+
+
+@lru_cache(maxsize=4096)
+def _cost_items(text: str) -> tuple[tuple[str, int], ...]:
+    """A stored cost, decoded once per distinct text: queues repeat a few shapes endlessly,
+    and decoding every candidate's JSON was a tenth of an admission's CPU."""
+    return tuple(decode_cost(text).items())
 
 
 class Ledger:
@@ -285,8 +300,10 @@ class Ledger:
         self._expire_if_due()
         for _ in range(50):
             try:
-                return run_transaction(
-                    self.engine, lambda connection: self._admit(connection, limit, actor),
+                # On the driver connection: SQLAlchemy's Connection would cost more
+                # than the database does here (quotagate.store.driver).
+                return run_driver_transaction(
+                    self.engine, lambda transaction: self._admit(transaction, limit, actor),
                     on_retry=admission_stats.count_database_rerun,
                 )
             except CapacityChanged:
@@ -294,8 +311,8 @@ class Ledger:
                 continue
         return []
 
-    def _admit(self, connection: sa.Connection, limit: int, actor: str) -> list[Placement]:
-        tenants, pools = all_usage(connection)
+    def _admit(self, transaction: DriverTransaction, limit: int, actor: str) -> list[Placement]:
+        tenants, pools = usage_from_rows(transaction.rows(statements.usage_query(), {}))
         open_tenants = sorted(
             name for name, usage in tenants.items() if any(cap > used for used, cap in usage.values())
         )
@@ -303,68 +320,49 @@ class Ledger:
             cap > used for usage in pools.values() for used, cap in usage.values()
         ):
             return []
+        now = self.clock.now()
         # Most admissions are decided by the first few requests of each queue;
         # read the whole window only when those do not fill the batch.
         window = min(self.admission_window, max(4, 2 * limit))
+        admitted: list[Placement] = []
+        targets: dict[str, str | None] = {}
         while True:
-            candidates, targets = self._candidates(connection, open_tenants, window)
-            locked = self._plan_and_lock(connection, candidates, tenants, pools, limit)
-            if len(locked) == limit or window >= self.admission_window:
+            candidates, window_targets = self._candidates(transaction, open_tenants, window)
+            targets.update(window_targets)
+            admitted += self._plan_and_reserve(
+                transaction, candidates, tenants, pools, limit - len(admitted), now
+            )
+            if len(admitted) == limit or window >= self.admission_window:
                 break
             per_tenant = Counter(candidate.tenant for candidate in candidates)
             if not any(count == window for count in per_tenant.values()):
                 break  # every queue was read to its end already
+            # The wider read no longer sees what was just reserved (it is not
+            # waiting any more), and plans on usage that includes it.
             window = self.admission_window
-        if not locked:
+        if not admitted:
             return []
         with admission_stats.lock_wait():
-            self._charge(connection, locked)
-        now = self.clock.now()
-        ids = [placement.id for placement in locked]
-        parameters: dict[str, Any] = {"ids": ids, "now": now}
-        for index, placement in enumerate(locked):
-            parameters[f"id_{index}"] = placement.id
-            parameters[f"pool_{index}"] = placement.pool
-        result = connection.execute(statements.reserve_statement(len(locked)), parameters)
-        if result.rowcount != len(locked):
-            raise CapacityChanged(",".join(ids))
-        connection.execute(
-            schema.outbox.insert(),
-            [
-                {
-                    "request_id": placement.id,
-                    "tenant": placement.tenant,
-                    "target": targets.get(placement.id),
-                    "created": now,
-                    "attempts": 0,
-                    "next_attempt_at": now,
-                    "delivered": False,
-                }
-                for placement in locked
-            ],
-        )
-        record(
-            connection,
-            now,
-            *(
-                AuditEntry(actor, "admit", "reserved", p.tenant, p.id, f"pool={p.pool}")
-                for p in locked
-            ),
-        )
-        return locked
+            self._charge(transaction, admitted)
+        self._record_admissions(transaction, admitted, targets, now, actor)
+        return admitted
 
-    def _plan_and_lock(
+    def _plan_and_reserve(
         self,
-        connection: sa.Connection,
+        transaction: DriverTransaction,
         candidates: list[Candidate],
         tenants: dict[str, dict[str, tuple[int, int]]],
         pools: dict[str, dict[str, tuple[int, int]]],
         limit: int,
+        now: float,
     ) -> list[Placement]:
-        """Plan on the snapshot and lock what was planned.
+        """Plan on the snapshot and reserve what was planned; charge the snapshot with it.
 
-        Another admitter may hold some of our picks; skip them and plan again
-        with what is left, a few rounds at most.
+        Another admitter may hold some of our picks; those are skipped and, if
+        none could be had, the plan is made again without them, a few rounds at
+        most. When only some were had, they are kept: the pools chosen for them
+        still fit (the skipped ones would only have used more room), and the
+        next call takes the rest.
         """
         skipped: set[str] = set()
         for _ in range(4):
@@ -374,51 +372,112 @@ class Ledger:
             if not plan:
                 return []
             with admission_stats.lock_wait():
-                got = self._lock_waiting(connection, [placement.id for placement in plan])
-            missing = {placement.id for placement in plan} - got
-            if not missing:
-                return plan
-            skipped |= missing
+                got = self._reserve(transaction, plan, now)
+            if got:
+                reserved = [placement for placement in plan if placement.id in got]
+                for placement in reserved:
+                    charge_usage(tenants[placement.tenant], placement.cost)
+                    charge_usage(pools[placement.pool], placement.cost)
+                return reserved
+            skipped |= {placement.id for placement in plan}
         return []
 
+    @staticmethod
     def _candidates(
-        self, connection: sa.Connection, tenants: Sequence[str], window: int
+        transaction: DriverTransaction, tenants: Sequence[str], window: int
     ) -> tuple[list[Candidate], dict[str, str | None]]:
         """The head of each open tenant's queue, merged into queue order, and their targets.
 
         One bounded index range scan per tenant: the cost does not grow with
         the length of the waiting queue.
         """
-        rows = list(connection.execute(
+        rows = transaction.rows(
             statements.head_query(len(tenants), window), statements.head_parameters(tenants)
-        ))
+        )
         rows.sort(key=lambda row: (row[3], row[4], row[0]))
-        candidates = [Candidate(row[0], row[1], decode_cost(row[2])) for row in rows]
+        candidates = [Candidate(row[0], row[1], dict(_cost_items(row[2]))) for row in rows]
         return candidates, {row[0]: row[5] for row in rows}
 
-    def _lock_waiting(self, connection: sa.Connection, ids: list[str]) -> set[str]:
-        if not supports_skip_locked(connection):
-            # SQLite: this transaction began IMMEDIATE and holds the only write
-            # lock, so the rows it just read as waiting are still waiting.
-            return set(ids)
-        return set(connection.execute(statements.lock_waiting_query(), {"ids": ids}).scalars())
+    @staticmethod
+    def _reserve(
+        transaction: DriverTransaction, plan: Sequence[Placement], now: float
+    ) -> set[str]:
+        """Set the planned requests reserved; return the ids that were.
 
-    def _charge(self, connection: sa.Connection, placements: Sequence[Placement]) -> None:
-        tenant_totals: dict[str, dict[str, int]] = {}
-        pool_totals: dict[str, dict[str, int]] = {}
+        A request another admitter holds (or has just admitted) is skipped, not
+        waited for. PostgreSQL locks and reserves in one statement; MySQL and
+        MariaDB lock with a SELECT first; SQLite's transaction began IMMEDIATE
+        and holds the only write lock, so the rows it read as waiting still are.
+        """
+        if reserves_with_lock(transaction):
+            statement = statements.reserve_statement(len(plan), lock=True)
+            rows = transaction.rows(statement, statements.reserve_parameters(plan, now))
+            return {row[0] for row in rows}
+        chosen = list(plan)
+        if supports_skip_locked(transaction):
+            got = {row[0] for row in transaction.rows(
+                statements.lock_waiting_query(len(plan)),
+                {f"id_{index}": placement.id for index, placement in enumerate(plan)},
+            )}
+            chosen = [placement for placement in plan if placement.id in got]
+            if not chosen:
+                return set()
+        count = transaction.rowcount(
+            statements.reserve_statement(len(chosen)), statements.reserve_parameters(chosen, now)
+        )
+        if count != len(chosen):
+            raise CapacityChanged(",".join(placement.id for placement in chosen))
+        return {placement.id for placement in chosen}
+
+    @staticmethod
+    def _charge(transaction: DriverTransaction, placements: Sequence[Placement]) -> None:
+        """Charge tenants, then pools: one conditional UPDATE per table for the whole batch."""
+        tenant_amounts: Counter[tuple[str, str]] = Counter()
+        pool_amounts: Counter[tuple[str, str]] = Counter()
         for placement in placements:
             for resource, amount in placement.cost.items():
-                by_tenant = tenant_totals.setdefault(placement.tenant, {})
-                by_tenant[resource] = by_tenant.get(resource, 0) + amount
-                by_pool = pool_totals.setdefault(placement.pool, {})
-                by_pool[resource] = by_pool.get(resource, 0) + amount
-        for table, holder, totals in (
-            (schema.tenant_quota, "tenant", tenant_totals),
-            (schema.pool_capacity, "pool", pool_totals),
+                tenant_amounts[placement.tenant, resource] += amount
+                pool_amounts[placement.pool, resource] += amount
+        for table, holder, amounts in (
+            (schema.tenant_quota, "tenant", tenant_amounts),
+            (schema.pool_capacity, "pool", pool_amounts),
         ):
-            for name, amounts in sorted(totals.items()):
-                if not adjust_usage(connection, table, holder, name, amounts, charge=True):
-                    raise CapacityChanged(f"{holder} {name}")
+            statement = statements.charge_statement(
+                table, holder, len(amounts), lock_in_order=reserves_with_lock(transaction)
+            )
+            count = transaction.rowcount(statement, statements.charge_parameters(dict(amounts)))
+            if count != len(amounts):
+                raise CapacityChanged(holder)
+
+    @staticmethod
+    def _record_admissions(
+        transaction: DriverTransaction,
+        placements: Sequence[Placement],
+        targets: dict[str, str | None],
+        now: float,
+        actor: str,
+    ) -> None:
+        """The outbox row and the audit entry of every admission (invariant 2)."""
+        if supports_dml_cte(transaction):
+            transaction.execute(statements.admission_records_statement(), {
+                "now": now,
+                "actor": actor,
+                "requests": [placement.id for placement in placements],
+                "tenants": [placement.tenant for placement in placements],
+                "targets": [targets.get(placement.id) for placement in placements],
+                "reasons": [f"pool={placement.pool}" for placement in placements],
+            })
+            return
+        transaction.executemany(statements.outbox_insert(), [
+            {"request_id": placement.id, "tenant": placement.tenant,
+             "target": targets.get(placement.id), "now": now}
+            for placement in placements
+        ])
+        transaction.executemany(statements.admission_audit_insert(), [
+            {"at": now, "actor": actor, "tenant": placement.tenant, "target": placement.id,
+             "reason": f"pool={placement.pool}"}
+            for placement in placements
+        ])
 
     # -- release ---------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -53,9 +53,16 @@ def all_usage(
     connection: sa.Connection,
 ) -> tuple[dict[str, dict[str, tuple[int, int]]], dict[str, dict[str, tuple[int, int]]]]:
     """``({tenant: {resource: (used, cap)}}, {pool: …})`` in one round trip."""
+    return usage_from_rows(connection.execute(statements.usage_query()))
+
+
+def usage_from_rows(
+    rows: Iterable[Sequence[Any]],
+) -> tuple[dict[str, dict[str, tuple[int, int]]], dict[str, dict[str, tuple[int, int]]]]:
+    """:func:`all_usage` from the rows of :func:`quotagate.store.statements.usage_query`."""
     tenants: dict[str, dict[str, tuple[int, int]]] = {}
     pools: dict[str, dict[str, tuple[int, int]]] = {}
-    for kind, holder, resource, used, cap in connection.execute(statements.usage_query()):
+    for kind, holder, resource, used, cap in rows:
         (tenants if kind == "t" else pools).setdefault(holder, {})[resource] = (
             int(used), int(cap))
     return tenants, pools

@@ -16,6 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from quotagate.domain.model import RequestState
+from quotagate.domain.placement import Placement
 from quotagate.store import schema
 
 _WAITING = RequestState.WAITING.value
@@ -61,29 +62,157 @@ def head_parameters(tenants: Sequence[str]) -> dict[str, str]:
     return {f"tenant_{index}": tenant for index, tenant in enumerate(tenants)}
 
 
-@lru_cache(maxsize=1)
-def lock_waiting_query() -> sa.Select[Any]:
-    """Lock the given waiting requests, skipping those another transaction holds."""
+@lru_cache(maxsize=64)
+def lock_waiting_query(count: int) -> sa.Select[Any]:
+    """Lock ``count`` waiting requests (``id_0`` …), skipping those another transaction holds."""
     request = schema.request
     return (
         sa.select(request.c.id)
-        .where(request.c.id.in_(sa.bindparam("ids", expanding=True)), request.c.state == _WAITING)
+        .where(request.c.id.in_([sa.bindparam(f"id_{i}") for i in range(count)]),
+               request.c.state == _WAITING)
         .order_by(request.c.id)
         .with_for_update(skip_locked=True)
     )
 
 
-@lru_cache(maxsize=64)
-def reserve_statement(count: int) -> sa.Update:
-    """Set ``count`` waiting requests reserved, each with its pool (``id_i`` → ``pool_i``)."""
+@lru_cache(maxsize=128)
+def reserve_statement(count: int, *, lock: bool = False) -> sa.Update:
+    """Set ``count`` waiting requests reserved, each with its pool (``id_i`` → ``pool_i``).
+
+    With ``lock`` (PostgreSQL) the statement also takes the row locks itself,
+    skipping rows another admitter holds, and returns the ids it reserved: lock
+    and reserve are one round trip instead of two. Without it the caller has
+    locked the rows already (MySQL/MariaDB, whose UPDATE can neither read its
+    own table in a subquery nor return rows) or holds the database write lock
+    (SQLite), and checks the row count. The ids are ``id_0`` … as plain
+    parameters, not an expanding IN: a cached statement needs no per-call
+    rewriting.
+    """
     request = schema.request
-    pool_of = sa.case(
-        *((request.c.id == sa.bindparam(f"id_{i}"), sa.bindparam(f"pool_{i}")) for i in range(count)),
-    )
-    return (
+    ids: list[sa.BindParameter[Any]] = [sa.bindparam(f"id_{i}") for i in range(count)]
+    pool_of = sa.case(*((request.c.id == ids[i], sa.bindparam(f"pool_{i}")) for i in range(count)))
+    if lock:
+        candidate = request.alias("candidate")
+        chosen: Any = (
+            sa.select(candidate.c.id)
+            .where(candidate.c.id.in_(ids), candidate.c.state == _WAITING)
+            .with_for_update(skip_locked=True)
+        )
+    else:
+        chosen = ids
+    statement = (
         request.update()
-        .where(request.c.id.in_(sa.bindparam("ids", expanding=True)), request.c.state == _WAITING)
+        .where(request.c.id.in_(chosen), request.c.state == _WAITING)
         .values(state=RequestState.RESERVED.value, pool=pool_of, updated=sa.bindparam("now"))
+    )
+    return statement.returning(request.c.id) if lock else statement
+
+
+def reserve_parameters(plan: Sequence[Placement], now: float) -> dict[str, Any]:
+    """The parameters of :func:`reserve_statement` for planned placements."""
+    parameters: dict[str, Any] = {"now": now}
+    for index, placement in enumerate(plan):
+        parameters[f"id_{index}"] = placement.id
+        parameters[f"pool_{index}"] = placement.pool
+    return parameters
+
+
+@lru_cache(maxsize=256)
+def charge_statement(
+    table: sa.Table, holder_column: str, count: int, *, lock_in_order: bool = False
+) -> sa.Update:
+    """Charge ``count`` (holder, resource) rows of one table in one conditional UPDATE.
+
+    Parameters ``holder_i``, ``resource_i``, ``amount_i``, given in (holder,
+    resource) order. Each row is only charged where ``used + amount <= cap``;
+    the caller checks that ``count`` rows changed, else the whole transaction
+    rolls back. One statement per table, whatever the batch: a batch over four
+    tenants and three pools costs two round trips, not seven.
+
+    Concurrent admitters must take these row locks in one order, or they
+    deadlock (and PostgreSQL only notices after ``deadlock_timeout``, a second).
+    MySQL's InnoDB walks the primary key ranges in key order and SQLite has one
+    writer; PostgreSQL's UPDATE locks in whatever order its plan visits rows, so
+    with ``lock_in_order`` the rows are first locked by a sorted ``SELECT … FOR
+    UPDATE`` in the same statement.
+    """
+    holder, resource = table.c[holder_column], table.c.resource
+    rows = [
+        sa.and_(holder == sa.bindparam(f"holder_{i}"), resource == sa.bindparam(f"resource_{i}"))
+        for i in range(count)
+    ]
+    amount = sa.case(
+        *((row, sa.bindparam(f"amount_{i}", type_=sa.BigInteger)) for i, row in enumerate(rows))
+    )
+    statement = table.update().where(table.c.used + amount <= table.c.cap)
+    if lock_in_order:
+        locked = (
+            sa.select(holder.label("holder"), resource.label("resource"))
+            .where(sa.or_(*rows))
+            .order_by(holder, resource)
+            .with_for_update()
+            .subquery("locked")
+        )
+        statement = statement.where(holder == locked.c.holder, resource == locked.c.resource)
+    else:
+        statement = statement.where(sa.or_(*rows))
+    return statement.values(used=table.c.used + amount)
+
+
+def charge_parameters(amounts: dict[tuple[str, str], int]) -> dict[str, Any]:
+    """The parameters of :func:`charge_statement` for ``{(holder, resource): amount}``."""
+    parameters: dict[str, Any] = {}
+    for index, ((holder, resource), amount) in enumerate(sorted(amounts.items())):
+        parameters[f"holder_{index}"] = holder
+        parameters[f"resource_{index}"] = resource
+        parameters[f"amount_{index}"] = amount
+    return parameters
+
+
+@lru_cache(maxsize=1)
+def admission_records_statement() -> sa.TextClause:
+    """PostgreSQL: the outbox rows and audit entries of a batch of admissions, one statement.
+
+    The outbox INSERT rides in a data-modifying CTE of the audit INSERT, so the
+    two writes that end every admission cost one round trip; the batch comes as
+    arrays (``requests``, ``tenants``, ``targets``, ``reasons``, one entry per
+    admission, plus ``now`` and ``actor``), so one statement serves every batch
+    size. It is text because SQLAlchemy does not cache a multi-row VALUES
+    INSERT and compiling one costs more than the round trip it saves.
+    """
+    return sa.text(
+        "WITH admitted AS ("
+        " SELECT * FROM unnest(CAST(:requests AS varchar[]), CAST(:tenants AS varchar[]),"
+        " CAST(:targets AS varchar[]), CAST(:reasons AS varchar[]))"
+        " AS batch(request_id, tenant, target, reason)"
+        "), outbox_rows AS ("
+        f" INSERT INTO {schema.outbox.name} (request_id, tenant, target, created, attempts,"
+        " next_attempt_at, delivered)"
+        " SELECT request_id, tenant, target, :now, 0, :now, false FROM admitted"
+        ")"
+        f" INSERT INTO {schema.audit.name} (at, actor, tenant, operation, target, outcome, reason)"
+        " SELECT :now, :actor, tenant, 'admit', request_id, 'reserved', reason FROM admitted"
+    ).bindparams(sa.bindparam("now", type_=sa.Double))
+
+
+@lru_cache(maxsize=1)
+def outbox_insert() -> sa.Insert:
+    """One admission's outbox row (``request_id``, ``tenant``, ``target``, ``now``)."""
+    now = sa.bindparam("now", type_=sa.Double)
+    return schema.outbox.insert().values(
+        request_id=sa.bindparam("request_id"), tenant=sa.bindparam("tenant"),
+        target=sa.bindparam("target"), created=now, attempts=0, next_attempt_at=now,
+        delivered=sa.false(),
+    )
+
+
+@lru_cache(maxsize=1)
+def admission_audit_insert() -> sa.Insert:
+    """One admission's audit entry (``at``, ``actor``, ``tenant``, ``target``, ``reason``)."""
+    return schema.audit.insert().values(
+        at=sa.bindparam("at", type_=sa.Double), actor=sa.bindparam("actor"),
+        tenant=sa.bindparam("tenant"), operation="admit", target=sa.bindparam("target"),
+        outcome="reserved", reason=sa.bindparam("reason"),
     )
 
 

@@ -1,0 +1,184 @@
+"""Run a hot transaction straight on the driver, with SQLAlchemy's statements and errors.
+
+Admission is a handful of small statements on a nearby database. Measured on
+this project's benchmark (docs/performance.md), SQLAlchemy's ``Connection``
+costs about 150 µs to begin and end a transaction and 30 µs to execute a
+cached statement: next to SQLite's 20 µs transactions, and to PostgreSQL round
+trips of 100 µs, that is most of an admission. So the admission transaction
+runs on the DBAPI connection of a pooled connection:
+
+- the statements are still SQLAlchemy Core (``quotagate.store.statements``),
+  compiled once per dialect and statement, then executed with their parameters
+  on the DBAPI cursor;
+- the connection still comes from the engine's pool (same connect settings:
+  isolation level, SQLite pragmas, the ping after idle);
+- driver errors become SQLAlchemy's (``sqlalchemy.exc.DBAPIError.instance``),
+  so retries and translation (:mod:`quotagate.store.dialect`) are the same as
+  for every other transaction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Dialect, Engine
+from sqlalchemy.exc import DBAPIError
+
+from quotagate.store.dialect import begin_statement, is_retryable, translate
+
+T = TypeVar("T")
+
+
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    sql: str
+    # Parameter names in placeholder order, for positional paramstyles (SQLite's qmark).
+    positions: tuple[str, ...] | None
+    # Values of the literals the statement binds itself (``state = 'waiting'``).
+    fixed: Mapping[str, Any]
+    processors: Mapping[str, Callable[[Any], Any]]
+
+    def parameters(self, given: Mapping[str, Any]) -> Any:
+        """The driver's parameters: a dict (named styles) or a tuple (positional)."""
+        if self.processors:
+            given = {name: self.processors[name](value) if name in self.processors else value
+                     for name, value in given.items()}
+        if self.positions is None:
+            return {**self.fixed, **given} if self.fixed else given
+        fixed = self.fixed
+        return tuple(given[name] if name in given else fixed[name] for name in self.positions)
+
+
+@lru_cache(maxsize=1024)
+def _compile(dialect: Dialect, statement: sa.Executable) -> _Compiled:
+    compiled: Any = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
+    fixed = {
+        name: bind.value
+        for bind, name in compiled.bind_names.items()
+        if bind.value is not None and not bind.callable
+    }
+    return _Compiled(
+        sql=compiled.string,
+        positions=tuple(compiled.positiontup) if compiled.positional else None,
+        fixed=fixed,
+        processors=dict(compiled._bind_processors),
+    )
+
+
+class DriverTransaction:
+    """Statements of one transaction, executed on the DBAPI cursor.
+
+    ``dialect`` is there for the capability questions of
+    :mod:`quotagate.store.dialect`, which ask ``x.dialect.name``.
+    """
+
+    def __init__(self, dialect: Dialect, cursor: Any) -> None:
+        self.dialect = dialect
+        self._cursor = cursor
+        self._statement: str | None = None
+        self._parameters: Any = None
+
+    def execute(self, statement: sa.Executable, parameters: Mapping[str, Any]) -> Any:
+        """Run one statement; the cursor, for ``fetchall``/``rowcount``."""
+        compiled = _compile(self.dialect, statement)
+        self._statement, self._parameters = compiled.sql, compiled.parameters(parameters)
+        self._cursor.execute(self._statement, self._parameters)
+        return self._cursor
+
+    def rows(self, statement: sa.Executable, parameters: Mapping[str, Any]) -> list[Any]:
+        return list(self.execute(statement, parameters).fetchall())
+
+    def rowcount(self, statement: sa.Executable, parameters: Mapping[str, Any]) -> int:
+        count: int = self.execute(statement, parameters).rowcount
+        return count
+
+    def executemany(self, statement: sa.Executable, rows: Sequence[Mapping[str, Any]]) -> None:
+        compiled = _compile(self.dialect, statement)
+        self._statement = compiled.sql
+        self._parameters = [compiled.parameters(row) for row in rows]
+        self._cursor.executemany(self._statement, self._parameters)
+
+    def wrap(self, error: Exception, invalidated: bool) -> DBAPIError:
+        """The SQLAlchemy error for a driver error raised by the last statement."""
+        wrapped = DBAPIError.instance(
+            self._statement, self._parameters, error, self.dialect.loaded_dbapi.Error,
+            connection_invalidated=invalidated, dialect=self.dialect,
+        )
+        assert isinstance(wrapped, DBAPIError)  # error is a driver error, never a plain one
+        return wrapped
+
+
+def run_driver_transaction(
+    engine: Engine, work: Callable[[DriverTransaction], T], *, attempts: int = 20,
+    on_retry: Callable[[DBAPIError], None] | None = None,
+) -> T:
+    """Like :func:`quotagate.store.dialect.run_transaction`, on the driver connection.
+
+    ``on_retry`` hears of each rerun (admission counts them by cause).
+
+    ``work`` must be safe to rerun; everything a failed attempt did was rolled
+    back with it. Non-driver exceptions (``CapacityChanged``) roll back and
+    propagate unchanged.
+    """
+    dialect = engine.dialect
+    driver_error = dialect.loaded_dbapi.Error
+    begin = begin_statement(engine)
+    delay = 0.002
+    for attempt in range(attempts):
+        try:
+            pooled = engine.raw_connection()
+        except DBAPIError as error:
+            translated = translate(error)
+            if translated is error:
+                raise
+            raise translated from error
+        transaction: DriverTransaction | None = None
+        try:
+            cursor = pooled.cursor()
+            transaction = DriverTransaction(dialect, cursor)
+            try:
+                if begin is not None:
+                    cursor.execute(begin)
+                result = work(transaction)
+                pooled.commit()
+                return result
+            except driver_error as exc:
+                invalidated = dialect.is_disconnect(exc, pooled.dbapi_connection, cursor)
+                wrapped = transaction.wrap(exc, invalidated)
+                if invalidated:
+                    pooled.invalidate(exc)
+                else:
+                    _rollback(pooled, driver_error)
+                raise wrapped from exc
+            except BaseException:
+                _rollback(pooled, driver_error)
+                raise
+        except DBAPIError as error:
+            translated = translate(error)
+            if translated is not error:
+                raise translated from error
+            if attempt + 1 < attempts and is_retryable(error):
+                if on_retry is not None:
+                    on_retry(error)
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+                continue
+            raise
+        finally:
+            pooled.close()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _rollback(pooled: Any, driver_error: type[Exception]) -> None:
+    """Roll back; a connection that cannot even do that is dropped from the pool."""
+    try:
+        pooled.rollback()
+    except driver_error as exc:
+        pooled.invalidate(exc)

@@ -1,0 +1,83 @@
+"""Admission's driver-level transactions (quotagate.store.driver) behave like SQLAlchemy's.
+
+Retries, error types, rollback and the pool's handling of a dead connection
+must not change because admission bypasses ``sqlalchemy.Connection``
+(docs/decisions/023-admission-on-the-driver-connection.md).
+"""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from quotagate import Quotagate
+from quotagate.store import engine as engine_module
+from quotagate.store import schema
+from quotagate.store.driver import DriverTransaction, run_driver_transaction
+from quotagate.store.engine import create_engine
+
+
+class _Stop(Exception):
+    """Raised by the work to end a transaction that must leave nothing behind."""
+
+
+def _outbox_insert(request_id: str) -> sa.Insert:
+    return schema.outbox.insert().values(
+        request_id=request_id, tenant="team-a", created=0.0, next_attempt_at=0.0
+    )
+
+
+def _outbox_ids(gate: Quotagate) -> list[str]:
+    with gate.engine.connect() as connection:
+        return list(connection.execute(sa.select(schema.outbox.c.request_id)).scalars())
+
+
+def test_a_driver_error_is_sqlalchemys_and_rolls_back_everything(gate: Quotagate) -> None:
+    with gate.engine.begin() as connection:
+        connection.execute(_outbox_insert("taken"))
+
+    def work(transaction: DriverTransaction) -> None:
+        transaction.execute(_outbox_insert("first"), {})
+        transaction.execute(_outbox_insert("taken"), {})  # duplicate key: the second fails
+
+    with pytest.raises(IntegrityError):
+        run_driver_transaction(gate.engine, work)
+    assert _outbox_ids(gate) == ["taken"]
+
+
+def test_a_python_exception_rolls_back_and_passes_through(gate: Quotagate) -> None:
+    def work(transaction: DriverTransaction) -> None:
+        transaction.execute(_outbox_insert("written-then-stopped"), {})
+        raise _Stop
+
+    with pytest.raises(_Stop):
+        run_driver_transaction(gate.engine, work)
+    assert _outbox_ids(gate) == []
+    # The pooled connection went back clean: the next transaction commits normally.
+    run_driver_transaction(gate.engine, lambda t: t.execute(_outbox_insert("after"), {}))
+    assert _outbox_ids(gate) == ["after"]
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_a_connection_killed_while_idle_is_replaced_before_use(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ping after idle (docs/decisions/025-ping-after-idle.md) finds the dead connection."""
+    monkeypatch.setattr(engine_module, "PING_AFTER_IDLE", 0.0)
+    engine = create_engine(db_url, pool_size=1, max_overflow=0)
+    try:
+        with engine.connect() as connection:
+            pid = connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        killer = create_engine(db_url)
+        with killer.connect() as connection:
+            connection.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid)})")
+        killer.dispose()
+        with engine.connect() as connection:
+            assert connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one() != pid
+        answer = run_driver_transaction(
+            engine, lambda t: t.rows(sa.select(sa.literal(1)), {})[0][0]
+        )
+        assert answer == 1
+    finally:
+        engine.dispose()
