@@ -21,8 +21,8 @@ from quotagate.rate.quotas import RateQuotas
 from quotagate.rate.sql import SqlRateStore
 from quotagate.store import identity, migrate
 from quotagate.store.config import Configuration
-from quotagate.store.diagnosis import DeliveryTrail, delivery_trail
 from quotagate.store.dashboard import DashboardViews, Snapshot
+from quotagate.store.diagnosis import DeliveryTrail, delivery_trail
 from quotagate.store.engine import create_engine, database_url
 from quotagate.store.ledger import (
     DEFAULT_ADMISSION_WINDOW,
