@@ -10,7 +10,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = '0007'
-down_revision = '0001'
+down_revision = '0004'
 branch_labels = None
 depends_on = None
 
