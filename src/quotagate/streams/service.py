@@ -51,7 +51,10 @@ class Streams:
                 connection = self._connections[url] = StreamRedis.from_url(url)
             return connection
 
-    def keys(self, tenant: str, settings: StreamSettings | None = None) -> tuple[StreamRedis, StreamKeys]:
+    def locate(
+        self, tenant: str, settings: StreamSettings | None = None
+    ) -> tuple[StreamRedis, StreamKeys]:
+        """The Redis that holds the tenant's streams, and the tenant's key names."""
         settings = settings or self.topics.settings(tenant)
         connection = self.connection(settings.redis_url)
         return connection, StreamKeys(tenant, cluster=connection.cluster)
@@ -60,7 +63,7 @@ class Streams:
         """Everything a producer or consumer needs, read from the ledger now."""
         spec = self.topics.get(tenant, topic)
         settings = self.topics.settings(tenant)
-        connection, keys = self.keys(tenant, settings)
+        connection, keys = self.locate(tenant, settings)
         return TopicHandle(spec, self.topics.rate_config(tenant, topic), connection, keys,
                            settings.max_in_flight)
 
@@ -71,7 +74,7 @@ class Streams:
         max_len: int | None = None, rate: BucketConfig | None = None, actor: str = "admin",
     ) -> TopicSpec:
         def write_meta(spec: TopicSpec) -> None:
-            connection, keys = self.keys(tenant)
+            connection, keys = self.locate(tenant)
             with connection.errors():
                 connection.client.hset(keys.meta(topic), mapping={
                     "partitions": spec.partitions, "parallelism": spec.parallelism,
@@ -85,7 +88,7 @@ class Streams:
 
     def delete_topic(self, tenant: str, topic: str, *, actor: str = "admin") -> TopicSpec:
         """Delete in the ledger (the authority, quota returned once), then the Redis keys."""
-        connection, keys = self.keys(tenant)
+        connection, keys = self.locate(tenant)
         spec = self.topics.delete(tenant, topic, actor=actor)
         with self._lock:
             self._producers.pop((tenant, topic), None)
