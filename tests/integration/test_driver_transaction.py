@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from quotagate import Quotagate
+from quotagate.errors import StoreUnavailable
 from quotagate.store import engine as engine_module
 from quotagate.store import schema
 from quotagate.store.driver import DriverTransaction, run_driver_transaction
@@ -79,5 +80,17 @@ def test_a_connection_killed_while_idle_is_replaced_before_use(
             engine, lambda t: t.rows(sa.select(sa.literal(1)), {})[0][0]
         )
         assert answer == 1
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("url", ["postgresql://postgres@127.0.0.1:1/test",
+                                 "mysql://root@127.0.0.1:1/test"])
+def test_a_server_that_cannot_be_reached_is_store_unavailable(url: str) -> None:
+    """Connect errors come out of the pool unwrapped; they must still read as an outage."""
+    engine = create_engine(url)
+    try:
+        with pytest.raises(StoreUnavailable):
+            run_driver_transaction(engine, lambda t: t.rows(sa.select(sa.literal(1)), {}))
     finally:
         engine.dispose()

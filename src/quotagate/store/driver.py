@@ -133,7 +133,14 @@ def run_driver_transaction(
     delay = 0.002
     for attempt in range(attempts):
         try:
-            pooled = engine.raw_connection()
+            # The pool hands connect errors up unwrapped (Engine.connect wraps them).
+            try:
+                pooled = engine.raw_connection()
+            except driver_error as exc:
+                raise DBAPIError.instance(
+                    None, None, exc, driver_error, dialect=dialect,
+                    connection_invalidated=dialect.is_disconnect(exc, None, None),
+                ) from exc
         except DBAPIError as error:
             translated = translate(error)
             if translated is error:
