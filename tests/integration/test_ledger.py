@@ -145,7 +145,8 @@ def test_cancelling_a_reserved_request_is_a_stop_that_returns_its_cost_once_conf
     ledger.admit()
     stopping = ledger.cancel("job-0")
     assert stopping.released == {} and stopping.request.state is RequestState.CANCELLING
-    assert ledger.usage()["tenants"][0]["used"] == 2  # charged until the stop is confirmed
+    charged = {(row["tenant"], row["resource"]): row["used"] for row in ledger.usage()["tenants"]}
+    assert charged[("team-a", "gpu")] == 2  # charged until the stop is confirmed
     assert ledger.cancel("job-0").released == {}  # cancelling again changes nothing
     with pytest.raises(Conflict):
         ledger.complete("job-0")  # nor can it be ended any other way
