@@ -231,8 +231,12 @@ def test_an_object_deleted_after_its_binding_ends_the_request_as_failed(
     kube_api.delete(replaced.name)
     replacement = target.create_if_absent(delivery_spec("job-1"))  # same name, new uid
     assert replacement.uid != replaced.uid
-    ended = wait_for(lambda: target.outcomes([deleted, replaced, running]) or None,
-                     "the deleted objects' outcomes")
+    # The watch brings the deletions in its own time; each is confirmed by a GET when seen.
+    def both_ended() -> dict[str, Outcome] | None:
+        found = target.outcomes([deleted, replaced, running])
+        return found if len(found) == 2 else None
+
+    ended = wait_for(both_ended, "both deleted objects' outcomes")
     assert ended == {
         "job-0": Outcome(False, f"object {deleted.name!r} was deleted after it was bound"),
         "job-1": Outcome(False, f"object {replaced.name!r} was deleted after it was bound and "
@@ -246,7 +250,7 @@ def test_an_object_created_after_the_list_is_not_taken_for_deleted(
     target = targets()
     target.outcomes([target.create_if_absent(delivery_spec("job-0"))])  # following
     kube_api.end_watches()
-    kube_api.inject("watch", delay=1.0)  # the resumed watch is slow to deliver job-1's ADDED
+    kube_api.inject("watch", delay=3.0)  # the resumed watch is slow to deliver job-1's ADDED
     late = target.create_if_absent(delivery_spec("job-1"))
     assert late.name not in target.follower.snapshot()
     assert target.outcomes([late]) == {}  # confirmed by one GET: it exists and runs
