@@ -34,7 +34,8 @@ class _Handler(JsonHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         with self.server.lock:
             found = self.server.objects.setdefault(body["name"], {
-                "id": uuid.uuid4().hex, "request_id": body["request_id"], "state": "running"})
+                "id": uuid.uuid4().hex, "request_id": body["request_id"],
+                "ledger_id": body["ledger_id"], "state": "running"})
         self._reply(201, found)
 
     def do_GET(self) -> None:
