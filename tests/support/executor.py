@@ -40,7 +40,7 @@ class _Handler(JsonHandler):
 
     def do_GET(self) -> None:
         with self.server.lock:
-            found = self.server.objects.get(self.path.lstrip("/"))
+            found = self.server.objects.get(self.path.rsplit("/", 1)[-1])
         if found is None:
             self._reply(404, {"message": "no such object"})
         else:
