@@ -199,7 +199,9 @@ def test_the_streams_view_shows_length_pending_and_lag_and_is_scoped_to_the_tena
             [owner] = group.partitions
             assert owner.partition == 0 and owner.owner == "c1" and owner.generation >= 1
             assert consumer.settle(taken).acked == 2
-        [row] = gate.dashboard(tenant).streams.topics  # type: ignore[union-attr]
+        after = gate.dashboard(tenant).streams
+        assert after is not None
+        [row] = after.topics
         assert (row.length, row.pending, row.lag) == (5, 0, 3)
         everyone = gate.dashboard().streams
         assert everyone is not None
