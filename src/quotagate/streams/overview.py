@@ -1,7 +1,7 @@
 """The dashboard's Streams view: every topic in scope with its length, pending, lag and DLQ.
 
 The topics and each tenant's stream Redis come from the ledger (two queries);
-Redis is then read with one pipeline per stream Redis — ``XINFO STREAM`` and
+Redis is then read with one pipeline per stream Redis — ``XLEN`` and
 ``XINFO GROUPS`` per partition, ``XLEN`` of each DLQ — and, only when groups
 exist, a second one for the partition leases' owner and generation. A Redis
 that cannot be reached (or a missing driver) leaves its topics' numbers empty
@@ -101,7 +101,7 @@ def _read(connection: StreamRedis, specs: list[TopicSpec]) -> dict[tuple[str, st
         for spec in specs:
             for partition in range(spec.partitions):
                 stream = keys[spec.tenant].partition(spec.name, partition)
-                pipeline.xinfo_stream(stream)
+                pipeline.xlen(stream)  # the length alone: a small reply, unlike XINFO STREAM
                 pipeline.xinfo_groups(stream)
             pipeline.xlen(keys[spec.tenant].dlq(spec.name))
         replies = iter(pipeline.execute(raise_on_error=False))
@@ -129,10 +129,10 @@ def _row(spec: TopicSpec, infos: list[tuple[Any, Any]], dlq: Any,
     length = 0
     groups: dict[str, GroupRow] = {}
     unknown_lag: set[str] = set()
-    for partition, (info, partition_groups) in enumerate(infos):
-        if isinstance(info, Exception):
-            continue  # nothing produced to this partition yet
-        length += int(info["length"])
+    for partition, (partition_length, partition_groups) in enumerate(infos):
+        length += partition_length if isinstance(partition_length, int) else 0
+        if isinstance(partition_groups, Exception):
+            continue  # nothing produced to this partition yet: no stream, no group
         for group in partition_groups:
             name = _text(group["name"])
             row = groups.setdefault(name, GroupRow(name, 0, 0))
