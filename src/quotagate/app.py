@@ -33,6 +33,7 @@ from quotagate.store.ledger import (
 )
 from quotagate.store.views import LedgerViews
 from quotagate.streams.connection import ENVIRONMENT_VARIABLE as REDIS_VARIABLE
+from quotagate.streams.overview import streams_overview
 from quotagate.streams.service import Streams
 
 
@@ -208,7 +209,8 @@ class Quotagate:
         """Everything the dashboard shows, for one tenant or (None) for everyone."""
         if tenant is not None:
             validate_name(tenant, "tenant")
-        snapshot = self.dashboard_views.snapshot(tenant)
+        snapshot = replace(self.dashboard_views.snapshot(tenant),
+                           streams=streams_overview(self.streams, tenant))
         if self.rates.in_transaction or not snapshot.buckets:
             return snapshot
         # Tokens live in another store (Redis): the ledger row holds only the shape.

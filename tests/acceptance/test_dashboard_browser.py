@@ -24,10 +24,12 @@ from quotagate.delivery.registry import TargetStore
 from support.browser import DESKTOP, PHONE, chromium, collect_page_errors
 from support.databases import BACKENDS, fresh_database
 from support.executor import running_executor
+from support.streams import shared_redis_url
+from support.waiting import wait_for
 
 # The page polls once a second; this leaves room for a loaded test machine.
 LIVE_TIMEOUT_MS = 5000
-VIEWS = ("overview", "queue", "decisions", "delivery", "rates")
+VIEWS = ("overview", "queue", "decisions", "delivery", "rates", "streams")
 
 
 @dataclass
@@ -257,3 +259,43 @@ def test_a_wrong_token_shows_the_apis_message(page: Any, site: Site) -> None:
     assert page.evaluate("sessionStorage.length") == 0
     assert page.evaluate("document.cookie") == ""
     assert "qg_wrong_token" not in page.url
+
+
+def test_a_tenant_sees_its_stream_topics_and_the_lag_falls_as_a_consumer_reads(
+    page: Any, site: Site
+) -> None:
+    redis_url = shared_redis_url()
+    tenant, token = site.tenant({"partitions": 2, "parallelism": 1})
+    other, _ = site.tenant({"partitions": 2, "parallelism": 1})
+    for name in (tenant, other):
+        response = site.admin.put(f"/v1/tenants/{name}/topics/orders",
+                                  json={"partitions": 1, "parallelism": 1, "max_len": 500})
+        assert response.status_code == 200, response.text
+    response = site.admin.post(f"/v1/tenants/{tenant}/topics/orders/messages",
+                               json={"messages": [{"data": f"m{i}"} for i in range(3)]})
+    assert response.status_code == 200, response.text
+    sign_in(page, site, token)
+    page.goto(f"{site.page_url}#/streams")
+    topic = row(page, "topics", f"{tenant}/orders")
+    topic.wait_for(timeout=LIVE_TIMEOUT_MS)
+    assert page.locator("#topics tbody tr").evaluate_all(
+        "rows => rows.map(row => row.dataset.key)") == [f"{tenant}/orders"]
+    assert topic.locator('td[data-label="Max length"]').inner_text() == "500"
+    assert topic.locator('td[data-label="Length"]').inner_text() == "3"
+    assert topic.locator('td[data-label="Lag"]').inner_text() == "\u2013"  # no group yet: a dash
+    page.evaluate("window.notReloaded = true")
+    lag = 'td[data-label="Lag"]'
+    with Quotagate.connect(site.db_url, redis=redis_url) as gate, gate.streams.consumer(
+            tenant, "orders", "billing", "c1", batch=1) as consumer:
+        taken = wait_for(consumer.poll, "the consumer's first entry")
+        topic.locator(lag).filter(has_text="2").wait_for(timeout=LIVE_TIMEOUT_MS)
+        group = row(page, "stream-groups", f"{tenant}/orders/billing")
+        assert "0: c1 (1)" in group.inner_text()
+        consumer.settle(taken)
+        wait_for(lambda: taken.extend(consumer.poll()) or len(taken) >= 3,
+                 "the consumer's other two entries")
+        topic.locator(lag).filter(has_text="0").wait_for(timeout=LIVE_TIMEOUT_MS)
+        topic.locator('td[data-label="Pending"]').filter(has_text="2").wait_for(
+            timeout=LIVE_TIMEOUT_MS)
+    assert page.evaluate("window.notReloaded") is True
+    assert other not in page.locator("#view-streams").inner_text()

@@ -22,6 +22,7 @@ from quotagate import Quotagate
 from quotagate.http.routers.dashboard import UI_DIRECTORY
 from quotagate.store.engine import create_engine
 from support.databases import BACKENDS, fresh_database
+from support.streams import shared_redis_url, stream_gate, tenant_with_quota
 from support.waiting import wait_for
 
 GRAFANA = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "quotagate.json"
@@ -209,3 +210,24 @@ def test_a_view_or_scrape_blocked_by_the_database_answers_503_in_time(
             holder.join(30)
             locker.dispose()
         assert httpx.get(url, headers=headers, timeout=30).status_code == 200
+
+
+def test_the_streams_view_lists_every_topic_to_an_admin_and_its_own_to_a_tenant(
+    ledger: Ledger,
+) -> None:
+    with stream_gate(ledger.db_url, shared_redis_url()) as gate:
+        own, other = (tenant_with_quota(gate, prefix="dash") for _ in range(2))
+        for tenant in (own, other):
+            gate.streams.create_topic(tenant, "orders", partitions=1, parallelism=1)
+        gate.streams.producer(own, "orders").send_many([("a", None), ("b", None)])
+    everything = ledger.get("/v1/dashboard", ledger.admin).json()["streams"]
+    assert everything["error"] is None
+    assert {(row["tenant"], row["topic"]) for row in everything["topics"]} >= {
+        (own, "orders"), (other, "orders")}
+    mine = ledger.get("/v1/dashboard", ledger.tenant_token(own)).json()["streams"]
+    assert mine["total"] == 1
+    [row] = mine["topics"]
+    assert (row["tenant"], row["topic"], row["length"], row["dlq"], row["groups"]) == (
+        own, "orders", 2, 0, [])
+    refused = ledger.get("/v1/dashboard", ledger.tenant_token(own), tenant=other)
+    assert refused.status_code == 403

@@ -10,6 +10,8 @@ from test_http_support import make_token, running_server
 from quotagate import Quotagate
 from quotagate.errors import RateLimited
 from support.cli import run
+from support.streams import shared_redis_url, stream_gate, tenant_with_quota
+from support.waiting import wait_for
 
 
 def _ledger(db_url: str) -> str:
@@ -62,3 +64,19 @@ def test_top_reads_a_running_server_with_the_tokens_scope(db_url: str, tmp_path:
     missing = run("top", "--once", "--url", "http://127.0.0.1:9", db=db_url, cwd=tmp_path,
                   expect=2)
     assert "error: missing_token: --url needs --token" in missing.stderr
+
+
+def test_top_once_shows_stream_topics_with_length_and_lag(db_url: str, tmp_path: Path) -> None:
+    with stream_gate(db_url, shared_redis_url()) as gate:
+        tenant = tenant_with_quota(gate, prefix="top")
+        gate.streams.create_topic(tenant, "orders", partitions=2, parallelism=1)
+        gate.streams.producer(tenant, "orders").send_many([(f"m{i}", "k") for i in range(4)])
+        with gate.streams.consumer(tenant, "orders", "billing", "c1", batch=1) as consumer:
+            assert len(wait_for(consumer.poll, "the consumer's first entry")) == 1
+    frame = run("top", "--once", "--width", "200", "--tenant", tenant, "--redis",
+                shared_redis_url(), db=db_url, cwd=tmp_path).stdout
+    assert "Streams (1 of 1 topics)" in frame, frame
+    [line] = [line for line in frame.splitlines() if "billing(lag" in line]
+    # tenant, topic, partitions, length, pending, lag, DLQ, groups
+    assert line.split("│")[1:-1] and [cell.strip() for cell in line.split("│")[1:-1]] == [
+        tenant, "orders", "2", "4", "1", "3", "0", "billing(lag 3)"], line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ from quotagate.observability.metrics import Metrics
 from quotagate.store import schema
 from quotagate.store.dialect import reading
 from quotagate.store.engine import create_engine
+from support.streams import shared_redis_url, stream_gate, tenant_with_quota
+from support.waiting import wait_for
 
 
 def _busy_ledger(gate: Quotagate, clock: ManualClock) -> None:
@@ -164,3 +167,64 @@ def test_a_read_past_its_deadline_is_stopped_and_reported_as_store_timeout(
     finally:
         engine.dispose()
 
+
+
+def _closed_port() -> int:
+    """A port nothing listens on (bound, then released): connections to it are refused."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_the_streams_view_shows_length_pending_and_lag_and_is_scoped_to_the_tenant(
+    db_url: str, clock: ManualClock
+) -> None:
+    with stream_gate(db_url, shared_redis_url(), clock=clock) as gate:
+        tenant = tenant_with_quota(gate, prefix="dash")
+        other = tenant_with_quota(gate, prefix="dash")
+        gate.streams.create_topic(tenant, "orders", partitions=1, parallelism=1, max_len=1000)
+        gate.streams.create_topic(other, "events", partitions=2, parallelism=1)
+        gate.streams.producer(tenant, "orders").send_many([(f"m{i}", None) for i in range(5)])
+        with gate.streams.consumer(tenant, "orders", "billing", "c1", batch=2) as consumer:
+            taken = wait_for(consumer.poll, "the consumer's first entries")
+            assert len(taken) == 2
+            view = gate.dashboard(tenant).streams
+            assert view is not None and view.error is None and view.total == 1
+            [row] = view.topics
+            assert (row.tenant, row.topic, row.partitions, row.parallelism, row.max_len) == (
+                tenant, "orders", 1, 1, 1000)
+            assert (row.length, row.pending, row.lag, row.dlq) == (5, 2, 3, 0)
+            [group] = row.groups
+            assert group.group == "billing" and group.pending == 2 and group.lag == 3
+            [owner] = group.partitions
+            assert owner.partition == 0 and owner.owner == "c1" and owner.generation >= 1
+            assert consumer.settle(taken).acked == 2
+        after = gate.dashboard(tenant).streams
+        assert after is not None
+        [row] = after.topics
+        assert (row.length, row.pending, row.lag) == (5, 0, 3)
+        everyone = gate.dashboard().streams
+        assert everyone is not None
+        assert {(row.tenant, row.topic) for row in everyone.topics} == {
+            (tenant, "orders"), (other, "events")}
+        [events] = [row for row in everyone.topics if row.tenant == other]
+        # Nothing produced, no group: empty, and no lag to speak of.
+        assert (events.length, events.pending, events.lag, events.groups) == (0, 0, None, [])
+
+
+def test_an_unreachable_stream_redis_is_reported_and_the_rest_of_the_dashboard_works(
+    db_url: str, clock: ManualClock, tmp_path: Path
+) -> None:
+    with stream_gate(db_url, shared_redis_url(), clock=clock) as gate:
+        tenant = tenant_with_quota(gate, prefix="dash")
+        gate.streams.create_topic(tenant, "orders", partitions=1, parallelism=1)
+    with stream_gate(db_url, f"redis://127.0.0.1:{_closed_port()}/0", clock=clock) as gate:
+        _busy_ledger(gate, clock)
+        snapshot = gate.dashboard()
+        assert snapshot.streams is not None and snapshot.streams.error is not None
+        assert snapshot.streams.error["code"] == "stream_store_unavailable"
+        [row] = snapshot.streams.topics
+        assert (row.tenant, row.topic, row.partitions) == (tenant, "orders", 1)
+        assert row.length is None and row.lag is None
+        assert {row.name for row in snapshot.tenants} >= {"team-a", "team-b"}
+        assert snapshot.waiting == 1

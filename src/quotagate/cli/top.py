@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from quotagate.cli.common import db_option, open_gate, reports_errors
+from quotagate.cli.streams import redis_option
 from quotagate.errors import InvalidInput, QuotagateError, StoreUnavailable, Unauthorized
 
 
@@ -130,7 +131,39 @@ def render(data: dict[str, Any]) -> Any:
     if not data["decisions"]:
         decisions.add_row("", "", "no decisions yet", "", "", "")
     return Group(header, usage_table("Tenants", data["tenants"], "tenant"),
-                 usage_table("Pools", data["pools"], "pool"), queue, decisions)
+                 usage_table("Pools", data["pools"], "pool"), queue, decisions,
+                 _streams_table(data.get("streams")))
+
+
+def _streams_table(streams: dict[str, Any] | None) -> Any:
+    """Topics with length, pending, lag and DLQ; a server older than the view sends none."""
+    from rich.table import Table
+
+    streams = streams or {"topics": [], "total": 0, "error": None}
+    topics = streams["topics"]
+    table = Table(title=f"Streams ({len(topics[:10])} of {streams['total']} topics)",
+                  title_justify="left", expand=True)
+    table.add_column("tenant", no_wrap=True)
+    table.add_column("topic", no_wrap=True)
+    for name in ("parts", "length", "pending", "lag", "dlq"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("groups", no_wrap=True, overflow="ellipsis", ratio=1)
+
+    def shown(value: int | None) -> str:
+        return "-" if value is None else str(value)
+
+    for topic in topics[:10]:
+        table.add_row(topic["tenant"], topic["topic"], str(topic["partitions"]),
+                      shown(topic["length"]), shown(topic["pending"]), shown(topic["lag"]),
+                      shown(topic["dlq"]),
+                      " ".join(f"{group['group']}(lag {shown(group['lag'])})"
+                               for group in topic["groups"]))
+    if streams["error"]:
+        table.caption = f"stream numbers unavailable: {streams['error']['message']}"
+        table.caption_style = "red"
+    if not topics:
+        table.add_row("", "no stream topics", "", "", "", "", "", "")
+    return table
 
 
 @click.command()
@@ -146,10 +179,12 @@ def render(data: dict[str, Any]) -> Any:
 @click.option("--width", default=None, type=click.IntRange(60, 400),
               help="Columns to draw (default: the terminal's).")
 @db_option
+@redis_option
 @reports_errors
 def top(once: bool, interval: float, tenant: str | None, url: str | None, token: str | None,
-        width: int | None, db_url: str | None) -> None:
-    """The dashboard in the terminal: tenants and pools, queue head with reasons, decisions."""
+        width: int | None, db_url: str | None, redis_url: str | None) -> None:
+    """The dashboard in the terminal: tenants and pools, queue head with reasons, decisions,
+    stream topics with lag."""
     rich = _rich()
     if url is not None and not token:
         raise InvalidInput("--url needs --token (or $QUOTAGATE_TOKEN)", code="missing_token")
@@ -157,7 +192,7 @@ def top(once: bool, interval: float, tenant: str | None, url: str | None, token:
         raise InvalidInput("--token is for --url; with --db the ledger is read directly",
                            code="invalid_option")
     console = rich.console.Console(width=width or (None if os.isatty(1) else 120))
-    gate = None if url is not None else open_gate(db_url)
+    gate = None if url is not None else open_gate(db_url, redis=redis_url)
 
     def frame() -> Any:
         if url is not None:

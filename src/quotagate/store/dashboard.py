@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -26,6 +26,9 @@ from quotagate.errors import NotFound
 from quotagate.store import schema
 from quotagate.store.dialect import database_now, reading
 from quotagate.store.rows import all_usage, decode_cost, request_from_row
+
+if TYPE_CHECKING:
+    from quotagate.streams.overview import StreamsView
 
 # States of a stop or preemption that the executor has not confirmed yet: the
 # cost is still charged and comes back only once it does (the delivery engine
@@ -126,6 +129,8 @@ class Snapshot:
     stops: list[StopEntry]
     buckets: list[BucketEntry]
     history: list[MinuteEntry] = field(default_factory=list)
+    # Read from the stream Redis by Quotagate.dashboard (quotagate.streams.overview).
+    streams: StreamsView | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -301,6 +301,38 @@ function renderRates(data) {
   })), "No tenant has a rate quota.", 5);
 }
 
+function count(value) {
+  return { text: value === null || value === undefined ? "–" : String(value), cls: "num" };
+}
+
+function renderStreams(data) {
+  // Absent from a server older than the Streams view: show it empty rather than fail.
+  const streams = data.streams || { topics: [], total: 0, error: null };
+  $("streams-sub").textContent = streams.total > streams.topics.length
+    ? `(first ${streams.topics.length} of ${streams.total})` : `(${streams.total})`;
+  const problem = $("streams-error");
+  const message = streams.error ? `Stream numbers unavailable: ${streams.error.message}` : "";
+  if (problem.textContent !== message) problem.textContent = message;
+  problem.hidden = !message;
+  renderRows($("topics").tBodies[0], streams.topics.map((topic) => ({
+    key: `${topic.tenant}/${topic.topic}`,
+    cells: [
+      topic.tenant, { text: topic.topic, cls: "mono" }, count(topic.partitions),
+      count(topic.parallelism), count(topic.max_len), count(topic.length),
+      count(topic.pending), count(topic.lag), count(topic.dlq),
+    ],
+  })), "No stream topic yet.", 9);
+  const groups = streams.topics.flatMap((topic) => topic.groups.map((group) => ({
+    key: `${topic.tenant}/${topic.topic}/${group.group}`,
+    cells: [
+      topic.tenant, { text: topic.topic, cls: "mono" }, { text: group.group, cls: "mono" },
+      count(group.pending), count(group.lag),
+      { text: group.partitions.map((p) => `${p.partition}: ${p.owner || "–"} (${p.generation})`).join(", "), cls: "mono" },
+    ],
+  })));
+  renderRows($("stream-groups").tBodies[0], groups, "No consumer group yet.", 6);
+}
+
 function renderStory(story) {
   const request = story.request;
   $("request-title").textContent = `Request ${request.id}`;
@@ -352,7 +384,7 @@ function renderStory(story) {
 
 // -- routing, polling, sign-in ---------------------------------------------------
 
-const VIEWS = ["overview", "queue", "decisions", "delivery", "rates", "request"];
+const VIEWS = ["overview", "queue", "decisions", "delivery", "rates", "streams", "request"];
 
 function currentRoute() {
   const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
@@ -379,6 +411,7 @@ function render() {
   renderDecisions(data);
   renderDelivery(data);
   renderRates(data);
+  renderStreams(data);
   if (state.route.view === "request" && state.story) renderStory(state.story);
 }
 

@@ -1,0 +1,36 @@
+"""`quotagate top`'s Streams table: from a server without the view, and with its Redis down."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from rich.console import Console
+
+from quotagate.cli.top import render
+
+
+def _frame(**extra: Any) -> str:
+    data = {"tenant": None, "at": 0.0, "waiting": 0, "backlog": 0, "stops": [], "history": [],
+            "tenants": [], "pools": [], "queue": [], "decisions": [], **extra}
+    console = Console(width=160, record=True, file=io.StringIO())
+    console.print(render(data))
+    return console.export_text()
+
+
+def test_a_server_without_the_streams_view_gives_an_empty_table() -> None:
+    frame = _frame()
+    assert "Streams (0 of 0 topics)" in frame and "no stream topics" in frame
+
+
+def test_an_unreachable_stream_redis_is_said_under_the_table() -> None:
+    frame = _frame(streams={"total": 1, "error": {
+        "code": "stream_store_unavailable",
+        "message": "the stream Redis redis://127.0.0.1:1/0 cannot be reached"}, "topics": [{
+            "tenant": "team-a", "topic": "orders", "partitions": 2, "parallelism": 1,
+            "max_len": None, "length": None, "pending": None, "lag": None, "dlq": None,
+            "groups": []}]})
+    [line] = [line for line in frame.splitlines() if "orders" in line]
+    assert [cell.strip() for cell in line.split("│")[1:-1]] == [
+        "team-a", "orders", "2", "-", "-", "-", "-", ""]
+    assert "stream numbers unavailable: the stream Redis redis://127.0.0.1:1/0 cannot be" in frame
