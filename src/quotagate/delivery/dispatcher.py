@@ -66,6 +66,7 @@ DEFAULT_BATCH = 64
 DEFAULT_STOP_POLL = 1.0
 TARGET_REFRESH_INTERVAL = 1.0
 MAX_BATCHES_PER_PASS = 16
+OBSERVE_INTERVAL = 1.0
 
 Result = TypeVar("Result")
 
@@ -122,6 +123,7 @@ class Dispatcher:
         self._renewed_at = 0.0
         self._refreshed_at = -TARGET_REFRESH_INTERVAL
         self._observed_up_to = ""
+        self._observed_at = -OBSERVE_INTERVAL
         self._waiting_logged = False
         crash_at = os.environ.get(CRASH_ENVIRONMENT_VARIABLE) or None
         if crash_at is not None and crash_at not in CRASH_POINTS:
@@ -189,8 +191,15 @@ class Dispatcher:
         lease = self._lease
         if lease is None:  # pragma: no cover - _hold_lease just set it
             return moved
-        moved += self._work_through(lease)
-        if self._lease is not None and self.observe_limit:
+        delivered = self._work_through(lease)
+        moved += delivered
+        now = time.monotonic()
+        # While batches keep coming, outcome reads wait their turn (at most one
+        # page a second): every read pass delays the next delivery (decisions/217).
+        if self._lease is not None and self.observe_limit and (
+            delivered == 0 or now - self._observed_at >= OBSERVE_INTERVAL
+        ):
+            self._observed_at = now
             moved += self._observe()
         return moved
 
