@@ -42,6 +42,7 @@ from quotagate.delivery.targets.base import (
     DeliverySpec,
     ExternalObject,
     IdentityMismatch,
+    Outcome,
     StopResult,
 )
 from quotagate.domain.lease import Lease, validate_owner, validate_ttl
@@ -65,6 +66,7 @@ DEFAULT_BATCH = 64
 DEFAULT_STOP_POLL = 1.0
 TARGET_REFRESH_INTERVAL = 1.0
 MAX_BATCHES_PER_PASS = 16
+OBSERVE_INTERVAL = 1.0
 
 Result = TypeVar("Result")
 
@@ -121,6 +123,7 @@ class Dispatcher:
         self._renewed_at = 0.0
         self._refreshed_at = -TARGET_REFRESH_INTERVAL
         self._observed_up_to = ""
+        self._observed_at = -OBSERVE_INTERVAL
         self._waiting_logged = False
         crash_at = os.environ.get(CRASH_ENVIRONMENT_VARIABLE) or None
         if crash_at is not None and crash_at not in CRASH_POINTS:
@@ -188,8 +191,15 @@ class Dispatcher:
         lease = self._lease
         if lease is None:  # pragma: no cover - _hold_lease just set it
             return moved
-        moved += self._work_through(lease)
-        if self._lease is not None and self.observe_limit:
+        delivered = self._work_through(lease)
+        moved += delivered
+        now = time.monotonic()
+        # While batches keep coming, outcome reads wait their turn (at most one
+        # page a second): every read pass delays the next delivery (decisions/217).
+        if self._lease is not None and self.observe_limit and (
+            delivered == 0 or now - self._observed_at >= OBSERVE_INTERVAL
+        ):
+            self._observed_at = now
             moved += self._observe()
         return moved
 
@@ -476,25 +486,40 @@ class Dispatcher:
                 logger.warning("worker %s: reading outcomes from %s: %s", self.worker_name,
                                target_name, redact_text(error.message))
                 continue
-            for request_id, outcome in sorted(outcomes.items()):
-                lease = self._lease
-                if lease is None:
+            lease = self._lease
+            if lease is None:
+                return ended
+            # Each end is its own fenced transaction; run them side by side
+            # (one after another they were half of a busy worker's time).
+            results = self._in_pool([
+                functools.partial(self._end, lease, request_id, outcome)
+                for request_id, outcome in sorted(outcomes.items())
+            ])
+            for result in results:
+                if isinstance(result, StaleGeneration):
+                    self._stale(result)
                     return ended
-                state = RequestState.COMPLETED if outcome.completed else RequestState.FAILED
-                try:
-                    result = self.gate.ledger.release(
-                        request_id, state, reason=outcome.reason, actor=self.actor,
-                        fence=functools.partial(self.leases.fence, lease=lease),
-                    )
-                except StaleGeneration as error:
-                    self._stale(error)
-                    return ended
-                except Conflict:
-                    continue  # another worker (or a callback) recorded the end first
-                if result.released:
-                    stats.increment("completed" if outcome.completed else "failed")
-                    ended += 1
+                if isinstance(result, BaseException):
+                    raise result
+                ended += result
+            if self._lease is None:
+                return ended
         return ended
+
+    def _end(self, lease: Lease, request_id: str, outcome: Outcome) -> int:
+        """Release one request its executor reports ended; 1 if this call released it."""
+        state = RequestState.COMPLETED if outcome.completed else RequestState.FAILED
+        try:
+            result = self.gate.ledger.release(
+                request_id, state, reason=outcome.reason, actor=self.actor,
+                fence=functools.partial(self.leases.fence, lease=lease),
+            )
+        except Conflict:
+            return 0  # another worker (or a callback) recorded the end first
+        if not result.released:
+            return 0
+        stats.increment("completed" if outcome.completed else "failed")
+        return 1
 
     def _crash_point(self, name: str) -> None:
         if self._crash_at == name:
