@@ -208,10 +208,15 @@ def _produce_script() -> str:
     from quotagate.rate.redis import SCRIPT as BUCKET
 
     return "local function bucket(KEYS, ARGV)\n" + BUCKET + "\nend\n" + """
-local decided = bucket({KEYS[1]}, {'take', ARGV[1], ARGV[2], ARGV[3]})
-if decided[1] == 0 then return decided end
+-- The bucket script answers "status tokens" (status: 1 granted, plus 2 if the state was missing).
+local answer = bucket({KEYS[1]}, {'take', ARGV[1] .. ' ' .. ARGV[2] .. ' ' .. ARGV[3]})
+local status_text, tokens = string.match(answer, '^(%S+) (%S+)$')
+local status = tonumber(status_text)
+local granted, missing = status % 2, 0
+if status >= 2 then missing = 1 end
+local reply = {granted, tokens, missing}
+if granted == 0 then return reply end
 local maxlen = ARGV[4]
-local reply = {decided[1], decided[2], decided[3]}
 for i = 5, #ARGV, 3 do
   local stream = KEYS[tonumber(ARGV[i]) + 2]
   local fields = {'data', ARGV[i + 1]}
