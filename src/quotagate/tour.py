@@ -89,6 +89,7 @@ def run_tour(base_url: str, gate: Quotagate, echo: Echo) -> None:
             f"{row['tenant']}/{row['resource']} {row['used']}/{row['cap']}"
             for row in usage["tenants"]))
         echo("tour: try it yourself (the server keeps running; Ctrl-C stops it):")
+        echo(f"  open {base_url}/ui/ and sign in with the token above (the live dashboard)")
         echo(f"  curl -s -H \"Authorization: Bearer $QG_TOKEN\" {base_url}/v1/usage")
         echo(f"  curl -s -H \"Authorization: Bearer $QG_TOKEN\" -H 'Content-Type: application/json' "
              f"{base_url}/v1/tenants/team-a/requests -d '{{\"id\": \"my-job\", "
