@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import multiprocessing
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,3 +55,15 @@ def kube_api() -> Iterator[KubeApiServer]:
 
     with running_api_server() as server:
         yield server
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Kill child processes a failed test left behind.
+
+    multiprocessing joins every non-daemon child at interpreter exit, so one
+    child stuck on a barrier or a lock would keep the whole run from ending
+    after its summary is printed.
+    """
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(timeout=10)

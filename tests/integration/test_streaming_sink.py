@@ -91,7 +91,8 @@ def test_two_concurrent_writers_of_the_same_batch_write_its_rows_once(business_u
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(2)
     results: Any = context.Queue()
-    writers = [context.Process(target=write_same_batch, args=(business_url, count, barrier, results))
+    writers = [context.Process(target=write_same_batch, args=(business_url, count, barrier, results),
+                               daemon=True)
                for _ in range(2)]
     for writer in writers:
         writer.start()

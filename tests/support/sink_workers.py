@@ -25,6 +25,6 @@ def write_same_batch(url: str, count: int, barrier: Any, results: Any) -> None:
         table = store.business_table("events", EVENT_KEYS, event_columns)
         store.ensure_tables()
         store.engine.connect().close()  # connect before the race starts
-        barrier.wait()
+        barrier.wait(timeout=120)  # a writer that died never leaves the other waiting
         result = store.write_batch("q", 0, table, EVENT_KEYS, lambda: events(0, count))
     results.put((result.inserted, result.conflicts))

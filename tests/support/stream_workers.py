@@ -18,7 +18,7 @@ def produce_until_refused(db_url: str, redis_url: str, rate_store: str | None, t
     with Quotagate.connect(db_url, redis=redis_url, rate_store=rate_store) as gate:
         producer = gate.streams.producer(tenant, topic)
         producer.handle  # noqa: B018 - resolve before the race starts
-        barrier.wait()
+        barrier.wait(timeout=120)  # a worker that died never leaves the others waiting
         for index in range(sends):
             try:
                 producer.send(f"{os.getpid()}-{index}")

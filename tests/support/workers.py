@@ -44,6 +44,17 @@ def submit_many(url: str, prefix: str, count: int, seed: int, results: Any,
 def release_one(url: str, request_id: str, barrier: Any, results: Any) -> None:
     with Quotagate.connect(url) as gate:
         gate.engine.connect().close()  # connect before the race starts
-        barrier.wait()
+        barrier.wait(timeout=120)  # a worker that died never leaves the others waiting
         result = gate.complete(request_id)
     results.put(result.released)
+
+
+def open_new_database(url: str, barrier: Any, results: Any) -> None:
+    """Open a ledger on a file that does not exist yet, together with the other openers."""
+    from quotagate.store.engine import create_engine
+
+    engine = create_engine(url)
+    barrier.wait(timeout=120)
+    with engine.connect() as connection:
+        results.put(connection.exec_driver_sql("PRAGMA journal_mode").scalar_one())
+    engine.dispose()

@@ -9,6 +9,7 @@ never wait.
 from __future__ import annotations
 
 import os
+import sqlite3
 import time
 from typing import Any
 
@@ -27,6 +28,7 @@ ENVIRONMENT_VARIABLE = "QUOTAGATE_DB"
 # (see _ping_after_idle).
 PING_AFTER_IDLE = 1.0
 _CHECKED_IN_AT = "quotagate_checked_in_at"
+_WAL_SWITCH_WAIT = 30.0  # seconds, as long as the busy timeout
 
 _DRIVERS = {
     "sqlite": ("sqlite+pysqlite", None),
@@ -146,6 +148,27 @@ def _ping_after_idle(engine: Engine) -> None:
             raise sa.exc.DisconnectionError(str(exc)) from exc
 
 
+def _switch_to_wal(cursor: Any) -> None:
+    """Put the database file in WAL mode, waiting out another connection doing the same.
+
+    WAL is a property of the file, so only the first connection to a new file
+    changes it; two processes opening a new file at once race for that change,
+    and SQLite answers the loser "database is locked" at once, without calling
+    the busy handler.
+    """
+    deadline = time.monotonic() + _WAL_SWITCH_WAIT
+    while True:
+        try:
+            if str(cursor.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+                return
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+
+
 def _configure_sqlite(engine: Engine) -> None:
     # pysqlite's own transaction handling starts transactions lazily and as
     # DEFERRED, which lets two writers both read "room left" and then fail on
@@ -155,9 +178,9 @@ def _configure_sqlite(engine: Engine) -> None:
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA busy_timeout=30000")
+        _switch_to_wal(cursor)
+        cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
 
     @sa.event.listens_for(engine, "begin")
