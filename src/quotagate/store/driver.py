@@ -19,7 +19,6 @@ runs on the DBAPI connection of a pooled connection:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -29,7 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.exc import DBAPIError
 
-from quotagate.store.dialect import begin_statement, is_retryable, translate
+from quotagate.store.dialect import begin_statement, rerun_on_conflict
 
 T = TypeVar("T")
 
@@ -127,60 +126,46 @@ def run_driver_transaction(
     back with it. Non-driver exceptions (``CapacityChanged``) roll back and
     propagate unchanged.
     """
+    begin = begin_statement(engine)
+    return rerun_on_conflict(
+        lambda: _attempt(engine, work, begin), attempts=attempts, on_retry=on_retry
+    )
+
+
+def _attempt(engine: Engine, work: Callable[[DriverTransaction], T], begin: str | None) -> T:
+    """One try of the transaction; driver errors come out as SQLAlchemy's."""
     dialect = engine.dialect
     driver_error = dialect.loaded_dbapi.Error
-    begin = begin_statement(engine)
-    delay = 0.002
-    for attempt in range(attempts):
+    # The pool hands connect errors up unwrapped (Engine.connect wraps them).
+    try:
+        pooled = engine.raw_connection()
+    except driver_error as exc:
+        raise DBAPIError.instance(
+            None, None, exc, driver_error, dialect=dialect,
+            connection_invalidated=dialect.is_disconnect(exc, None, None),
+        ) from exc
+    try:
+        cursor = pooled.cursor()
+        transaction = DriverTransaction(dialect, cursor)
         try:
-            # The pool hands connect errors up unwrapped (Engine.connect wraps them).
-            try:
-                pooled = engine.raw_connection()
-            except driver_error as exc:
-                raise DBAPIError.instance(
-                    None, None, exc, driver_error, dialect=dialect,
-                    connection_invalidated=dialect.is_disconnect(exc, None, None),
-                ) from exc
-        except DBAPIError as error:
-            translated = translate(error)
-            if translated is error:
-                raise
-            raise translated from error
-        transaction: DriverTransaction | None = None
-        try:
-            cursor = pooled.cursor()
-            transaction = DriverTransaction(dialect, cursor)
-            try:
-                if begin is not None:
-                    cursor.execute(begin)
-                result = work(transaction)
-                pooled.commit()
-                return result
-            except driver_error as exc:
-                invalidated = dialect.is_disconnect(exc, pooled.dbapi_connection, cursor)
-                wrapped = transaction.wrap(exc, invalidated)
-                if invalidated:
-                    pooled.invalidate(exc)
-                else:
-                    _rollback(pooled, driver_error)
-                raise wrapped from exc
-            except BaseException:
+            if begin is not None:
+                cursor.execute(begin)
+            result = work(transaction)
+            pooled.commit()
+            return result
+        except driver_error as exc:
+            invalidated = dialect.is_disconnect(exc, pooled.dbapi_connection, cursor)
+            wrapped = transaction.wrap(exc, invalidated)
+            if invalidated:
+                pooled.invalidate(exc)
+            else:
                 _rollback(pooled, driver_error)
-                raise
-        except DBAPIError as error:
-            translated = translate(error)
-            if translated is not error:
-                raise translated from error
-            if attempt + 1 < attempts and is_retryable(error):
-                if on_retry is not None:
-                    on_retry(error)
-                time.sleep(delay)
-                delay = min(delay * 2, 0.2)
-                continue
+            raise wrapped from exc
+        except BaseException:
+            _rollback(pooled, driver_error)
             raise
-        finally:
-            pooled.close()
-    raise AssertionError("unreachable")  # pragma: no cover
+    finally:
+        pooled.close()
 
 
 def _rollback(pooled: Any, driver_error: type[Exception]) -> None:
