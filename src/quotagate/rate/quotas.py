@@ -7,8 +7,9 @@ that store *is* the ledger database (the default), the row is both, and the
 submit path takes its token in the submission's own transaction: the token
 and the ``waiting`` row commit together or not at all.
 
-With Redis the take is a separate atomic step *before* the submission
-commits. A submission that fails after its token was taken gets the token
+With Redis the take is a separate atomic step *before* the submission's
+transaction, with no ledger transaction open (a silent Redis holds no SQLite
+write lock and no row lock). A submission that fails after its token was taken gets the token
 back (:meth:`RateQuotas.refund`); a process killed between the take and the
 commit loses that one token — the store under-grants, it never over-grants.
 """
@@ -126,10 +127,17 @@ class RateQuotas:
     def take_for_submission(
         self, connection: sa.Connection, tenant: str, amount: int = 1
     ) -> Decision:
+        """In the submission's transaction; only for the ledger database as the store."""
+        if not self._in_transaction:
+            raise AssertionError("a store outside the ledger database is taken from outside "
+                                 "the transaction (take_outside)")
+        return sql.take_in(connection, BucketKey(tenant), amount) or Decision.unlimited()
+
+    def take_outside(self, tenant: str, amount: int = 1) -> Decision:
         key = BucketKey(tenant)
-        if self._in_transaction:
-            return sql.take_in(connection, key, amount) or Decision.unlimited()
-        config = sql.read_config(connection, key)
+        with reading(self.engine) as connection:
+            config = sql.read_config(connection, key)
+        # The connection is back in the pool: a silent store holds nothing of the ledger's.
         if config is None:
             return Decision.unlimited()
         return self.store.take(key, config, amount)

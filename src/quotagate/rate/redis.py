@@ -52,6 +52,11 @@ logger = logging.getLogger(__name__)
 SCRIPT = resources.files("quotagate.rate").joinpath("token_bucket.lua").read_text()
 SCRIPT_SHA = hashlib.sha1(SCRIPT.encode()).hexdigest()
 UNAVAILABLE = "rate_store_unavailable"
+# redis-py turns these error replies into exception classes and drops the code the
+# server sent; an operator reads the code (WRONGTYPE, the rest, keeps it in its text).
+_ERROR_CODES = {"OutOfMemoryError": "OOM", "ReadOnlyError": "READONLY",
+                "NoPermissionError": "NOPERM", "BusyLoadingError": "LOADING",
+                "TryAgainError": "TRYAGAIN", "ExecAbortError": "EXECABORT"}
 _NEEDED_BY = "the Redis rate store"
 
 
@@ -116,7 +121,8 @@ class RedisRateStore:
         if isinstance(error, exceptions.TimeoutError):
             what = f"did not answer in time ({error})"
         elif isinstance(error, exceptions.ResponseError):
-            what = f"refused the operation: {error}"
+            code = _ERROR_CODES.get(type(error).__name__)
+            what = f"refused the operation: {f'{code} ' if code else ''}{error}"
         else:
             what = f"cannot be reached ({error})"
         return StoreUnavailable(

@@ -86,6 +86,16 @@ class _Token:
     decision: Decision | None = None
 
 
+class _TokenNeeded(Exception):
+    """A transaction reached the take of a store outside the ledger database.
+
+    It rolls back; the token is taken with no transaction open, and the
+    transaction runs again with the decision. A Redis that is slow or silent
+    then holds no SQLite write lock and no row lock, only its own caller
+    (docs/decisions/111-outside-take-outside-the-transaction.md).
+    """
+
+
 @dataclass(frozen=True)
 class ReleaseResult:
     request: Request
@@ -160,7 +170,7 @@ class Ledger:
     def _submit_with_retries(
         self, submission: Submission, actor: str, token: _Token
     ) -> SubmitResult:
-        for _ in range(3):
+        for _ in range(4):
             try:
                 return run_transaction(
                     self.engine,
@@ -169,6 +179,9 @@ class Ledger:
             except IntegrityError:
                 # Two submits of one new id raced; the loser reads the winner's row.
                 continue
+            except _TokenNeeded:
+                assert self.rate_gate is not None
+                token.decision = self.rate_gate.take_outside(submission.tenant)
         raise Conflict(f"request {submission.id!r} is being submitted concurrently; retry")
 
     def _submit(
@@ -265,9 +278,12 @@ class Ledger:
         if self.rate_gate is None:
             return None
         # In the ledger database the take reruns (and rolls back) with the transaction;
-        # in another store it happened once, for good, and is kept for the reruns.
-        if self.rate_gate.in_transaction or token.decision is None:
+        # in another store it happens once, for good, outside any transaction, and is
+        # kept for the reruns.
+        if self.rate_gate.in_transaction:
             token.decision = self.rate_gate.take_for_submission(connection, tenant)
+        elif token.decision is None:
+            raise _TokenNeeded
         return token.decision
 
     @staticmethod
