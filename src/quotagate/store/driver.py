@@ -116,24 +116,37 @@ class DriverTransaction:
 
 def run_driver_transaction(
     engine: Engine, work: Callable[[DriverTransaction], T], *, attempts: int = 20,
-    on_retry: Callable[[DBAPIError], None] | None = None,
+    on_retry: Callable[[DBAPIError], None] | None = None, autocommit: bool = False,
 ) -> T:
     """Like :func:`quotagate.store.dialect.run_transaction`, on the driver connection.
 
     ``on_retry`` hears of each rerun (admission counts them by cause).
 
+    ``autocommit``: each statement of ``work`` is its own transaction, with no
+    BEGIN and COMMIT round trips, where the driver switches for free (psycopg,
+    sqlite3); MySQL's driver would pay a round trip to switch, so there the
+    work keeps its transaction. Only for work whose every statement stands
+    alone (the rate store's conditional take).
+
     ``work`` must be safe to rerun; everything a failed attempt did was rolled
     back with it. Non-driver exceptions (``CapacityChanged``) roll back and
     propagate unchanged.
     """
-    begin = begin_statement(engine)
+    switch = autocommit and engine.dialect.name == "postgresql"
+    begin = None if autocommit and engine.dialect.name == "sqlite" else begin_statement(engine)
     return rerun_on_conflict(
-        lambda: _attempt(engine, work, begin), attempts=attempts, on_retry=on_retry
+        lambda: _attempt(engine, work, begin, switch), attempts=attempts, on_retry=on_retry
     )
 
 
-def _attempt(engine: Engine, work: Callable[[DriverTransaction], T], begin: str | None) -> T:
-    """One try of the transaction; driver errors come out as SQLAlchemy's."""
+def _attempt(
+    engine: Engine, work: Callable[[DriverTransaction], T], begin: str | None,
+    autocommit: bool = False,
+) -> T:
+    """One try of the transaction; driver errors come out as SQLAlchemy's.
+
+    ``autocommit`` (psycopg only): the connection runs in autocommit for this try.
+    """
     dialect = engine.dialect
     driver_error = dialect.loaded_dbapi.Error
     # The pool hands connect errors up unwrapped (Engine.connect wraps them).
@@ -145,6 +158,9 @@ def _attempt(engine: Engine, work: Callable[[DriverTransaction], T], begin: str 
             connection_invalidated=dialect.is_disconnect(exc, None, None),
         ) from exc
     try:
+        driver_connection: Any = pooled.driver_connection
+        if autocommit:
+            driver_connection.autocommit = True
         cursor = pooled.cursor()
         transaction = DriverTransaction(dialect, cursor)
         try:
@@ -165,6 +181,11 @@ def _attempt(engine: Engine, work: Callable[[DriverTransaction], T], begin: str 
             _rollback(pooled, driver_error)
             raise
     finally:
+        if autocommit and pooled.dbapi_connection is not None:  # not if invalidated
+            try:
+                driver_connection.autocommit = False
+            except driver_error as exc:  # a broken connection: it leaves the pool
+                pooled.invalidate(exc)
         pooled.close()
 
 
