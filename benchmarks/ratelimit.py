@@ -9,9 +9,13 @@ Rows:
 
 * quotagate's SQL store on SQLite, PostgreSQL and MariaDB: one conditional
   UPDATE per decision (plus MariaDB's SELECT, as it has no UPDATE … RETURNING);
-* quotagate's Redis store, one take per EVALSHA and 100 takes per EVALSHA;
+* quotagate's Redis store, one take per EVALSHA, and 100 or 1,000 takes per EVALSHA;
+  a *decision* is one all-or-nothing take of one token from one bucket;
 * the limit we measure against: redis-py calling EVALSHA on a minimal script
   (``DECR`` of one key) — one round trip and nothing else;
+* the floor under it: the same EVALSHA written on a bare redis-py connection
+  (no client command layer), which is how the store sends its own
+  (docs/decisions/110-redis-takes-on-the-connection.md);
 * the ``limits`` library's Redis strategies (fixed window, moving window,
   sliding window counter) and ``pyrate-limiter``'s Redis bucket.
 
@@ -41,7 +45,7 @@ from quotagate.rate.redis import RedisRateStore
 from quotagate.rate.sql import _take_statement
 
 LIMIT = 100  # per second, for every limiter
-BATCH = 100
+BATCHES = (100, 1000)  # takes per call in the batched rows
 CONFIG = BucketConfig(capacity=LIMIT, refill_per_second=LIMIT)
 MINIMAL_SCRIPT = "return redis.call('DECR', KEYS[1])"
 
@@ -166,19 +170,33 @@ def redis_contenders(url: str, stack: ExitStack, log: Callable[[str], None]) -> 
     keys = [BucketKey(f"team-{index}") for index in range(10)]
     for each in keys:
         store.configure(each, CONFIG, fresh=True)
-    batch = [Take(keys[index % len(keys)], CONFIG) for index in range(BATCH)]
+    batches = [[Take(keys[index % len(keys)], CONFIG) for index in range(size)]
+               for size in BATCHES]
     client = redis.Redis.from_url(url)
     stack.callback(client.close)
     sha = client.script_load(MINIMAL_SCRIPT)
     client.set("bench:raw", 10**12)
+    pool = client.connection_pool
+    bare = pool.connection_class(**pool.connection_kwargs)
+    stack.callback(bare.disconnect)
+    packed = bare.pack_command("EVALSHA", sha, 1, "bench:raw")
+
+    def bare_evalsha() -> object:
+        bare.send_packed_command(packed, check_health=False)
+        return bare.read_response()
+
     return [
         Contender("quotagate Redis store, single", lambda: store.take(key, CONFIG),
                   note="EVALSHA per take"),
-        Contender(f"quotagate Redis store, batch of {BATCH}", lambda: store.take_many(batch),
-                  per_call=BATCH, note=f"{BATCH} takes over 10 tenants per EVALSHA"),
+        *(Contender(f"quotagate Redis store, batch of {len(batch):,}",
+                    lambda batch=batch: store.take_many(batch), per_call=len(batch),
+                    note=f"{len(batch):,} takes over 10 tenants per EVALSHA")
+          for batch in batches),
         Contender("raw redis-py EVALSHA, minimal script",
                   lambda: client.evalsha(sha, 1, "bench:raw"),
                   note="DECR one key: the round-trip limit"),
+        Contender("bare-connection EVALSHA, minimal script", bare_evalsha,
+                  note="the same, packed once, no command layer: the floor"),
         *limits_contenders(url, log),
         *pyrate_contenders(client, log),
     ]
@@ -235,6 +253,29 @@ def render_table(contenders: Sequence[Contender], baseline: Contender | None) ->
     return "\n".join(lines)
 
 
+def render_targets(contenders: Sequence[Contender], baseline: Contender | None) -> str:
+    """Issue 14's Redis targets, judged on this run's medians."""
+    rows = {each.name: each for each in contenders}
+    single = rows.get("quotagate Redis store, single")
+    batched = [rows[name] for name in (f"quotagate Redis store, batch of {size:,}"
+                                       for size in BATCHES) if name in rows]
+    limits = [each for each in contenders if each.name.startswith("limits ")]
+    lines = ["Redis targets (this run; a decision = one all-or-nothing take of 1 token)"]
+    if single and baseline:
+        ratio = single.rate / baseline.rate
+        lines.append(f"  single / raw EVALSHA      {ratio:5.2f}x  (target >= 0.90x)  "
+                     f"{'met' if ratio >= 0.9 else 'NOT met'}")
+    if single and limits:
+        best = max(limits, key=lambda each: each.rate)
+        lines.append(f"  single / best limits      {single.rate / best.rate:5.2f}x  ({best.name}; "
+                     f"target > 1)  {'met' if single.rate > best.rate else 'NOT met'}")
+    for batch in batched:
+        size = batch.name.rpartition(" ")[2]
+        lines.append(f"  batched by {size:>5}, decisions/s {batch.rate:10,.0f}  (target >= 100,000)"
+                     f"  {'met' if batch.rate >= 100_000 else 'NOT met'}")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seconds", type=float, default=1.5, help="length of one row's run")
@@ -281,6 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("SQL store against its raw conditional UPDATE on the same driver (same run)")
         print(f"{'backend':<12} {'store/s':>12} {'raw/s':>12} {'ratio':>9}")
         print("\n".join(sql_rows))
+    print()
+    print(render_targets(contenders, baseline))
     print(f"\ntotal time {time.monotonic() - began:.0f} s")
     return 0
 
