@@ -201,34 +201,33 @@ class RedisRateStore:
         return result
 
     def _run(self, operation: str, items: Sequence[Take]) -> list[tuple[bool, float]]:
-        if len(items) == 1:  # the common case, without the grouping below
-            item = items[0]
-            reply = self._evalsha((item.key,), operation,
-                                  f"{_shape(item.config)} {item.amount}").split()
-            status = int(reply[0])
-            if status & 2 and operation != "set":
-                self._warn_missing(item.key)
-            return [(bool(status & 1), float(reply[1]))]
+        """``(granted, tokens left)`` per item, in order: one script call per slot."""
         if not self.cluster:
-            groups = [list(range(len(items)))]
-        else:
-            slot = self.client.keyslot
-            keys = [_redis_key(item.key) for item in items]
-            ordered = sorted(range(len(items)), key=lambda index: slot(keys[index]))
-            groups = [list(group) for _, group in groupby(ordered, key=lambda i: slot(keys[i]))]
+            return self._decide(operation, items)
+        slot = self.client.keyslot
+        keys = [_redis_key(item.key) for item in items]
+        ordered = sorted(range(len(items)), key=lambda index: slot(keys[index]))
         answers: list[tuple[bool, float]] = [(False, 0.0)] * len(items)
-        for group in groups:
-            specification = " ".join(
-                f"{_shape(items[index].config)} {items[index].amount}" for index in group
-            )
-            words = self._evalsha([items[index].key for index in group], operation,
-                                  specification).split()
-            for position, index in enumerate(group):
-                status = int(words[2 * position])
-                if status & 2 and operation != "set":
-                    self._warn_missing(items[index].key)
-                answers[index] = (bool(status & 1), float(words[2 * position + 1]))
+        for _, group in groupby(ordered, key=lambda index: slot(keys[index])):
+            indexes = list(group)
+            for index, answer in zip(
+                indexes, self._decide(operation, [items[index] for index in indexes]),
+                strict=True,
+            ):
+                answers[index] = answer
         return answers
+
+    def _decide(self, operation: str, items: Sequence[Take]) -> list[tuple[bool, float]]:
+        """One EVALSHA over ``items`` (all in one slot)."""
+        specification = " ".join([f"{_shape(item.config)} {item.amount}" for item in items])
+        words = self._evalsha([item.key for item in items], operation, specification).split()
+        statuses = list(map(int, words[0::2]))
+        if operation != "set" and any(status & 2 for status in statuses):
+            for item, status in zip(items, statuses, strict=True):
+                if status & 2:
+                    self._warn_missing(item.key)
+        return [(bool(status & 1), float(tokens))
+                for status, tokens in zip(statuses, words[1::2], strict=True)]
 
     def _warn_missing(self, key: BucketKey) -> None:
         logger.warning("rate bucket %s had no state in %s (lost by a restart or eviction?); "
