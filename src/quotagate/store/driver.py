@@ -157,6 +157,7 @@ def _attempt(
             None, None, exc, driver_error, dialect=dialect,
             connection_invalidated=dialect.is_disconnect(exc, None, None),
         ) from exc
+    committed = False
     try:
         driver_connection: Any = pooled.driver_connection
         if autocommit:
@@ -168,6 +169,7 @@ def _attempt(
                 cursor.execute(begin)
             result = work(transaction)
             pooled.commit()
+            committed = True
             return result
         except driver_error as exc:
             invalidated = dialect.is_disconnect(exc, pooled.dbapi_connection, cursor)
@@ -186,6 +188,23 @@ def _attempt(
                 driver_connection.autocommit = False
             except driver_error as exc:  # a broken connection: it leaves the pool
                 pooled.invalidate(exc)
+                committed = False
+        _hand_back(pooled, committed)
+
+
+def _hand_back(pooled: Any, committed: bool) -> None:
+    """Return the connection to the pool; after a commit, without the pool's rollback.
+
+    The pool rolls back every connection handed back to it, unless told that the
+    transaction already ended — which SQLAlchemy's own Connection tells it
+    (``_close_special``). PyMySQL sends that ROLLBACK to the server whatever the
+    state: one more round trip per transaction (psycopg and sqlite3 skip it
+    themselves). The private method is used when present, else the plain close.
+    """
+    close_special = getattr(pooled, "_close_special", None) if committed else None
+    if close_special is not None:
+        close_special(transaction_reset=True)
+    else:
         pooled.close()
 
 
