@@ -162,3 +162,15 @@ def test_a_silent_redis_stalls_only_its_own_caller_not_the_ledger_writers(
         with pytest.raises(NotFound):
             gate.show("job-limited")
         assert gate.check_invariants() == []
+
+
+def test_a_restarted_redis_is_reconnected_at_the_next_take(own_redis: RedisServer) -> None:
+    store = rate_store_from_url(own_redis.url)
+    store.configure(KEY, COUNTING, fresh=True)
+    assert store.take(KEY, COUNTING).granted  # leaves an idle connection to the old process
+    own_redis.restart()
+    # The idle connection is broken: replaced once, silently. The state went with the
+    # old process, so the bucket restarts empty (it never grants what it forgot).
+    decision = store.take(KEY, COUNTING)
+    assert not decision.granted and decision.remaining == 0
+    store.close()

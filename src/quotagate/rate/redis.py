@@ -152,8 +152,10 @@ class RedisRateStore:
         if self._pid != os.getpid():  # forked: the parent's sockets are not ours
             self._idle, self._pid = [], os.getpid()
         for attempt in (1, 2):
-            reused = bool(self._idle)
-            connection = self._idle.pop() if reused else self._new_connection()
+            try:
+                connection, reused = self._idle.pop(), True
+            except IndexError:  # none idle (another thread may just have taken the last)
+                connection, reused = self._new_connection(), False
             try:
                 try:
                     connection.send_packed_command((command,), check_health=False)
