@@ -174,3 +174,46 @@ def test_a_restarted_redis_is_reconnected_at_the_next_take(own_redis: RedisServe
     decision = store.take(KEY, COUNTING)
     assert not decision.granted and decision.remaining == 0
     store.close()
+
+
+def test_shaping_a_bucket_in_a_silent_redis_stalls_only_the_admin(
+    db_url: str, silent_redis: SilentServer
+) -> None:
+    with Quotagate.connect(db_url, rate_store=silent_redis.url("socket_timeout=600")) as gate:
+        gate.set_pool("pool-1", {"gpu": 10})
+        for tenant in ("team-a", "team-b"):
+            gate.set_tenant(tenant, {"gpu": 10})
+        outcome: list[BaseException | None] = []
+
+        def shape() -> None:
+            try:
+                gate.set_rate("team-a", {"capacity": 5, "refill_per_second": 0})
+                outcome.append(None)
+            except BaseException as error:
+                outcome.append(error)
+
+        admin = threading.Thread(target=shape)
+        admin.start()
+        silent_redis.wait_for_bytes(1)  # the configure is on the wire
+        assert gate.submit("job-1", "team-b", {"gpu": 1}).created  # the write lock is free
+        assert gate.rate_status("team-a") is None  # and nothing of the shape is written yet
+        silent_redis.hang_up()
+        admin.join(timeout=60)
+        assert not admin.is_alive()
+        assert len(outcome) == 1 and isinstance(outcome[0], StoreUnavailable), outcome
+        assert gate.rate_status("team-a") is None  # the shape was not recorded either
+
+
+def test_removing_a_bucket_while_redis_is_down_still_removes_it(
+    db_url: str, own_redis: RedisServer
+) -> None:
+    with Quotagate.connect(db_url, rate_store=own_redis.url) as gate:
+        gate.set_pool("pool-1", {"gpu": 10})
+        gate.set_tenant("team-a", {"gpu": 10})
+        gate.set_rate("team-a", {"capacity": 1, "refill_per_second": 0})
+        assert gate.submit("job-1", "team-a", {"gpu": 1}).created
+        own_redis.kill()
+        # The shape in the ledger is what limits the tenant: removing it needs no Redis.
+        assert gate.set_rate("team-a", None) is None
+        assert gate.rate_status("team-a") is None
+        assert gate.submit("job-2", "team-a", {"gpu": 1}).created
