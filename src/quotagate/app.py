@@ -31,7 +31,7 @@ from quotagate.store.ledger import (
     ReleaseResult,
     SubmitResult,
 )
-from quotagate.store.views import LedgerViews
+from quotagate.store.views import LedgerCheck, LedgerViews
 from quotagate.streams.connection import ENVIRONMENT_VARIABLE as REDIS_VARIABLE
 from quotagate.streams.overview import streams_overview
 from quotagate.streams.service import Streams
@@ -203,6 +203,9 @@ class Quotagate:
 
     def check_invariants(self) -> list[str]:
         return self.views.check_invariants()
+
+    def check_ledger(self) -> LedgerCheck:
+        return self.views.check_ledger()
 
     # dashboard (docs/dashboard.md)
     def dashboard(self, tenant: str | None = None) -> Snapshot:

@@ -35,6 +35,6 @@ def external_name(ledger_id: str, tenant: str, request_id: str) -> str:
 
 def label_value(text: str) -> str:
     """``text`` itself if it is a valid Kubernetes label value, else a stable hash of it."""
-    if _LABEL_VALUE.match(text):
+    if _LABEL_VALUE.fullmatch(text):
         return text
     return "h-" + hashlib.sha256(text.encode()).hexdigest()[:40]

@@ -75,7 +75,7 @@ def is_current(lease: Lease, owner: str | None, generation: int) -> bool:
 
 
 def validate_lease_name(value: object) -> str:
-    if not isinstance(value, str) or not _LEASE_NAME.match(value):
+    if not isinstance(value, str) or not _LEASE_NAME.fullmatch(value):
         raise InvalidInput(
             "lease name must be 1-128 characters of letters, digits, '.', '_', ':', '/' or '-'",
             code="invalid_lease_name",
@@ -84,7 +84,7 @@ def validate_lease_name(value: object) -> str:
 
 
 def validate_owner(value: object) -> str:
-    if not isinstance(value, str) or not _OWNER_NAME.match(value):
+    if not isinstance(value, str) or not _OWNER_NAME.fullmatch(value):
         raise InvalidInput(
             "worker name must be 1-100 characters of letters, digits, '.', '_' or '-', "
             "starting with a letter or digit",

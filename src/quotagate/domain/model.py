@@ -20,6 +20,8 @@ _ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _RESOURCE_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
+MAX_REASON_LENGTH = 1024
+
 Cost = dict[str, int]
 
 
@@ -95,7 +97,7 @@ class Submission:
 
 
 def validate_request_id(value: object) -> str:
-    if not isinstance(value, str) or not _ID_PATTERN.match(value):
+    if not isinstance(value, str) or not _ID_PATTERN.fullmatch(value):
         raise InvalidInput(
             "request id must be 1-128 characters of letters, digits, '.', '_', ':' or '-', "
             "starting with a letter or digit",
@@ -105,7 +107,7 @@ def validate_request_id(value: object) -> str:
 
 
 def validate_name(value: object, kind: str) -> str:
-    if not isinstance(value, str) or not _NAME_PATTERN.match(value):
+    if not isinstance(value, str) or not _NAME_PATTERN.fullmatch(value):
         raise InvalidInput(
             f"{kind} name must be a DNS-1123 label: 1-63 lowercase letters, digits or '-', "
             "starting and ending with a letter or digit",
@@ -115,7 +117,7 @@ def validate_name(value: object, kind: str) -> str:
 
 
 def validate_resource(value: object) -> str:
-    if not isinstance(value, str) or not _RESOURCE_PATTERN.match(value):
+    if not isinstance(value, str) or not _RESOURCE_PATTERN.fullmatch(value):
         raise InvalidInput(
             "resource name must be 1-32 characters of lowercase letters, digits or '_', "
             "starting with a letter",
@@ -165,11 +167,40 @@ def canonical_payload(payload: Any) -> str:
         text = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"payload must be JSON: {exc}", code="invalid_payload") from exc
+    # JSON may spell a lone UTF-16 surrogate ("\ud800") and the parser accepts it,
+    # but no UTF-8 answer can carry one: stored, it would make every answer
+    # about the request, and every listing of its tenant, fail to encode.
+    check_unicode(json.dumps(payload, ensure_ascii=False), what="payload", code="invalid_payload")
     if len(text.encode()) > MAX_PAYLOAD_BYTES:
         raise InvalidInput(
             f"payload is larger than {MAX_PAYLOAD_BYTES} bytes", code="payload_too_large"
         )
     return text
+
+
+def check_unicode(text: str, *, what: str, code: str = "invalid_input") -> None:
+    """Refuse text no UTF-8 document can carry (lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInput(
+            f"{what} holds a lone UTF-16 surrogate ({exc.object[exc.start]!a}): not Unicode text",
+            code=code,
+        ) from None
+
+
+def validate_reason(value: object) -> str | None:
+    """A release reason: free text, but text a database and a UTF-8 answer can hold."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > MAX_REASON_LENGTH:
+        raise InvalidInput(f"reason must be text of at most {MAX_REASON_LENGTH} characters",
+                           code="invalid_input")
+    if "\x00" in value:
+        # PostgreSQL refuses NUL in text and MariaDB would cut the reason short there.
+        raise InvalidInput("reason must not contain a NUL character", code="invalid_input")
+    check_unicode(value, what="reason")
+    return value
 
 
 def parse_payload_text(text: str) -> Any:

@@ -29,7 +29,7 @@ class BucketKey:
 
     def __post_init__(self) -> None:
         validate_name(self.tenant, "tenant")
-        if self.topic is not None and not _TOPIC_PATTERN.match(self.topic):
+        if self.topic is not None and not _TOPIC_PATTERN.fullmatch(self.topic):
             raise InvalidInput(
                 "topic must be 1-100 characters of letters, digits, '.', '_' or '-', "
                 "starting with a letter or digit",

@@ -29,6 +29,7 @@ from quotagate.domain.model import (
     Request,
     RequestState,
     Submission,
+    validate_reason,
 )
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL, queue_key
 from quotagate.domain.placement import Candidate, Placement, plan_admissions
@@ -509,6 +510,7 @@ class Ledger:
         """
         if to_state not in (RequestState.COMPLETED, RequestState.FAILED, RequestState.CANCELLED):
             raise InvalidInput(f"cannot release to state {to_state}", code="invalid_state")
+        reason = validate_reason(reason)
         return run_transaction(
             self.engine,
             lambda connection: self._release(

@@ -1,0 +1,137 @@
+"""Hostile inputs over HTTP through a real `quotagate serve`: a clear 4xx, nothing written.
+
+One server per backend for the module; the ledger-level cases are in
+tests/integration/test_bad_input_edges.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from test_http_support import bearer, make_token, running_server
+
+from support.databases import BACKENDS, fresh_database
+
+
+@dataclass
+class Api:
+    db_url: str
+    admin: httpx.Client
+    tenant: str
+
+
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(name, marks=getattr(pytest.mark, name)) for name in BACKENDS],
+)
+def api(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
+    tmp_path: Path = tmp_path_factory.mktemp(f"edges-{request.param}")
+    with fresh_database(str(request.param), tmp_path) as db_url:
+        token = make_token(db_url)
+        with running_server(db_url, tmp_path) as server, httpx.Client(
+            base_url=server.url, headers=bearer(token), timeout=30
+        ) as admin:
+            assert admin.put("/v1/pools/main", json={"capacity": {"gpu": 100}}).status_code == 200
+            assert admin.put("/v1/tenants/team-a", json={"quota": {"gpu": 50}}).status_code == 200
+            yield Api(db_url, admin, "team-a")
+
+
+def _listing(api: Api) -> list[str]:
+    response = api.admin.get(f"/v1/tenants/{api.tenant}/requests", params={"limit": 500})
+    assert response.status_code == 200, response.text
+    return [item["id"] for item in response.json()["requests"]]
+
+
+def _raw_submit(api: Api, body: bytes) -> httpx.Response:
+    return api.admin.post(f"/v1/tenants/{api.tenant}/requests", content=body,
+                          headers={"Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize("payload", [b'"\\ud800"', b'{"a":"x\\udfffy"}', b'{"\\udc00":1}'])
+def test_a_lone_surrogate_payload_is_400_and_stored_nowhere(api: Api, payload: bytes) -> None:
+    request_id = f"s-{uuid.uuid4().hex[:10]}"
+    answer = _raw_submit(api, b'{"id":"%s","cost":{"gpu":1},"payload":%s}'
+                         % (request_id.encode(), payload))
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["code"] == "invalid_payload"
+    assert api.admin.get(f"/v1/tenants/{api.tenant}/requests/{request_id}").status_code == 404
+    assert request_id not in _listing(api)
+
+
+def test_an_astral_character_payload_round_trips(api: Api) -> None:
+    request_id = f"s-{uuid.uuid4().hex[:10]}"
+    answer = _raw_submit(api, b'{"id":"%s","cost":{"gpu":1},"payload":"\\ud83d\\ude00"}'
+                         % request_id.encode())
+    assert answer.status_code == 202, answer.text
+    assert answer.json()["payload"] == "\U0001f600"
+
+
+@pytest.mark.parametrize("suffix", ["%0A", "%0D%0A"])
+def test_a_request_id_or_tenant_ending_in_a_newline_is_400(api: Api, suffix: str) -> None:
+    request_id = f"n-{uuid.uuid4().hex[:10]}"
+    body = json.dumps({"id": f"{request_id}\n", "cost": {"gpu": 1}})
+    by_body = _raw_submit(api, body.encode())
+    assert by_body.status_code == 400, by_body.text
+    assert by_body.json()["code"] == "invalid_request_id"
+    by_path = api.admin.post(f"/v1/tenants/team-a{suffix}/requests",
+                             json={"id": request_id, "cost": {"gpu": 1}})
+    assert by_path.status_code in (400, 404), by_path.text
+    assert by_path.json()["code"] in ("invalid_tenant_name", "unknown_tenant")
+    tenant = api.admin.put(f"/v1/tenants/team-z{suffix}", json={"quota": {"gpu": 1}})
+    assert tenant.status_code == 400, tenant.text
+    assert tenant.json()["code"] == "invalid_tenant_name"
+    assert api.admin.get("/v1/tenants/team-z").status_code == 404
+    assert request_id not in _listing(api)
+
+
+def test_a_differently_cased_id_is_another_request(api: Api) -> None:
+    stem = uuid.uuid4().hex[:10]
+    upper, lower = f"JOB-{stem}", f"job-{stem}"
+    assert api.admin.post(f"/v1/tenants/{api.tenant}/requests",
+                          json={"id": upper, "cost": {"gpu": 1}}).status_code == 202
+    missing = api.admin.get(f"/v1/tenants/{api.tenant}/requests/{lower}")
+    assert missing.status_code == 404, missing.text
+    assert api.admin.put("/v1/tenants/team-b", json={"quota": {"gpu": 1}}).status_code == 200
+    other = api.admin.post("/v1/tenants/team-b/requests", json={"id": lower, "cost": {"gpu": 1}})
+    assert other.status_code == 202, other.text
+
+
+def _cursor(text: bytes) -> str:
+    return base64.urlsafe_b64encode(text).decode()
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [_cursor(b'[1e30,"a"]'), _cursor(b'[NaN,"a"]'), _cursor(b'[1e999,"a"]'),
+     _cursor(b'[1800000000.0,"a\\u0000b"]'), "%00"],
+)
+def test_a_forged_cursor_is_400_invalid_cursor(api: Api, cursor: str) -> None:
+    listed = api.admin.get(f"/v1/tenants/{api.tenant}/requests", params={"cursor": cursor})
+    assert listed.status_code == 400, listed.text
+    assert listed.json()["code"] == "invalid_cursor"
+
+
+@pytest.mark.parametrize("cursor", [_cursor(b"[1e30]"), _cursor(b"[NaN]"),
+                                    _cursor(b"[99999999999999999999999]")])
+def test_a_forged_audit_cursor_is_400_invalid_cursor(api: Api, cursor: str) -> None:
+    listed = api.admin.get("/v1/audit", params={"cursor": cursor})
+    assert listed.status_code == 400, listed.text
+    assert listed.json()["code"] == "invalid_cursor"
+
+
+def test_a_nul_in_a_reason_is_400_and_the_request_stays(api: Api) -> None:
+    request_id = f"r-{uuid.uuid4().hex[:10]}"
+    assert api.admin.post(f"/v1/tenants/{api.tenant}/requests",
+                          json={"id": request_id, "cost": {"gpu": 1}}).status_code == 202
+    path = f"/v1/tenants/{api.tenant}/requests/{request_id}"
+    refused = api.admin.post(f"{path}/cancel", json={"reason": "stop\u0000now"})
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["code"] == "invalid_input"
+    assert api.admin.get(path).json()["state"] in ("waiting", "reserved", "delivered")
