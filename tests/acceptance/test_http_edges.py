@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import httpx
 import pytest
 from test_http_support import bearer, make_token, running_server
 
+from quotagate import ManualClock, Quotagate
 from support.databases import BACKENDS, fresh_database
 
 
@@ -135,3 +137,41 @@ def test_a_nul_in_a_reason_is_400_and_the_request_stays(api: Api) -> None:
     assert refused.status_code == 400, refused.text
     assert refused.json()["code"] == "invalid_input"
     assert api.admin.get(path).json()["state"] in ("waiting", "reserved", "delivered")
+
+
+def test_a_token_hammering_a_refused_operation_writes_one_audit_row(api: Api) -> None:
+    tenant = f"h-{uuid.uuid4().hex[:8]}"
+    assert api.admin.put(f"/v1/tenants/{tenant}", json={"quota": {"gpu": 1}}).status_code == 200
+    token = make_token(api.db_url, tenant=tenant, label="hammer")
+    with httpx.Client(base_url=api.admin.base_url, headers=bearer(token), timeout=30) as me:
+        for _ in range(25):
+            refused = me.get(f"/v1/tenants/{api.tenant}/requests")
+            assert refused.status_code == 403, refused.text
+        entries = me.get("/v1/audit", params={"limit": 500}).json()["entries"]
+    refusals = [entry for entry in entries
+                if entry["outcome"] == "refused" and entry["operation"] == "request.list"]
+    assert len(refusals) == 1, refusals
+    assert refusals[0]["target"] == f"tenant/{api.tenant}"
+
+
+def test_serve_prunes_past_retention_when_told_to(tmp_path: Path) -> None:
+    day = 86400.0
+    with fresh_database("sqlite", tmp_path) as db_url:
+        with Quotagate.connect(db_url, clock=ManualClock(start=time.time() - 40 * day)) as gate:
+            gate.set_tenant("team-a", {"gpu": 4})
+            gate.set_pool("main", {"gpu": 4})
+            gate.submit("old-done", "team-a", {"gpu": 1})
+            gate.submit("old-waiting", "team-a", {"gpu": 100})
+            gate.admit_until_idle()
+            gate.complete("old-done")
+        token = make_token(db_url)
+        with running_server(db_url, tmp_path, args=["--prune-older-than", "30d"]) as server:
+            path = f"{server.url}/v1/tenants/team-a/requests/old-done"
+            until = time.monotonic() + 60
+            while httpx.get(path, headers=bearer(token)).status_code != 404:
+                assert time.monotonic() < until, "serve never pruned the finished request"
+                time.sleep(0.1)
+            waiting = httpx.get(f"{server.url}/v1/tenants/team-a/requests/old-waiting",
+                                headers=bearer(token))
+            # serve expires it (TTL) meanwhile, which makes it recent history: it stays.
+            assert waiting.status_code == 200, waiting.text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ _NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _RESOURCE_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 MAX_REASON_LENGTH = 1024
+MAX_REJECTED_PAYLOAD_BYTES = 1024
 
 Cost = dict[str, int]
 
@@ -176,6 +178,22 @@ def canonical_payload(payload: Any) -> str:
             f"payload is larger than {MAX_PAYLOAD_BYTES} bytes", code="payload_too_large"
         )
     return text
+
+
+def kept_payload(payload_json: str, state: RequestState) -> str:
+    """What the ledger keeps of a canonical payload for a request in ``state``.
+
+    A rejected request never runs, and anyone can send thousands of refused
+    submits: it keeps its payload only up to :data:`MAX_REJECTED_PAYLOAD_BYTES`,
+    above that only the size and digest, which is enough to tell an identical
+    replay from a changed one (docs/decisions/803-bounded-refusals.md).
+    """
+    if state != RequestState.REJECTED or len(payload_json) <= MAX_REJECTED_PAYLOAD_BYTES:
+        return payload_json
+    # payload_json is ASCII (json.dumps escapes the rest): characters are bytes.
+    digest = hashlib.sha256(payload_json.encode()).hexdigest()
+    return json.dumps({"omitted_payload": {"bytes": len(payload_json), "sha256": digest}},
+                      sort_keys=True, separators=(",", ":"))
 
 
 def check_unicode(text: str, *, what: str, code: str = "invalid_input") -> None:

@@ -29,6 +29,7 @@ from quotagate.domain.model import (
     Request,
     RequestState,
     Submission,
+    kept_payload,
     validate_reason,
 )
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL, queue_key
@@ -98,6 +99,14 @@ def _cost_items(text: str) -> tuple[tuple[str, int], ...]:
     """A stored cost, decoded once per distinct text: queues repeat a few shapes endlessly,
     and decoding every candidate's JSON was a tenth of an admission's CPU."""
     return tuple(decode_cost(text).items())
+
+
+def _payload_as_kept(existing: Any, submission: Submission) -> str:
+    """The submitted payload in the form the stored row keeps it (a rejected row may
+    keep only its digest; one written before that rule, the whole payload)."""
+    if existing["payload"] == submission.payload_json:
+        return submission.payload_json
+    return kept_payload(submission.payload_json, RequestState(existing["state"]))
 
 
 class Ledger:
@@ -235,7 +244,7 @@ class Ledger:
             "state": state.value,
             "cost": encode_cost(submission.cost),
             "priority": submission.priority,
-            "payload": submission.payload_json,
+            "payload": kept_payload(submission.payload_json, state),
             "target": submission.target,
             "pool": None,
             "queue_key": queue_key(submission.priority, now, self.aging_interval),
@@ -250,7 +259,7 @@ class Ledger:
                 schema.request.update()
                 .where(schema.request.c.id == submission.id)
                 .values(state=state.value, queue_key=row["queue_key"], created=now, updated=now,
-                        reason=reason)
+                        reason=reason, payload=row["payload"])
             )
         record(
             connection,
@@ -279,7 +288,7 @@ class Ledger:
                 ("tenant", existing["tenant"], submission.tenant),
                 ("cost", existing["cost"], encode_cost(submission.cost)),
                 ("priority", existing["priority"], submission.priority),
-                ("payload", existing["payload"], submission.payload_json),
+                ("payload", existing["payload"], _payload_as_kept(existing, submission)),
                 ("target", existing["target"], submission.target),
             )
             if stored != given
