@@ -175,3 +175,56 @@ def test_serve_prunes_past_retention_when_told_to(tmp_path: Path) -> None:
                                 headers=bearer(token))
             # serve expires it (TTL) meanwhile, which makes it recent history: it stays.
             assert waiting.status_code == 200, waiting.text
+
+
+def test_an_unknown_query_parameter_is_400_not_ignored(api: Api) -> None:
+    typo = api.admin.get("/v1/audit", params={"tenat": api.tenant})
+    assert typo.status_code == 400, typo.text
+    assert typo.json()["code"] == "unknown_parameter"
+    assert "tenant" in typo.json()["message"]  # says what the operation takes
+    assert api.admin.get("/v1/audit", params={"tenant": api.tenant}).status_code == 200
+
+
+def test_a_whole_number_written_with_a_fraction_is_that_number(api: Api) -> None:
+    request_id = f"w-{uuid.uuid4().hex[:10]}"
+    answer = _raw_submit(api, b'{"id":"%s","cost":{"gpu":2.0},"priority":3.0}'
+                         % request_id.encode())
+    assert answer.status_code == 202, answer.text
+    assert answer.json()["cost"] == {"gpu": 2} and answer.json()["priority"] == 3
+    for cost in (b"true", b'"1"', b"1.5"):
+        refused = _raw_submit(api, b'{"id":"%s-x","cost":{"gpu":%s}}'
+                              % (request_id.encode(), cost))
+        assert refused.status_code == 422, (cost, refused.text)
+
+
+def test_a_batch_for_a_malformed_tenant_is_one_400(api: Api) -> None:
+    answer = api.admin.post("/v1/tenants/Team_A/requests:batch",
+                            json={"requests": [{"id": "b-1", "cost": {"gpu": 1}}]})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["code"] == "invalid_tenant_name"
+
+
+def test_the_document_states_errors_and_constraints(api: Api) -> None:
+    document = api.admin.get("/openapi.json").json()
+    error_ref = "#/components/schemas/ErrorBody"
+    assert set(document["components"]["schemas"]["ErrorBody"]["required"]) == {"code", "message"}
+    operations = [(path, method, operation) for path, methods in document["paths"].items()
+                  if path.startswith("/v1/") for method, operation in methods.items()]
+    assert len(operations) >= 20
+    for path, method, operation in operations:
+        for status in ("400", "401", "403", "404", "409", "413", "422", "429", "503"):
+            content = operation["responses"][status]["content"]["application/json"]
+            assert content["schema"]["$ref"] == error_ref, (method, path, status)
+        for parameter in operation.get("parameters", []):
+            if parameter["name"] in ("tenant", "request_id", "pool", "topic"):
+                schema = parameter["schema"]
+                strings = [branch for branch in schema.get("anyOf", [schema])
+                           if branch.get("type") == "string"]
+                assert strings and all(branch["pattern"].startswith("^") and branch["maxLength"]
+                                       for branch in strings), (path, schema)
+    submit = document["components"]["schemas"]["SubmitBody"]["properties"]
+    assert submit["id"]["maxLength"] == 128
+    assert submit["priority"] == {**submit["priority"], "minimum": -1_000_000,
+                                  "maximum": 1_000_000}
+    assert submit["cost"]["additionalProperties"]["minimum"] == 1
+    assert submit["cost"]["propertyNames"]["pattern"] == "^[a-z][a-z0-9_]{0,31}$"

@@ -15,11 +15,17 @@ from quotagate.errors import InvalidInput
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_AMOUNT = 10**12
 
-_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+# The patterns are matched whole (fullmatch: "$" would also match before a
+# trailing newline); the HTTP API's OpenAPI document states the same ones.
+REQUEST_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}"
 # Tenant and pool names become parts of Kubernetes object names and Redis keys,
 # so they follow DNS-1123 labels.
-_NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_RESOURCE_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+NAME_PATTERN = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+RESOURCE_PATTERN = r"[a-z][a-z0-9_]{0,31}"
+MAX_PRIORITY = 1_000_000
+_ID_PATTERN = re.compile(REQUEST_ID_PATTERN)
+_NAME_PATTERN = re.compile(NAME_PATTERN)
+_RESOURCE_PATTERN = re.compile(RESOURCE_PATTERN)
 
 MAX_REASON_LENGTH = 1024
 MAX_REJECTED_PAYLOAD_BYTES = 1024
@@ -155,7 +161,9 @@ def validate_amounts(
 
 
 def validate_priority(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not -1_000_000 <= value <= 1_000_000:
+    if isinstance(value, bool) or not isinstance(value, int) or not (
+        -MAX_PRIORITY <= value <= MAX_PRIORITY
+    ):
         raise InvalidInput(
             "priority must be a whole number between -1000000 and 1000000",
             code="invalid_priority",

@@ -36,7 +36,9 @@ DEFAULT_STATE_PREFIX = "streaming:state"
 
 # Topic, group and consumer names: no ':' (the key separator) and no braces
 # (hash tags), so a name can never forge another key or slot.
-_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+# Topic names and other key parts; the HTTP API's OpenAPI document states it too.
+PART_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
+_PART = re.compile(PART_PATTERN)
 _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
 
 
