@@ -22,7 +22,7 @@ from quotagate import StaleGeneration
 from quotagate.delivery import stats
 from quotagate.domain.lease import Lease
 from quotagate.store import schema
-from quotagate.store.dialect import run_transaction
+from quotagate.store.dialect import database_now, run_transaction
 from quotagate.store.engine import create_engine
 from quotagate.store.lease import LeaseStore
 from support.waiting import wait_for
@@ -147,19 +147,38 @@ def test_renew_extends_and_release_frees_without_resetting_the_generation(
     assert second is not None and second.generation == 2
 
 
-def test_expiry_is_judged_by_the_database_clock(leases: LeaseStore) -> None:
-    first = leases.acquire("short", "worker-a", 0.3)
-    assert first is not None
+def _database_now(leases: LeaseStore) -> float:
     with leases.engine.connect() as connection:
-        database_clock = connection.execute(
-            sa.select(schema.lease.c.expires_at).where(schema.lease.c.name == "short")
-        ).scalar_one()
-    # expires_at came from the database (now + ttl), not from this process.
-    assert abs(database_clock - (time.time() + 0.3)) < 5
-    taken = wait_for(lambda: leases.acquire("short", "worker-b", 30.0), "expiry", timeout=20.0)
+        return float(connection.execute(sa.select(database_now(connection))).scalar_one())
+
+
+@pytest.mark.parametrize("skew", [3600.0, -3600.0])
+def test_expiry_is_judged_by_the_database_clock(
+    leases: LeaseStore, monkeypatch: pytest.MonkeyPatch, skew: float
+) -> None:
+    """A worker whose clock is an hour off agrees with the database on who holds a lease.
+
+    The worker's clocks (``time.time`` and the application clock) are skewed; the
+    database's is not. A lease store that judged expiry by the worker would write
+    expiries an hour off and hand the lease over an hour early or late.
+    """
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + skew)
+    assert abs(time.time() - _database_now(leases) - skew) < 5  # the skew is real
+    first = leases.acquire("short", "worker-a", 2.0)
+    assert first is not None
+    # expires_at came from the database (its now + ttl), not from this process.
+    assert abs(first.expires_at - (_database_now(leases) + 2.0)) < 1.5
+    # Held while the database says so, however far ahead this worker's clock runs.
+    assert leases.acquire("short", "worker-b", 30.0) is None
+    renewed = leases.renew(first, 2.0)
+    assert abs(renewed.expires_at - (_database_now(leases) + 2.0)) < 1.5
+    # Free once the database says so, however far behind this worker's clock runs.
+    taken = wait_for(lambda: leases.acquire("short", "worker-b", 30.0), "expiry", timeout=30.0)
     assert taken.generation == 2
+    assert _database_now(leases) >= renewed.expires_at
     with pytest.raises(StaleGeneration):
-        leases.renew(first, 30.0)
+        leases.renew(renewed, 30.0)
 
 
 def test_concurrent_processes_racing_for_a_free_lease_yield_one_holder(
