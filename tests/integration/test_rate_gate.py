@@ -95,18 +95,14 @@ def test_seed_000_rejected_then_recovered_after_top_up(rated: Quotagate) -> None
     assert rated.admit_until_idle() == 5
     assert rated.show("job-blocked").state == RequestState.REJECTED
     assert outbox_rows(rated, "job-blocked") == 0
-    left = tokens(rated, "tenant-a")
-    line = f"blockedStatus={blocked.state.value.upper()} tokensAtBlock={left:g}"
-    assert line == "blockedStatus=REJECTED tokensAtBlock=0"
+    assert tokens(rated, "tenant-a") == 0  # the refusal took no token
 
     rated.add_tokens("tenant-a", 3)
     recovered = rated.submit("job-blocked", "tenant-a", {"gpu": 1})
     assert recovered.created
     assert recovered.request.state == RequestState.WAITING
     assert recovered.request.reason is None
-    status = "ACCEPTED" if recovered.request.state == RequestState.WAITING else "REJECTED"
-    line = f"recoveredStatus={status} tokensAfter={tokens(rated, 'tenant-a'):g}"
-    assert line == "recoveredStatus=ACCEPTED tokensAfter=2"
+    assert tokens(rated, "tenant-a") == 2  # 3 added, 1 taken by the recovered submit
     assert rated.show("job-blocked").state == RequestState.WAITING
     assert audit_outcomes(rated, "job-blocked")[-1] == ("submit", "accepted", None)
     assert rated.admit_until_idle() == 1  # the recovered request, like any other
