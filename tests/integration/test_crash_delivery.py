@@ -34,7 +34,9 @@ from quotagate.delivery.registry import TargetStore
 from quotagate.store import schema
 
 WORKER = "from quotagate.cli.main import main; main()"
-WORKER_OPTIONS = ["--lease-ttl", "0.5", "--poll", "0.05", "--retry-base", "0.2"]
+# A 1.5 s lease: short enough for quick takeovers, long enough that a worker
+# stalled on a loaded machine does not lose it between renewals.
+WORKER_OPTIONS = ["--lease-ttl", "1.5", "--poll", "0.05", "--retry-base", "0.2"]
 
 
 @pytest.fixture
@@ -170,7 +172,11 @@ def test_a_worker_killed_at_each_step_is_replaced_and_delivers_exactly_once(
     # Restarted under the same name: takes the lease over once it expires.
     assert finish(start_worker(db_url, "w1", "--until-idle")) == 0
     lease = {row["name"]: row for row in table(gate, schema.lease)}["worker/w1"]
-    assert lease["generation"] == 2
+    # A newer generation (2, or more if a stall on a loaded machine cost it a renewal).
+    assert lease["generation"] >= 2
+    if crash_at != "after_binding":  # delivered already: nothing to redo
+        redone = {row["request_id"]: row for row in table(gate, schema.outbox)}
+        assert redone[claimed["request_id"]]["claim_generation"] >= 2  # finished under it
     assert_exactly_once(gate, tmp_path, ids)
 
 

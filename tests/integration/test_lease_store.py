@@ -28,6 +28,7 @@ from quotagate.store.lease import LeaseStore
 from support.waiting import wait_for
 
 # Holds the lease and keeps renewing it, as a live worker does, until killed.
+# A 5 s TTL: a holder stalled for a second on a loaded machine still holds it.
 HOLDER = """
 import sys, time
 from quotagate.store.engine import create_engine
@@ -35,10 +36,10 @@ from quotagate.store.lease import LeaseStore
 store = LeaseStore(create_engine(sys.argv[1]))
 lease = None
 while lease is None:
-    lease = store.acquire("seed-000", "worker-a", 1.0)
+    lease = store.acquire("seed-000", "worker-a", 5.0)
 print(lease.generation, flush=True)
 while True:
-    lease = store.renew(lease, 1.0)
+    lease = store.renew(lease, 5.0)
     time.sleep(0.05)
 """
 
@@ -93,7 +94,8 @@ def test_seed_000_takeover_by_the_same_name_fences_the_killed_generation(
     assert holder.returncode == -signal.SIGKILL
 
     # After expiry (by the database's clock) the restarted worker-a takes over.
-    takeover = wait_for(lambda: leases.acquire("seed-000", "worker-a", 30.0), "the takeover", timeout=20.0)
+    takeover = wait_for(lambda: leases.acquire("seed-000", "worker-a", 30.0), "the takeover",
+                        timeout=60.0)
     assert (takeover.owner, takeover.generation) == ("worker-a", 2)  # affected=1, generation=2
 
     with leases.engine.connect() as connection:
