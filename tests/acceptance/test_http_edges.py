@@ -13,12 +13,15 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from test_http_support import bearer, make_token, running_server
+import sqlalchemy as sa
+from test_http_support import bearer, make_token, running_server, start_server
 
 from quotagate import ManualClock, Quotagate
+from quotagate.store import schema
 from support.databases import BACKENDS, fresh_database
 
 
@@ -228,3 +231,99 @@ def test_the_document_states_errors_and_constraints(api: Api) -> None:
                                   "maximum": 1_000_000}
     assert submit["cost"]["additionalProperties"]["minimum"] == 1
     assert submit["cost"]["propertyNames"]["pattern"] == "^[a-z][a-z0-9_]{0,31}$"
+
+
+def test_completing_or_failing_a_waiting_request_is_409_invalid_transition(api: Api) -> None:
+    request_id = f"t-{uuid.uuid4().hex[:10]}"
+    submitted = api.admin.post(f"/v1/tenants/{api.tenant}/requests",
+                               json={"id": request_id, "cost": {"gpu": 10_000}})  # never fits
+    assert submitted.status_code == 202, submitted.text
+    path = f"/v1/tenants/{api.tenant}/requests/{request_id}"
+    for verb in ("complete", "fail"):
+        refused = api.admin.post(f"{path}/{verb}")
+        assert refused.status_code == 409, (verb, refused.text)
+        assert refused.json()["code"] == "invalid_transition"
+    assert api.admin.get(path).json()["state"] == "waiting"
+
+
+def test_a_listing_is_newest_first_and_pages_without_gaps_or_repeats(api: Api) -> None:
+    tenant = f"l-{uuid.uuid4().hex[:8]}"
+    assert api.admin.put(f"/v1/tenants/{tenant}", json={"quota": {"gpu": 1}}).status_code == 200
+    submitted = []
+    for number in range(7):
+        request_id = f"l-{number:02d}"
+        assert api.admin.post(f"/v1/tenants/{tenant}/requests",
+                              json={"id": request_id, "cost": {"gpu": 5}}).status_code == 202
+        submitted.append(request_id)
+    seen: list[dict[str, object]] = []
+    cursor = None
+    while True:
+        params: dict[str, object] = {"limit": 3, **({"cursor": cursor} if cursor else {})}
+        page = api.admin.get(f"/v1/tenants/{tenant}/requests", params=params).json()
+        seen += page["requests"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert [item["id"] for item in seen] == list(reversed(submitted))
+    keys = [(item["created"], item["id"]) for item in seen]
+    assert keys == sorted(keys, reverse=True)  # by created, then id, newest first
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{key}="{value}"' in line for key, value in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_rejections_refusals_and_admission_passes_are_in_the_metrics(api: Api) -> None:
+    before = api.admin.get("/metrics").text
+    bad = api.admin.post(f"/v1/tenants/{api.tenant}/requests",
+                         json={"id": "m-1", "cost": {"gpu": 0}})
+    assert bad.status_code == 400
+    token = make_token(api.db_url, tenant=api.tenant)
+    with httpx.Client(base_url=api.admin.base_url, headers=bearer(token), timeout=30) as tenant:
+        assert tenant.get("/v1/pools/main").status_code == 403
+    unauthenticated = httpx.get(f"{api.admin.base_url}/v1/usage", timeout=30)
+    assert unauthenticated.status_code == 401
+    until = time.monotonic() + 30
+    while True:  # the admission loop runs every 0.05 s: wait for one more pass
+        after = api.admin.get("/metrics").text
+        passes = (_metric(after, "quotagate_admission_pass_seconds_count")
+                  - _metric(before, "quotagate_admission_pass_seconds_count"))
+        if passes > 0 or time.monotonic() > until:
+            break
+        time.sleep(0.05)
+    assert passes > 0
+    for name, labels in (
+        ("quotagate_rejections_total", {"tenant": api.tenant, "code": "invalid_cost"}),
+        ("quotagate_auth_refusals_total", {"reason": "forbidden"}),
+        ("quotagate_auth_refusals_total", {"reason": "unauthenticated"}),
+    ):
+        assert _metric(after, name, **labels) - _metric(before, name, **labels) >= 1, (name, labels)
+
+
+def test_serve_gives_up_its_delivery_lease_on_sigterm(tmp_path: Path) -> None:
+    with fresh_database("sqlite", tmp_path) as db_url:
+        server = start_server(db_url, tmp_path, args=["--worker-name", "edge-2"])
+        try:
+            with Quotagate.connect(db_url) as gate:
+                until = time.monotonic() + 60
+                while not any(row.name == "worker/edge-2" and row.owner == "edge-2"
+                              for row in gate_leases(gate)):
+                    assert time.monotonic() < until, server.log()
+                    time.sleep(0.05)
+        finally:
+            status = server.stop()
+        assert status == 0, server.log()
+        with Quotagate.connect(db_url) as gate:
+            [lease] = [row for row in gate_leases(gate) if row.name == "worker/edge-2"]
+        assert lease.owner is None, "the lease was left to expire instead of released"
+
+
+def gate_leases(gate: Quotagate) -> list[Any]:
+    with gate.engine.connect() as connection:
+        return list(connection.execute(sa.select(schema.lease)))
