@@ -229,6 +229,18 @@ def validate_reason(value: object) -> str | None:
     return value
 
 
+def bounded_reason(text: str | None) -> str | None:
+    """A reason from a target or an executor, made one :func:`validate_reason` accepts.
+
+    Such text comes from outside (a webhook's answer, a Kubernetes status): a NUL,
+    a lone surrogate or a page of text must not stop the request from ending.
+    """
+    if text is None:
+        return None
+    cleaned = text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+    return cleaned[:MAX_REASON_LENGTH]
+
+
 def parse_payload_text(text: str) -> Any:
     """Parse a payload given as JSON text (CLI, files)."""
     if len(text.encode()) > MAX_PAYLOAD_BYTES:
