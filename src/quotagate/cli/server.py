@@ -52,6 +52,11 @@ def serve(
     from quotagate.http import service
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    # Alembic's "Context impl…" lines say nothing to someone starting a server; in
+    # the tour, httpx's line per tour call would bury the tour's own lines.
+    quiet = ("alembic", "httpx", "httpcore") if tour else ("alembic",)
+    for name in quiet:
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
     retention = None if prune_older_than is None else parse_duration(prune_older_than)
     gate = open_gate(db_url, redis=redis_url)
     ensure_schema(gate)
