@@ -4,7 +4,7 @@ Pairs of clients submit the same ids with the same content (idempotent
 replays, through different servers) and race to complete the same requests;
 both servers run admission at the same time. All along, a monitor reads the
 ledger in consistent snapshots: nothing oversold, usage equal to the charged
-costs, promise ⇔ outbox. At the end invariants 1-3 hold and everything was returned.
+costs, promise ⇔ outbox. At the end invariants 1-3 (docs/invariants.md) hold and everything was returned.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Generational leases on SQLite, PostgreSQL and MariaDB, with real processes.
 
-Seed 000's scenario: worker-a holds generation 1 and is SIGKILLed; after
+The takeover scenario (docs/invariants.md, 6): worker-a holds generation 1 and is SIGKILLed; after
 expiry a new worker *of the same name* takes over with generation 2; the owner
 name alone no longer tells them apart; the old generation's late write
 affects nothing and is reported as stale.
@@ -36,7 +36,7 @@ from quotagate.store.lease import LeaseStore
 store = LeaseStore(create_engine(sys.argv[1]))
 lease = None
 while lease is None:
-    lease = store.acquire("seed-000", "worker-a", 5.0)
+    lease = store.acquire("takeover", "worker-a", 5.0)
 print(lease.generation, flush=True)
 while True:
     lease = store.renew(lease, 5.0)
@@ -74,7 +74,7 @@ def lease_row(store: LeaseStore, name: str) -> tuple[str | None, int, float]:
     return row.owner, int(row.generation), float(row.expires_at)
 
 
-def test_seed_000_takeover_by_the_same_name_fences_the_killed_generation(
+def test_a_takeover_by_the_same_name_fences_the_killed_generation(
     leases: LeaseStore, db_url: str
 ) -> None:
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, db_url], stdout=subprocess.PIPE,
@@ -83,7 +83,7 @@ def test_seed_000_takeover_by_the_same_name_fences_the_killed_generation(
         assert holder.stdout is not None
         assert holder.stdout.readline().strip() == "1"  # leaseAcquire holder=worker-a generation=1
         # While the holder lives (and renews), nobody takes over, not even its own name.
-        assert leases.acquire("seed-000", "worker-a", 1.0) is None
+        assert leases.acquire("takeover", "worker-a", 1.0) is None
         holder.send_signal(signal.SIGKILL)  # leaseHolderKilled signal=SIGKILL
         holder.wait(timeout=10)
     finally:
@@ -94,21 +94,21 @@ def test_seed_000_takeover_by_the_same_name_fences_the_killed_generation(
     assert holder.returncode == -signal.SIGKILL
 
     # After expiry (by the database's clock) the restarted worker-a takes over.
-    takeover = wait_for(lambda: leases.acquire("seed-000", "worker-a", 30.0), "the takeover",
+    takeover = wait_for(lambda: leases.acquire("takeover", "worker-a", 30.0), "the takeover",
                         timeout=60.0)
     assert (takeover.owner, takeover.generation) == ("worker-a", 2)  # affected=1, generation=2
 
     with leases.engine.connect() as connection:
         owner_only = connection.execute(
             sa.select(sa.func.count()).select_from(schema.lease).where(
-                schema.lease.c.name == "seed-000", schema.lease.c.owner == "worker-a"
+                schema.lease.c.name == "takeover", schema.lease.c.owner == "worker-a"
             )
         ).scalar_one()
     assert owner_only == 1  # leaseOwnerOnlyMatches: the name cannot tell old from new
 
-    before = lease_row(leases, "seed-000")
+    before = lease_row(leases, "takeover")
     stale_before = stats.snapshot()["stale_writes"]
-    old = Lease("seed-000", "worker-a", 1, 0.0)
+    old = Lease("takeover", "worker-a", 1, 0.0)
     with pytest.raises(StaleGeneration) as error:
         leases.renew(old, 60.0)  # leaseStaleWrite generation=1
     assert error.value.fields["generation"] == 1
@@ -120,12 +120,12 @@ def test_seed_000_takeover_by_the_same_name_fences_the_killed_generation(
     with leases.engine.begin() as connection:
         affected = connection.execute(
             schema.lease.update()
-            .where(schema.lease.c.name == "seed-000", schema.lease.c.owner == "worker-a",
+            .where(schema.lease.c.name == "takeover", schema.lease.c.owner == "worker-a",
                    schema.lease.c.generation == 1)
             .values(expires_at=schema.lease.c.expires_at + 60)
         ).rowcount
     assert affected == 0
-    assert lease_row(leases, "seed-000") == before  # leaseFinal owner=worker-a generation=2
+    assert lease_row(leases, "takeover") == before  # leaseFinal owner=worker-a generation=2
 
 
 def test_acquire_creates_the_row_and_refuses_while_held(leases: LeaseStore) -> None:

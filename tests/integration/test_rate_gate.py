@@ -82,7 +82,7 @@ def outbox_rows(gate: Quotagate, request_id: str) -> int:
         ).scalar_one())
 
 
-def test_seed_000_rejected_then_recovered_after_top_up(rated: Quotagate) -> None:
+def test_a_rejected_request_is_recovered_after_a_top_up(rated: Quotagate) -> None:
     rated.set_rate("tenant-a", {"capacity": 5, "refill_per_second": 0})
     for index in range(5):
         assert rated.submit(f"job-{index}", "tenant-a", {"gpu": 1}).created
@@ -115,7 +115,7 @@ def test_seed_000_rejected_then_recovered_after_top_up(rated: Quotagate) -> None
 
 
 @pytest.mark.parametrize(("capacity", "accepted_each"), [(5, 3), (2, 2)])
-def test_seed_000_six_threads_through_the_submit_path(
+def test_six_threads_through_the_submit_path(
     rated: Quotagate, capacity: int, accepted_each: int
 ) -> None:
     """6 threads, 2 tenants x 3 requests: grants per tenant = min(3, capacity), no interference."""

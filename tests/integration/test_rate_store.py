@@ -92,8 +92,8 @@ def test_every_store_implements_the_whole_port(store: RateStore) -> None:
     assert store.configure(other, COUNTING, fresh=True) == 5
 
 
-def test_seed_000_six_threads_two_tenants_three_requests_five_tokens(store: RateStore) -> None:
-    """Seed 000: exactly 3 grants per tenant, 2 tokens left each, no interference."""
+def test_six_threads_two_tenants_three_requests_five_tokens(store: RateStore) -> None:
+    """Exactly 3 grants per tenant, 2 tokens left each, no interference."""
     tenants = [BucketKey("tenant-a"), BucketKey("tenant-b")]
     for key in tenants:
         store.configure(key, COUNTING, fresh=True)

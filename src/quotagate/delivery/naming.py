@@ -1,6 +1,6 @@
 """Deterministic external names: the same request always maps to the same object.
 
-This is what makes a lost reply recoverable (DESIGN invariant 5): a retry does
+This is what makes a lost reply recoverable (docs/invariants.md, 5): a retry does
 not invent a new name, it finds the object the lost attempt created.
 """
 

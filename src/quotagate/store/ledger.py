@@ -146,8 +146,8 @@ class Ledger:
         """Record a request as waiting, or answer the original for an identical replay.
 
         With a rate gate, a new request — or a rejected one submitted again —
-        takes a token first (seed 000: the quota is decided before the request
-        enters the queue). Without one it is recorded ``rejected`` with its
+        takes a token first: the quota is decided before the request enters the
+        queue (docs/rate-quotas.md). Without one it is recorded ``rejected`` with its
         reason, and :class:`RateLimited` is raised once that has committed.
         """
         token = _Token()
@@ -467,7 +467,7 @@ class Ledger:
         now: float,
         actor: str,
     ) -> None:
-        """The outbox row and the audit entry of every admission (invariant 2)."""
+        """The outbox row and the audit entry of every admission (docs/invariants.md, 2)."""
         if supports_dml_cte(transaction):
             transaction.execute(statements.admission_records_statement(), {
                 "now": now,

@@ -68,7 +68,7 @@ class LedgerViews:
             return _usage_view(connection)
 
     def inspect(self, limit: int = 20) -> dict[str, Any]:
-        """Seed 001's troubleshooting query: recent requests with outbox and binding."""
+        """The troubleshooting query: recent requests with their outbox row and binding."""
         request, outbox, binding = schema.request, schema.outbox, schema.binding
         query = (
             sa.select(
