@@ -23,6 +23,7 @@ from test_http_support import bearer, make_token, running_server, start_server
 from quotagate import ManualClock, Quotagate
 from quotagate.store import schema
 from support.databases import BACKENDS, fresh_database
+from support.redis_servers import RedisServer
 
 
 @dataclass
@@ -327,3 +328,37 @@ def test_serve_gives_up_its_delivery_lease_on_sigterm(tmp_path: Path) -> None:
 def gate_leases(gate: Quotagate) -> list[Any]:
     with gate.engine.connect() as connection:
         return list(connection.execute(sa.select(schema.lease)))
+
+
+def test_with_the_rate_store_down_tenants_without_a_rate_quota_are_still_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "redis").mkdir()
+    redis = RedisServer(tmp_path / "redis")
+    redis.start()
+    try:
+        with fresh_database("sqlite", tmp_path) as db_url:
+            with Quotagate.connect(db_url, rate_store=redis.url) as gate:
+                gate.set_pool("main", {"gpu": 10})
+                gate.set_tenant("limited", {"gpu": 5})
+                gate.set_tenant("unlimited", {"gpu": 5})
+                gate.set_rate("limited", {"capacity": 100, "refill_per_second": 0})
+            token = make_token(db_url)
+            monkeypatch.setenv("QUOTAGATE_RATE_STORE", redis.url)  # serve's only way, today
+            server = start_server(db_url, tmp_path)
+            try:
+                with httpx.Client(base_url=server.url, headers=bearer(token), timeout=30) as admin:
+                    assert admin.post("/v1/tenants/limited/requests",
+                                      json={"id": "l-1", "cost": {"gpu": 1}}).status_code == 202
+                    redis.kill()
+                    served = admin.post("/v1/tenants/unlimited/requests",
+                                        json={"id": "u-1", "cost": {"gpu": 1}})
+                    assert served.status_code == 202, served.text
+                    refused = admin.post("/v1/tenants/limited/requests",
+                                         json={"id": "l-2", "cost": {"gpu": 1}})
+                    assert refused.status_code == 503, refused.text
+                    assert admin.get("/v1/tenants/limited/requests/l-2").status_code == 404
+            finally:
+                server.stop()
+    finally:
+        redis.kill()
