@@ -82,3 +82,14 @@ def test_the_audit_log_names_the_token_never_its_secret(gate: Quotagate) -> None
     assert [entry["actor"] for entry in by_token] == [f"token:{created.info.id}"]
     assert all(secret not in str(value) for entry in entries for value in entry.values())
     assert all(created.token not in str(value) for entry in entries for value in entry.values())
+
+
+@pytest.mark.parametrize("label", ["ci\x00", "line\nbreak", "bad \ud800"])
+def test_a_label_with_a_nul_a_control_character_or_a_surrogate_is_refused(
+    gate: Quotagate, label: str
+) -> None:
+    tokens = TokenStore(gate.engine, clock=gate.clock)
+    with pytest.raises(InvalidInput) as error:
+        tokens.create(tenant="team-a", label=label)
+    assert error.value.code == "invalid_label"
+    assert tokens.list() == []
