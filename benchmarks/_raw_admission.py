@@ -1,7 +1,7 @@
 """The admission transaction written as raw SQL through the driver: the limit we measure against.
 
 No SQLAlchemy here: psycopg, pymysql or sqlite3 directly, on quotagate's own
-schema and indexes. It follows seed 001's ``admit``: pick the best waiting
+schema and indexes. It follows docs/admission.md step by step: pick the best waiting
 request that fits, lock it (``FOR UPDATE SKIP LOCKED``), choose the best-fit
 pool, charge tenant and pool with conditional UPDATEs that must each hit one
 row, mark the request reserved, insert its outbox row, commit.

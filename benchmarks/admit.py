@@ -305,7 +305,7 @@ class WorkerPool:
 
 
 def check_balanced(engine: Engine) -> None:
-    """Invariants 1 and 2 after a run: a fast admission that oversold would not count."""
+    """Invariants 1 and 2 (docs/invariants.md) after a run: a fast admission that oversold would not count."""
     violations = LedgerViews(engine).check_invariants()
     if violations:
         raise RuntimeError("the ledger does not balance after a run: " + "; ".join(violations[:5]))

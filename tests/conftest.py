@@ -67,3 +67,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for child in multiprocessing.active_children():
         child.kill()
         child.join(timeout=10)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give every test parametrised with a backend that backend's marker.
+
+    The ``backend`` fixture marks its own parameters, but module fixtures and
+    ``parametrize`` lists of backend names (``params=BACKENDS``, ``indirect=True``)
+    do not: without this, ``-m "not mysql"`` would still run their MariaDB cases.
+    """
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None:
+            continue
+        for value in callspec.params.values():
+            if isinstance(value, str) and value in BACKENDS:
+                item.add_marker(getattr(pytest.mark, value))

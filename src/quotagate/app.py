@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -14,12 +14,13 @@ from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import Request, RequestState, build_submission, validate_name
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL
 from quotagate.domain.placement import Placement
+from quotagate.errors import InvalidInput
 from quotagate.rate.backend import ENVIRONMENT_VARIABLE as RATE_STORE_VARIABLE
 from quotagate.rate.backend import RateStore, rate_store_from_url
 from quotagate.rate.keys import BucketKey
 from quotagate.rate.quotas import RateQuotas
 from quotagate.rate.sql import SqlRateStore
-from quotagate.store import identity, migrate
+from quotagate.store import identity, migrate, retention
 from quotagate.store.config import Configuration
 from quotagate.store.dashboard import DashboardViews, Snapshot
 from quotagate.store.diagnosis import DeliveryTrail, delivery_trail
@@ -31,7 +32,7 @@ from quotagate.store.ledger import (
     ReleaseResult,
     SubmitResult,
 )
-from quotagate.store.views import LedgerViews
+from quotagate.store.views import LedgerCheck, LedgerViews
 from quotagate.streams.connection import ENVIRONMENT_VARIABLE as REDIS_VARIABLE
 from quotagate.streams.overview import streams_overview
 from quotagate.streams.service import Streams
@@ -203,6 +204,26 @@ class Quotagate:
 
     def check_invariants(self) -> list[str]:
         return self.views.check_invariants()
+
+    def check_ledger(self) -> LedgerCheck:
+        return self.views.check_ledger()
+
+    # retention (docs/decisions/804-retention.md)
+    def prune(
+        self,
+        older_than: float,
+        *,
+        batch: int = retention.DEFAULT_BATCH,
+        forget: Callable[[list[retention.PrunedBinding]], int] | None = None,
+        progress: Callable[[retention.PruneProgress], None] | None = None,
+        max_batches: int | None = None,
+    ) -> retention.PruneProgress:
+        """Delete finished requests and audit entries last changed ``older_than`` seconds ago."""
+        if not older_than > 0:
+            raise InvalidInput("the retention period must be more than 0 seconds",
+                               code="invalid_retention")
+        return retention.prune(self.engine, self.clock.now() - older_than, batch=batch,
+                               forget=forget, progress=progress, max_batches=max_batches)
 
     # dashboard (docs/dashboard.md)
     def dashboard(self, tenant: str | None = None) -> Snapshot:

@@ -3,7 +3,7 @@
 Several client processes submit at once, several admission processes promise
 capacity, and two delivery workers run each admitted request once through a
 local process target; when a command exits, its cost goes back and waiting
-requests get their turn. At the end the ledger is checked against invariants
+requests get their turn. At the end the ledger is checked against docs/invariants.md,
 1 and 2; any violation makes the demo fail.
 """
 

@@ -174,6 +174,7 @@ def test_every_metric_the_grafana_board_queries_is_exported_by_metrics(ledger: L
                 assert "tenant" not in selector or 'tenant=~"$tenant"' in selector, target
 
 
+@pytest.mark.postgresql
 def test_a_view_or_scrape_blocked_by_the_database_answers_503_in_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -218,7 +218,12 @@ def test_a_tenant_token_cannot_see_or_touch_another_tenant(api: Api) -> None:
     usage = me.get("/v1/usage").json()
     assert {row["tenant"] for row in usage["tenants"]} == {mine}
     entries = me.get("/v1/audit").json()["entries"]
-    assert entries, "my own refused attempts and changes are in my audit log"
+    refusals = {(entry["operation"], entry["target"]) for entry in entries
+                if entry["outcome"] == "refused"}
+    # My refused attempts are in my own audit log, each naming what it aimed at.
+    assert ("request.submit", f"tenant/{theirs}") in refusals, entries
+    assert ("request.list", f"tenant/{theirs}") in refusals, entries
+    assert "pool.set" in {operation for operation, _ in refusals}, entries
     assert {entry["tenant"] for entry in entries} == {mine}
     assert all(their_id not in (entry["target"] or "") or entry["outcome"] == "refused"
                for entry in entries)

@@ -1,14 +1,16 @@
-"""Two `serve` processes on one PostgreSQL, hammered by concurrent client processes.
+"""Two `serve` processes on one PostgreSQL or MariaDB, hammered by concurrent clients.
 
 Pairs of clients submit the same ids with the same content (idempotent
 replays, through different servers) and race to complete the same requests;
-both servers run admission at the same time. At the end invariants 1-3 hold:
-nothing oversold, promise ⇔ outbox, one row per id, everything returned.
+both servers run admission at the same time. All along, a monitor reads the
+ledger in consistent snapshots: nothing oversold, usage equal to the charged
+costs, promise ⇔ outbox. At the end invariants 1-3 (docs/invariants.md) hold and everything was returned.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -19,6 +21,8 @@ import pytest
 from test_http_support import bearer, make_token, running_server
 
 from quotagate import Quotagate
+from quotagate.store.engine import create_engine
+from quotagate.store.views import LedgerViews
 from support.databases import fresh_database
 
 CLIENTS = 4
@@ -71,9 +75,49 @@ def run_client(urls: list[str], token: str, tenant: str, ids: list[str],
             client.close()
 
 
+class Monitor:
+    """Checks the invariants over and over while the clients run.
+
+    REPEATABLE READ: each check reads the requests, outbox and usage in one
+    snapshot, so a violation it reports was there, not an artefact of reading
+    tables at different moments.
+    """
+
+    def __init__(self, db_url: str) -> None:
+        self.engine = create_engine(db_url, isolation_level="REPEATABLE READ")
+        self.views = LedgerViews(self.engine)
+        self.checks = 0
+        self.charged_seen = 0
+        self.violations: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="monitor")
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            found = self.views.check_invariants()
+            self.violations.extend(found)
+            usage = self.views.usage()
+            self.charged_seen += any(row["used"] for row in usage["tenants"])
+            self.checks += 1
+            self.stop.wait(0.02)
+
+    def __enter__(self) -> Monitor:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=60)
+        self.engine.dispose()
+
+
 @pytest.mark.slow
-def test_two_servers_and_concurrent_clients_keep_the_invariants(tmp_path: Path) -> None:
-    with fresh_database("postgresql", tmp_path) as db_url:
+@pytest.mark.parametrize("backend", [pytest.param("postgresql", marks=pytest.mark.postgresql),
+                                     pytest.param("mysql", marks=pytest.mark.mysql)])
+def test_two_servers_and_concurrent_clients_keep_the_invariants(
+    tmp_path: Path, backend: str
+) -> None:
+    with fresh_database(backend, tmp_path) as db_url:
         admin = make_token(db_url)
         with running_server(db_url, tmp_path) as first, running_server(db_url, tmp_path) as second:
             for pool, capacity in POOLS.items():
@@ -92,10 +136,15 @@ def test_two_servers_and_concurrent_clients_keep_the_invariants(tmp_path: Path) 
                 urls = [first.url, second.url] if client % 2 else [second.url, first.url]
                 jobs.append((urls, tokens[tenant], tenant, ids, admin))
             context = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(CLIENTS, mp_context=context) as pool:
+            with Monitor(db_url) as monitor, ProcessPoolExecutor(CLIENTS,
+                                                                 mp_context=context) as pool:
                 results = list(pool.map(run_client, *zip(*jobs, strict=True)))
             first_status, second_status = first.stop(), second.stop()
         assert first_status == second_status == 0
+        # Checked during the run, and while work was charged, not only at the end.
+        assert monitor.violations == [], monitor.violations[:10]
+        assert monitor.checks >= 10 and monitor.charged_seen >= 3, (
+            monitor.checks, monitor.charged_seen)
 
         assert all(not result["left"] for result in results), results
         for pair in (results[0:2], results[2:4]):

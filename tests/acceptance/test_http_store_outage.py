@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import sqlalchemy as sa
 from test_http_support import bearer, make_token, running_server
 
@@ -89,6 +90,7 @@ def poll(check: object, what: str) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.postgresql
 def test_store_outage_gives_503_and_the_ledger_recovers_consistent(tmp_path: Path) -> None:
     with fresh_database("postgresql", tmp_path) as db_url:
         url = sa.engine.make_url(db_url)

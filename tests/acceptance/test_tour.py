@@ -45,6 +45,9 @@ def test_serve_with_the_tour_takes_requests_from_waiting_to_completed(tmp_path: 
         progress = [line for line in lines if line.startswith("  0:")]
         assert progress and progress[-1].split() == [f"{n}:completed" for n in range(6)], output
         assert "export QG_TOKEN=qg_" in output
+        # Only the tour's own lines: no line per HTTP call, no migration chatter.
+        assert "HTTP Request:" not in output, output
+        assert "alembic" not in output.lower(), output
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=90) == 0, "\n".join(lines)

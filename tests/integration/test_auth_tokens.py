@@ -66,3 +66,30 @@ def test_token_changes_are_audited(gate: Quotagate) -> None:
     assert [tuple(row) for row in rows] == [
         ("token.create", "ops", "team-a", target), ("token.revoke", "ops", "team-a", target)
     ]
+
+
+def test_the_audit_log_names_the_token_never_its_secret(gate: Quotagate) -> None:
+    gate.set_tenant("team-a", {"gpu": 1})
+    gate.set_pool("pool-1", {"gpu": 1})
+    tokens = TokenStore(gate.engine, clock=gate.clock)
+    created = tokens.create(tenant="team-a", label="ci")
+    secret = created.token.split("_", 2)[2]
+    actor = tokens.authenticate(created.token)
+    gate.submit("job-1", "team-a", {"gpu": 1}, actor=actor.name)
+    with gate.engine.connect() as connection:
+        entries = connection.execute(sa.select(schema.audit)).mappings().all()
+    by_token = [entry for entry in entries if entry["operation"] == "submit"]
+    assert [entry["actor"] for entry in by_token] == [f"token:{created.info.id}"]
+    assert all(secret not in str(value) for entry in entries for value in entry.values())
+    assert all(created.token not in str(value) for entry in entries for value in entry.values())
+
+
+@pytest.mark.parametrize("label", ["ci\x00", "line\nbreak", "bad \ud800"])
+def test_a_label_with_a_nul_a_control_character_or_a_surrogate_is_refused(
+    gate: Quotagate, label: str
+) -> None:
+    tokens = TokenStore(gate.engine, clock=gate.clock)
+    with pytest.raises(InvalidInput) as error:
+        tokens.create(tenant="team-a", label=label)
+    assert error.value.code == "invalid_label"
+    assert tokens.list() == []

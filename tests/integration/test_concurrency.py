@@ -1,4 +1,4 @@
-"""Invariants 1-2 under real concurrency: separate processes, one database."""
+"""Invariants 1-2 (docs/invariants.md) under real concurrency: separate processes, one database."""
 
 from __future__ import annotations
 

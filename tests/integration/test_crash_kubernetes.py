@@ -35,7 +35,9 @@ from support.kube_api.controller import controller
 from support.waiting import wait_for
 
 WORKER = "from quotagate.cli.main import main; main()"
-WORKER_OPTIONS = ["--lease-ttl", "0.5", "--poll", "0.05", "--retry-base", "0.2"]
+# A 1.5 s lease: short enough for quick takeovers, long enough that a worker
+# stalled on a loaded machine does not lose it between renewals.
+WORKER_OPTIONS = ["--lease-ttl", "1.5", "--poll", "0.05", "--retry-base", "0.2"]
 
 
 @pytest.fixture

@@ -371,7 +371,7 @@ def test_a_killed_workers_claims_go_to_a_differently_named_worker_after_its_leas
         -signal.SIGKILL)
     [claimed] = [row for row in table(ledger, schema.outbox) if row["claimed_by"] == "w1"]
     killed_at = time.monotonic()
-    # Lease TTL 1 s and poll 0.05 s (FAST_OPTIONS): the old claim TTL was 120 s.
+    # Lease TTL 2 s and poll 0.05 s (FAST_OPTIONS): the old claim TTL was 120 s.
     other = start_worker(db_url, "other-host", "--until-idle")
     assert finish(other, timeout=60) == 0
     assert time.monotonic() - killed_at < 60

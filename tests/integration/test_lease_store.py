@@ -1,6 +1,6 @@
 """Generational leases on SQLite, PostgreSQL and MariaDB, with real processes.
 
-Seed 000's scenario: worker-a holds generation 1 and is SIGKILLed; after
+The takeover scenario (docs/invariants.md, 6): worker-a holds generation 1 and is SIGKILLed; after
 expiry a new worker *of the same name* takes over with generation 2; the owner
 name alone no longer tells them apart; the old generation's late write
 affects nothing and is reported as stale.
@@ -22,12 +22,13 @@ from quotagate import StaleGeneration
 from quotagate.delivery import stats
 from quotagate.domain.lease import Lease
 from quotagate.store import schema
-from quotagate.store.dialect import run_transaction
+from quotagate.store.dialect import database_now, run_transaction
 from quotagate.store.engine import create_engine
 from quotagate.store.lease import LeaseStore
 from support.waiting import wait_for
 
 # Holds the lease and keeps renewing it, as a live worker does, until killed.
+# A 5 s TTL: a holder stalled for a second on a loaded machine still holds it.
 HOLDER = """
 import sys, time
 from quotagate.store.engine import create_engine
@@ -35,10 +36,10 @@ from quotagate.store.lease import LeaseStore
 store = LeaseStore(create_engine(sys.argv[1]))
 lease = None
 while lease is None:
-    lease = store.acquire("seed-000", "worker-a", 1.0)
+    lease = store.acquire("takeover", "worker-a", 5.0)
 print(lease.generation, flush=True)
 while True:
-    lease = store.renew(lease, 1.0)
+    lease = store.renew(lease, 5.0)
     time.sleep(0.05)
 """
 
@@ -73,7 +74,7 @@ def lease_row(store: LeaseStore, name: str) -> tuple[str | None, int, float]:
     return row.owner, int(row.generation), float(row.expires_at)
 
 
-def test_seed_000_takeover_by_the_same_name_fences_the_killed_generation(
+def test_a_takeover_by_the_same_name_fences_the_killed_generation(
     leases: LeaseStore, db_url: str
 ) -> None:
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, db_url], stdout=subprocess.PIPE,
@@ -82,7 +83,7 @@ def test_seed_000_takeover_by_the_same_name_fences_the_killed_generation(
         assert holder.stdout is not None
         assert holder.stdout.readline().strip() == "1"  # leaseAcquire holder=worker-a generation=1
         # While the holder lives (and renews), nobody takes over, not even its own name.
-        assert leases.acquire("seed-000", "worker-a", 1.0) is None
+        assert leases.acquire("takeover", "worker-a", 1.0) is None
         holder.send_signal(signal.SIGKILL)  # leaseHolderKilled signal=SIGKILL
         holder.wait(timeout=10)
     finally:
@@ -93,20 +94,21 @@ def test_seed_000_takeover_by_the_same_name_fences_the_killed_generation(
     assert holder.returncode == -signal.SIGKILL
 
     # After expiry (by the database's clock) the restarted worker-a takes over.
-    takeover = wait_for(lambda: leases.acquire("seed-000", "worker-a", 30.0), "the takeover", timeout=20.0)
+    takeover = wait_for(lambda: leases.acquire("takeover", "worker-a", 30.0), "the takeover",
+                        timeout=60.0)
     assert (takeover.owner, takeover.generation) == ("worker-a", 2)  # affected=1, generation=2
 
     with leases.engine.connect() as connection:
         owner_only = connection.execute(
             sa.select(sa.func.count()).select_from(schema.lease).where(
-                schema.lease.c.name == "seed-000", schema.lease.c.owner == "worker-a"
+                schema.lease.c.name == "takeover", schema.lease.c.owner == "worker-a"
             )
         ).scalar_one()
     assert owner_only == 1  # leaseOwnerOnlyMatches: the name cannot tell old from new
 
-    before = lease_row(leases, "seed-000")
+    before = lease_row(leases, "takeover")
     stale_before = stats.snapshot()["stale_writes"]
-    old = Lease("seed-000", "worker-a", 1, 0.0)
+    old = Lease("takeover", "worker-a", 1, 0.0)
     with pytest.raises(StaleGeneration) as error:
         leases.renew(old, 60.0)  # leaseStaleWrite generation=1
     assert error.value.fields["generation"] == 1
@@ -118,12 +120,12 @@ def test_seed_000_takeover_by_the_same_name_fences_the_killed_generation(
     with leases.engine.begin() as connection:
         affected = connection.execute(
             schema.lease.update()
-            .where(schema.lease.c.name == "seed-000", schema.lease.c.owner == "worker-a",
+            .where(schema.lease.c.name == "takeover", schema.lease.c.owner == "worker-a",
                    schema.lease.c.generation == 1)
             .values(expires_at=schema.lease.c.expires_at + 60)
         ).rowcount
     assert affected == 0
-    assert lease_row(leases, "seed-000") == before  # leaseFinal owner=worker-a generation=2
+    assert lease_row(leases, "takeover") == before  # leaseFinal owner=worker-a generation=2
 
 
 def test_acquire_creates_the_row_and_refuses_while_held(leases: LeaseStore) -> None:
@@ -147,19 +149,38 @@ def test_renew_extends_and_release_frees_without_resetting_the_generation(
     assert second is not None and second.generation == 2
 
 
-def test_expiry_is_judged_by_the_database_clock(leases: LeaseStore) -> None:
-    first = leases.acquire("short", "worker-a", 0.3)
-    assert first is not None
+def _database_now(leases: LeaseStore) -> float:
     with leases.engine.connect() as connection:
-        database_clock = connection.execute(
-            sa.select(schema.lease.c.expires_at).where(schema.lease.c.name == "short")
-        ).scalar_one()
-    # expires_at came from the database (now + ttl), not from this process.
-    assert abs(database_clock - (time.time() + 0.3)) < 5
-    taken = wait_for(lambda: leases.acquire("short", "worker-b", 30.0), "expiry", timeout=20.0)
+        return float(connection.execute(sa.select(database_now(connection))).scalar_one())
+
+
+@pytest.mark.parametrize("skew", [3600.0, -3600.0])
+def test_expiry_is_judged_by_the_database_clock(
+    leases: LeaseStore, monkeypatch: pytest.MonkeyPatch, skew: float
+) -> None:
+    """A worker whose clock is an hour off agrees with the database on who holds a lease.
+
+    The worker's clocks (``time.time`` and the application clock) are skewed; the
+    database's is not. A lease store that judged expiry by the worker would write
+    expiries an hour off and hand the lease over an hour early or late.
+    """
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + skew)
+    assert abs(time.time() - _database_now(leases) - skew) < 5  # the skew is real
+    first = leases.acquire("short", "worker-a", 2.0)
+    assert first is not None
+    # expires_at came from the database (its now + ttl), not from this process.
+    assert abs(first.expires_at - (_database_now(leases) + 2.0)) < 1.5
+    # Held while the database says so, however far ahead this worker's clock runs.
+    assert leases.acquire("short", "worker-b", 30.0) is None
+    renewed = leases.renew(first, 2.0)
+    assert abs(renewed.expires_at - (_database_now(leases) + 2.0)) < 1.5
+    # Free once the database says so, however far behind this worker's clock runs.
+    taken = wait_for(lambda: leases.acquire("short", "worker-b", 30.0), "expiry", timeout=30.0)
     assert taken.generation == 2
+    assert _database_now(leases) >= renewed.expires_at
     with pytest.raises(StaleGeneration):
-        leases.renew(first, 30.0)
+        leases.renew(renewed, 30.0)
 
 
 def test_concurrent_processes_racing_for_a_free_lease_yield_one_holder(

@@ -93,7 +93,7 @@ def test_admission_charges_both_sides_and_writes_the_outbox(ledger: Quotagate) -
 
 
 def test_rollback_probe_failure_at_the_last_statement_leaves_nothing(ledger: Quotagate) -> None:
-    """Seed 001: an outbox row with the same id makes admission's last INSERT fail."""
+    """An outbox row with the same id makes admission's last INSERT fail."""
     ledger.submit("rollback-probe", "team-b", {"gpu": 1}, priority=100)
     with ledger.engine.begin() as connection:
         connection.execute(schema.outbox.insert().values(

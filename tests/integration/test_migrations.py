@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from quotagate import Quotagate
+from quotagate.store import schema
 from quotagate.store.migrate import head_revision
 from quotagate.store.schema import metadata
 
@@ -17,3 +19,34 @@ def test_init_creates_the_schema_the_code_expects(empty_db_url: str) -> None:
         with gate.engine.connect() as connection:
             differences = compare_metadata(MigrationContext.configure(connection), metadata)
         assert differences == []
+
+
+def test_upgrading_to_binary_collation_keeps_rows_and_makes_ids_case_sensitive(
+    empty_db_url: str,
+) -> None:
+    """Migration 0009 on a ledger made at 0007: the rows stay, lookups become exact."""
+    from alembic import command
+
+    from quotagate.store.migrate import alembic_config
+
+    with Quotagate.connect(empty_db_url) as gate:
+        config = alembic_config()
+        with gate.engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, "0007")
+        with gate.engine.begin() as connection:
+            connection.execute(schema.tenant.insert().values(name="team-a", created=1.0))
+        gate.init()
+        with gate.engine.connect() as connection:
+            names = connection.execute(
+                sa.select(schema.tenant.c.name).where(schema.tenant.c.name == "TEAM-A")).all()
+            kept = connection.execute(sa.select(schema.tenant.c.name)).scalars().all()
+            if gate.engine.dialect.name in ("mysql", "mariadb"):
+                collations = set(connection.execute(sa.text(
+                    "SELECT DISTINCT collation_name FROM information_schema.columns "
+                    "WHERE table_schema = DATABASE() AND table_name LIKE 'qg\\_%' "
+                    "AND collation_name IS NOT NULL"
+                )).scalars())
+                assert collations == {"utf8mb4_bin"}
+    assert kept == ["team-a"]
+    assert names == []

@@ -38,8 +38,13 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 
 
 @pytest.fixture(params=["ledger", "redis"])
-def rate_store_url(request: pytest.FixtureRequest, redis_server: RedisServer) -> str | None:
-    return redis_server.url if request.param == "redis" else None
+def rate_store_url(request: pytest.FixtureRequest) -> str | None:
+    if request.param != "redis":
+        return None
+    # Only the Redis cases need redis-server: without it they skip (fail with
+    # CI=true), and the ledger cases still run.
+    server: RedisServer = request.getfixturevalue("redis_server")
+    return server.url
 
 
 @pytest.fixture
@@ -77,7 +82,7 @@ def outbox_rows(gate: Quotagate, request_id: str) -> int:
         ).scalar_one())
 
 
-def test_seed_000_rejected_then_recovered_after_top_up(rated: Quotagate) -> None:
+def test_a_rejected_request_is_recovered_after_a_top_up(rated: Quotagate) -> None:
     rated.set_rate("tenant-a", {"capacity": 5, "refill_per_second": 0})
     for index in range(5):
         assert rated.submit(f"job-{index}", "tenant-a", {"gpu": 1}).created
@@ -95,18 +100,14 @@ def test_seed_000_rejected_then_recovered_after_top_up(rated: Quotagate) -> None
     assert rated.admit_until_idle() == 5
     assert rated.show("job-blocked").state == RequestState.REJECTED
     assert outbox_rows(rated, "job-blocked") == 0
-    left = tokens(rated, "tenant-a")
-    line = f"blockedStatus={blocked.state.value.upper()} tokensAtBlock={left:g}"
-    assert line == "blockedStatus=REJECTED tokensAtBlock=0"
+    assert tokens(rated, "tenant-a") == 0  # the refusal took no token
 
     rated.add_tokens("tenant-a", 3)
     recovered = rated.submit("job-blocked", "tenant-a", {"gpu": 1})
     assert recovered.created
     assert recovered.request.state == RequestState.WAITING
     assert recovered.request.reason is None
-    status = "ACCEPTED" if recovered.request.state == RequestState.WAITING else "REJECTED"
-    line = f"recoveredStatus={status} tokensAfter={tokens(rated, 'tenant-a'):g}"
-    assert line == "recoveredStatus=ACCEPTED tokensAfter=2"
+    assert tokens(rated, "tenant-a") == 2  # 3 added, 1 taken by the recovered submit
     assert rated.show("job-blocked").state == RequestState.WAITING
     assert audit_outcomes(rated, "job-blocked")[-1] == ("submit", "accepted", None)
     assert rated.admit_until_idle() == 1  # the recovered request, like any other
@@ -114,7 +115,7 @@ def test_seed_000_rejected_then_recovered_after_top_up(rated: Quotagate) -> None
 
 
 @pytest.mark.parametrize(("capacity", "accepted_each"), [(5, 3), (2, 2)])
-def test_seed_000_six_threads_through_the_submit_path(
+def test_six_threads_through_the_submit_path(
     rated: Quotagate, capacity: int, accepted_each: int
 ) -> None:
     """6 threads, 2 tenants x 3 requests: grants per tenant = min(3, capacity), no interference."""

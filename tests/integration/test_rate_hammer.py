@@ -124,10 +124,10 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 
 
 @pytest.fixture(params=["sqlite", "postgresql", "mysql", "redis"])
-def store_url(
-    request: pytest.FixtureRequest, tmp_path: Path, redis_server: RedisServer
-) -> Iterator[str]:
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "redis":
+        # Only the Redis case needs redis-server; the SQL cases run without it.
+        redis_server: RedisServer = request.getfixturevalue("redis_server")
         yield redis_server.url
         return
     with fresh_database(request.param, tmp_path) as url:

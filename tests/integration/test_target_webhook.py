@@ -2,7 +2,7 @@
 
 The server behaves like an idempotent receiver: objects keyed by name, 409 on
 a second POST of a name, ``GET /hooks/<name>`` to read back, and it can drop
-a reply after acting on the request (the lost reply of seed 001).
+a reply after acting on the request (a lost reply: docs/delivery.md).
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ class Receiver(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
         self.objects: dict[str, dict[str, Any]] = {}
         self.posts: list[dict[str, Any]] = []
+        # What each POST was answered (0: acted on, reply dropped) and each GET asked for.
+        self.answers: list[int] = []
+        self.reads: list[str] = []
         self.fail_posts = 0
         self.drop_replies = 0
         self.lock = threading.Lock()
@@ -53,10 +56,12 @@ class Handler(JsonHandler):
             self.server.posts.append({"body": body, "headers": dict(self.headers)})
             if self.server.fail_posts:
                 self.server.fail_posts -= 1
+                self.server.answers.append(500)
                 self._reply(500, {"error": "busy"})
                 return
             name = body["name"]
             if name in self.server.objects:
+                self.server.answers.append(409)
                 self._reply(409, {"error": "exists"})
                 return
             stored = {"id": uuid.uuid4().hex, "name": name, "request_id": body["request_id"],
@@ -65,14 +70,17 @@ class Handler(JsonHandler):
             self.server.objects[name] = stored
             if self.server.drop_replies:
                 self.server.drop_replies -= 1
+                self.server.answers.append(0)
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)  # acted, but the reply is lost
                 return
+            self.server.answers.append(201)
         self._reply(201, stored)
 
     def do_GET(self) -> None:
         name = self.path.rsplit("/", 1)[-1]
         with self.server.lock:
+            self.server.reads.append(name)
             found = self.server.objects.get(name)
         if found is None:
             self._reply(404, {"error": "not found"})
@@ -122,7 +130,10 @@ def test_a_lost_reply_is_resolved_by_reading_back_not_by_creating_again(
     with pytest.raises(DeliveryFailed):
         target.create_if_absent(spec())
     again = target.create_if_absent(spec(token=2))  # the retry: 409, then GET
-    assert len(receiver.objects) == 1
+    # The first POST acted (its reply lost); the retry was refused as a duplicate
+    # and resolved by reading the object back by its name.
+    assert receiver.answers == [0, 409]
+    assert receiver.reads == ["team-a-job-1-0"]
     assert again.uid == receiver.objects["team-a-job-1-0"]["id"]
     assert not again.created_now
 
@@ -182,6 +193,7 @@ def test_dispatcher_delivers_through_the_webhook_and_retries_after_a_500(
         stored["state"] = "completed"
         dispatcher.run_once()
         assert gate.show("job-1").state == RequestState.COMPLETED
-        assert len(receiver.posts) == 2 and len(receiver.objects) == 1
+        # One refused POST, one that created the object; then only reads.
+        assert receiver.answers == [500, 201]
         assert gate.check_invariants() == []
         dispatcher.release()

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from quotagate import Quotagate
 
 WORKER = "from quotagate.cli.main import main; main()"
-FAST_OPTIONS = ["--lease-ttl", "1", "--poll", "0.05", "--retry-base", "0.2"]
+FAST_OPTIONS = ["--lease-ttl", "2", "--poll", "0.05", "--retry-base", "0.2"]
 
 
 def start_worker(db_url: str, name: str, *extra: str, crash_at: str | None = None,

@@ -1,4 +1,4 @@
-"""Bucket keys and their names in shared stores (DESIGN invariant 8)."""
+"""Bucket keys and their names in shared stores (docs/invariants.md, 8)."""
 
 from __future__ import annotations
 

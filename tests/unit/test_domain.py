@@ -74,3 +74,14 @@ def test_bad_request_ids_are_refused(request_id: object) -> None:
 def test_bad_tenant_names_are_refused(tenant: str) -> None:
     with pytest.raises(InvalidInput):
         build_submission(request_id="job-1", tenant=tenant, cost={"gpu": 1})
+
+
+def test_reasons_from_outside_are_bounded_before_they_reach_the_ledger() -> None:
+    from quotagate.domain.model import MAX_REASON_LENGTH, bounded_reason, validate_reason
+
+    for text in ("a\x00b", "bad \ud800 text", "x" * 5000):
+        bounded = bounded_reason(text)
+        assert bounded is not None and validate_reason(bounded) == bounded
+    assert bounded_reason("a\x00b") == "ab"
+    assert len(bounded_reason("x" * 5000) or "") == MAX_REASON_LENGTH
+    assert bounded_reason(None) is None

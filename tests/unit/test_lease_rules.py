@@ -34,7 +34,7 @@ def test_every_acquisition_moves_the_generation_on() -> None:
 def test_a_write_is_current_only_with_owner_and_generation() -> None:
     lease = Lease("worker/a", "worker-a", 2, 100.0)
     assert is_current(lease, "worker-a", 2)
-    # Same name, older generation: the revived old process of seed 000.
+    # Same name, older generation: a revived old process.
     assert not is_current(lease, "worker-a", 1)
     assert not is_current(lease, "worker-b", 2)
 

@@ -1,7 +1,7 @@
 """The one authorization decision: may this actor do this operation for this tenant?
 
-Seed 004's control plane hands its pluggable authorizer a ``(tenant, actor,
-operation)`` triple; we keep exactly that shape so a deployment can replace the
+The authorizer is handed a ``(tenant, actor, operation)`` triple, the shape
+multi-tenant control planes commonly give a pluggable authorizer, so a deployment can replace the
 rule (groups from its identity provider, read-only tokens, …) without touching
 the HTTP layer. Authentication (which token is this?) is separate and happens
 before: the authorizer only ever sees an authenticated :class:`Actor`.

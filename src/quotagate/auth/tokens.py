@@ -120,6 +120,9 @@ class TokenStore:
         if label is not None and len(label) > _MAX_LABEL:
             raise InvalidInput(f"label is longer than {_MAX_LABEL} characters",
                                code="invalid_label")
+        if label is not None and ("\x00" in label or not label.isprintable()):
+            raise InvalidInput("label must be printable text (no NUL or control characters)",
+                               code="invalid_label")
         token_id = secrets.token_hex(_ID_BYTES)
         secret = secrets.token_urlsafe(_SECRET_BYTES)
 

@@ -34,8 +34,8 @@ def demo(db_url: str | None, clients: int, requests_per_client: int, admitters: 
         for violation in violations:
             click.echo(f"INVARIANT VIOLATED: {violation}", err=True)
         sys.exit(1)
-    click.echo("invariants 1-2 hold: used = sum of reserved costs <= cap everywhere, "
-               "every reserved request has its outbox row")
+    click.echo("ledger check passed (docs/invariants.md, 1-2): used = sum of reserved costs "
+               "<= cap everywhere, every reserved request has its outbox row")
     click.echo(f"look around: quotagate inspect --db {url}")
 
 

@@ -214,12 +214,18 @@ def explain(request_id: str, as_json: bool, db_url: str | None) -> None:
 @db_option
 @reports_errors
 def check(db_url: str | None) -> None:
-    """Verify invariants 1-2 over the whole ledger; exit 1 on any violation."""
+    """Verify the ledger's accounting (docs/invariants.md, 1-2); exit 1 on any violation.
+
+    Usage above a cap that was lowered below it is reported as over-cap, not as a
+    violation: lowering a cap is allowed, and admission waits until usage drops.
+    """
     with open_gate(db_url) as gate:
-        violations = gate.check_invariants()
-    for violation in violations:
+        result = gate.check_ledger()
+    for violation in result.violations:
         click.echo(f"violation: {violation}", err=True)
-    if violations:
+    for note in result.over_cap:
+        click.echo(f"over cap (admission waits until usage drops): {note}")
+    if result.violations:
         raise SystemExit(1)
     click.echo("invariants hold")
 

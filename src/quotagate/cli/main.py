@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import click
 
-from quotagate.cli import admin, demo, ledger, rate, server, streaming, streams, tokens, top, worker
+from quotagate.cli import (
+    admin,
+    demo,
+    ledger,
+    rate,
+    retention,
+    server,
+    streaming,
+    streams,
+    tokens,
+    top,
+    worker,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -14,7 +26,8 @@ def cli() -> None:
 
 
 # Each module exposes a list COMMANDS of click commands/groups to register.
-for module in (admin, ledger, demo, rate, server, streaming, streams, tokens, worker, top):
+for module in (admin, ledger, demo, rate, retention, server, streaming, streams, tokens, worker,
+               top):
     for command in module.COMMANDS:
         cli.add_command(command)
 

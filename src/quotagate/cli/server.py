@@ -9,6 +9,7 @@ import click
 
 from quotagate.cli.common import db_option, ensure_schema, open_gate, reports_errors
 from quotagate.cli.rate import rate_store_option
+from quotagate.cli.retention import parse_duration
 from quotagate.cli.streams import redis_option
 from quotagate.store.engine import database_url, redact
 
@@ -34,6 +35,11 @@ from quotagate.store.engine import database_url, redact
 @click.option("--tour", is_flag=True,
               help="Once up, walk through a short guided tour against this server "
               "(creates an admin token, tenants, pools, a process target and requests).")
+@click.option("--prune-older-than", "prune_older_than", default=None, metavar="DURATION",
+              envvar="QUOTAGATE_PRUNE_OLDER_THAN",
+              help="Delete finished requests and audit entries older than this (30d, 12h, …) "
+              "in the background, as `quotagate prune` does. Off unless given. "
+              "Also $QUOTAGATE_PRUNE_OLDER_THAN.")
 @db_option
 @redis_option
 @rate_store_option
@@ -41,13 +47,19 @@ from quotagate.store.engine import database_url, redact
 def serve(
     host: str, port: int, admit_interval: float, admit_batch: int, no_workers: bool,
     log_level: str, access_log: bool, worker_name: str | None, concurrency: int, tour: bool,
-    db_url: str | None,
+    prune_older_than: str | None, db_url: str | None,
     redis_url: str | None, rate_store: str | None,
 ) -> None:
     """Run the HTTP API, admission and delivery until SIGTERM."""
     from quotagate.http import service
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    # Alembic's "Context impl…" lines say nothing to someone starting a server; in
+    # the tour, httpx's line per tour call would bury the tour's own lines.
+    quiet = ("alembic", "httpx", "httpcore") if tour else ("alembic",)
+    for name in quiet:
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
+    retention = None if prune_older_than is None else parse_duration(prune_older_than)
     gate = open_gate(db_url, redis=redis_url, rate_store=rate_store)
     ensure_schema(gate)
     click.echo(f"quotagate serving http://{host}:{port} on {redact(database_url(db_url))}",
@@ -69,6 +81,7 @@ def serve(
         gate, host=host, port=port, admit_interval=admit_interval, admit_batch=admit_batch,
         workers=not no_workers, log_level=log_level, access_log=access_log,
         on_started=on_started, worker_name=worker_name, concurrency=concurrency,
+        prune_older_than=retention,
     ))
 
 

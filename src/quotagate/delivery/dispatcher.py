@@ -46,7 +46,7 @@ from quotagate.delivery.targets.base import (
     StopResult,
 )
 from quotagate.domain.lease import Lease, validate_owner, validate_ttl
-from quotagate.domain.model import RequestState
+from quotagate.domain.model import RequestState, bounded_reason
 from quotagate.errors import Conflict, InvalidInput, QuotagateError, StaleGeneration
 from quotagate.store.lease import LeaseStore
 
@@ -385,7 +385,8 @@ class Dispatcher:
                      redact_text(detail))
         try:
             self.gate.ledger.release(
-                claim.request_id, RequestState.FAILED, reason=reason, actor=self.actor,
+                claim.request_id, RequestState.FAILED, reason=bounded_reason(reason),
+                actor=self.actor,
                 fence=self.outbox.fence(claim),
             )
         except StaleGeneration as error:
@@ -393,7 +394,7 @@ class Dispatcher:
             return 0
         except (RequestGone, Conflict):
             return 0
-        stats.increment("failed")
+        stats.increment("given_up")
         return 1
 
     def _stale(self, error: StaleGeneration) -> None:
@@ -451,7 +452,7 @@ class Dispatcher:
     def _stopped(self, claim: Claim, result: StopResult) -> int:
         try:
             released = self.gate.ledger.release(
-                claim.request_id, RequestState.CANCELLED, reason=result.reason,
+                claim.request_id, RequestState.CANCELLED, reason=bounded_reason(result.reason),
                 actor=self.actor, fence=self.outbox.fence(claim), stopped=True,
             )
         except StaleGeneration as error:
@@ -511,14 +512,14 @@ class Dispatcher:
         state = RequestState.COMPLETED if outcome.completed else RequestState.FAILED
         try:
             result = self.gate.ledger.release(
-                request_id, state, reason=outcome.reason, actor=self.actor,
+                request_id, state, reason=bounded_reason(outcome.reason), actor=self.actor,
                 fence=functools.partial(self.leases.fence, lease=lease),
             )
         except Conflict:
             return 0  # another worker (or a callback) recorded the end first
         if not result.released:
             return 0
-        stats.increment("completed" if outcome.completed else "failed")
+        stats.increment("executor_completed" if outcome.completed else "executor_failed")
         return 1
 
     def _crash_point(self, name: str) -> None:

@@ -1,6 +1,6 @@
 """Deterministic external names: the same request always maps to the same object.
 
-This is what makes a lost reply recoverable (DESIGN invariant 5): a retry does
+This is what makes a lost reply recoverable (docs/invariants.md, 5): a retry does
 not invent a new name, it finds the object the lost attempt created.
 """
 
@@ -35,6 +35,6 @@ def external_name(ledger_id: str, tenant: str, request_id: str) -> str:
 
 def label_value(text: str) -> str:
     """``text`` itself if it is a valid Kubernetes label value, else a stable hash of it."""
-    if _LABEL_VALUE.match(text):
+    if _LABEL_VALUE.fullmatch(text):
         return text
     return "h-" + hashlib.sha256(text.encode()).hexdigest()[:40]

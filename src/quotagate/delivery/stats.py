@@ -13,8 +13,11 @@ COUNTERS = (
     "delivered",
     "delivery_errors",
     "retried",
-    "failed",
-    "completed",
+    # Delivery gave up on a request (last attempt, or an error no retry can fix).
+    "given_up",
+    # What executors reported, read back from the target (not delivery's doing).
+    "executor_completed",
+    "executor_failed",
     "stale_writes",
     "leases_acquired",
     "leases_lost",

@@ -3,7 +3,7 @@
 A bucket holds up to ``capacity`` tokens and gains ``refill_per_second``
 tokens per second of elapsed time. ``take(n)`` grants all ``n`` tokens or
 none. With ``refill_per_second == 0`` a bucket is a plain counter of tokens
-that only an explicit top-up replenishes (seed 000's "tokens > 0" quota).
+that only an explicit top-up replenishes (a "tokens > 0" quota, docs/rate-quotas.md).
 
 The SQL statement and the Redis script in :mod:`quotagate.rate` compute the
 same formulas inside the store, where the decision is atomic; this module is

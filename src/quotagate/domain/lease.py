@@ -1,4 +1,4 @@
-"""Generational leases, the pure rules (seed 000).
+"""Generational leases, the pure rules (docs/invariants.md, 6).
 
 A lease is a named ownership with a generation that grows by one at every
 acquisition or takeover. The generation, not the owner's name, is what makes a
@@ -54,7 +54,7 @@ def is_free(owner: str | None, expires_at: float, now: float) -> bool:
 
     The SQL condition of acquisition is this rule: ``owner IS NULL OR
     expires_at < now``. Expiry alone allows a takeover; it never proves the old
-    holder's last attempt had no effect (seed 000), so work done under a lease
+    holder's last attempt had no effect, so work done under a lease
     must still be idempotent downstream.
     """
     return owner is None or expires_at < now
@@ -75,7 +75,7 @@ def is_current(lease: Lease, owner: str | None, generation: int) -> bool:
 
 
 def validate_lease_name(value: object) -> str:
-    if not isinstance(value, str) or not _LEASE_NAME.match(value):
+    if not isinstance(value, str) or not _LEASE_NAME.fullmatch(value):
         raise InvalidInput(
             "lease name must be 1-128 characters of letters, digits, '.', '_', ':', '/' or '-'",
             code="invalid_lease_name",
@@ -84,7 +84,7 @@ def validate_lease_name(value: object) -> str:
 
 
 def validate_owner(value: object) -> str:
-    if not isinstance(value, str) or not _OWNER_NAME.match(value):
+    if not isinstance(value, str) or not _OWNER_NAME.fullmatch(value):
         raise InvalidInput(
             "worker name must be 1-100 characters of letters, digits, '.', '_' or '-', "
             "starting with a letter or digit",

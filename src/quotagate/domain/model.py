@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -14,11 +15,20 @@ from quotagate.errors import InvalidInput
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_AMOUNT = 10**12
 
-_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+# The patterns are matched whole (fullmatch: "$" would also match before a
+# trailing newline); the HTTP API's OpenAPI document states the same ones.
+REQUEST_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}"
 # Tenant and pool names become parts of Kubernetes object names and Redis keys,
 # so they follow DNS-1123 labels.
-_NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_RESOURCE_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+NAME_PATTERN = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+RESOURCE_PATTERN = r"[a-z][a-z0-9_]{0,31}"
+MAX_PRIORITY = 1_000_000
+_ID_PATTERN = re.compile(REQUEST_ID_PATTERN)
+_NAME_PATTERN = re.compile(NAME_PATTERN)
+_RESOURCE_PATTERN = re.compile(RESOURCE_PATTERN)
+
+MAX_REASON_LENGTH = 1024
+MAX_REJECTED_PAYLOAD_BYTES = 1024
 
 Cost = dict[str, int]
 
@@ -95,7 +105,7 @@ class Submission:
 
 
 def validate_request_id(value: object) -> str:
-    if not isinstance(value, str) or not _ID_PATTERN.match(value):
+    if not isinstance(value, str) or not _ID_PATTERN.fullmatch(value):
         raise InvalidInput(
             "request id must be 1-128 characters of letters, digits, '.', '_', ':' or '-', "
             "starting with a letter or digit",
@@ -105,7 +115,7 @@ def validate_request_id(value: object) -> str:
 
 
 def validate_name(value: object, kind: str) -> str:
-    if not isinstance(value, str) or not _NAME_PATTERN.match(value):
+    if not isinstance(value, str) or not _NAME_PATTERN.fullmatch(value):
         raise InvalidInput(
             f"{kind} name must be a DNS-1123 label: 1-63 lowercase letters, digits or '-', "
             "starting and ending with a letter or digit",
@@ -115,7 +125,7 @@ def validate_name(value: object, kind: str) -> str:
 
 
 def validate_resource(value: object) -> str:
-    if not isinstance(value, str) or not _RESOURCE_PATTERN.match(value):
+    if not isinstance(value, str) or not _RESOURCE_PATTERN.fullmatch(value):
         raise InvalidInput(
             "resource name must be 1-32 characters of lowercase letters, digits or '_', "
             "starting with a letter",
@@ -151,7 +161,9 @@ def validate_amounts(
 
 
 def validate_priority(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not -1_000_000 <= value <= 1_000_000:
+    if isinstance(value, bool) or not isinstance(value, int) or not (
+        -MAX_PRIORITY <= value <= MAX_PRIORITY
+    ):
         raise InvalidInput(
             "priority must be a whole number between -1000000 and 1000000",
             code="invalid_priority",
@@ -165,11 +177,68 @@ def canonical_payload(payload: Any) -> str:
         text = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"payload must be JSON: {exc}", code="invalid_payload") from exc
+    # JSON may spell a lone UTF-16 surrogate ("\ud800") and the parser accepts it,
+    # but no UTF-8 answer can carry one: stored, it would make every answer
+    # about the request, and every listing of its tenant, fail to encode.
+    check_unicode(json.dumps(payload, ensure_ascii=False), what="payload", code="invalid_payload")
     if len(text.encode()) > MAX_PAYLOAD_BYTES:
         raise InvalidInput(
             f"payload is larger than {MAX_PAYLOAD_BYTES} bytes", code="payload_too_large"
         )
     return text
+
+
+def kept_payload(payload_json: str, state: RequestState) -> str:
+    """What the ledger keeps of a canonical payload for a request in ``state``.
+
+    A rejected request never runs, and anyone can send thousands of refused
+    submits: it keeps its payload only up to :data:`MAX_REJECTED_PAYLOAD_BYTES`,
+    above that only the size and digest, which is enough to tell an identical
+    replay from a changed one (docs/decisions/803-bounded-refusals.md).
+    """
+    if state != RequestState.REJECTED or len(payload_json) <= MAX_REJECTED_PAYLOAD_BYTES:
+        return payload_json
+    # payload_json is ASCII (json.dumps escapes the rest): characters are bytes.
+    digest = hashlib.sha256(payload_json.encode()).hexdigest()
+    return json.dumps({"omitted_payload": {"bytes": len(payload_json), "sha256": digest}},
+                      sort_keys=True, separators=(",", ":"))
+
+
+def check_unicode(text: str, *, what: str, code: str = "invalid_input") -> None:
+    """Refuse text no UTF-8 document can carry (lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInput(
+            f"{what} holds a lone UTF-16 surrogate ({exc.object[exc.start]!a}): not Unicode text",
+            code=code,
+        ) from None
+
+
+def validate_reason(value: object) -> str | None:
+    """A release reason: free text, but text a database and a UTF-8 answer can hold."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > MAX_REASON_LENGTH:
+        raise InvalidInput(f"reason must be text of at most {MAX_REASON_LENGTH} characters",
+                           code="invalid_input")
+    if "\x00" in value:
+        # PostgreSQL refuses NUL in text and MariaDB would cut the reason short there.
+        raise InvalidInput("reason must not contain a NUL character", code="invalid_input")
+    check_unicode(value, what="reason")
+    return value
+
+
+def bounded_reason(text: str | None) -> str | None:
+    """A reason from a target or an executor, made one :func:`validate_reason` accepts.
+
+    Such text comes from outside (a webhook's answer, a Kubernetes status): a NUL,
+    a lone surrogate or a page of text must not stop the request from ending.
+    """
+    if text is None:
+        return None
+    cleaned = text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+    return cleaned[:MAX_REASON_LENGTH]
 
 
 def parse_payload_text(text: str) -> Any:

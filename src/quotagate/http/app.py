@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, FastAPI
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI
 
 from quotagate.app import Quotagate
 from quotagate.auth.authorizer import Authorizer, default_authorizer
@@ -10,7 +12,9 @@ from quotagate.auth.tokens import TokenStore
 from quotagate.http.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from quotagate.http.context import ApiContext
 from quotagate.http.errors import install_error_handlers
+from quotagate.http.openapi import API_ERRORS, PROBE_ERRORS, constrain_parameters, whole_bounds
 from quotagate.http.routers import admin, audit, dashboard, health, rate, requests, streams
+from quotagate.http.strict_query import refuse_unknown_query_parameters
 from quotagate.observability.metrics import Metrics
 
 # Every router the API serves. A new area adds one line here.
@@ -49,7 +53,22 @@ def create_app(
     )
     install_error_handlers(app)
     for router in ROUTERS:
-        app.include_router(router)
+        app.include_router(router, responses=PROBE_ERRORS if router is health.router
+                           else API_ERRORS,
+                           dependencies=[Depends(refuse_unknown_query_parameters)])
+    _state_constraints(app)
     dashboard.mount_ui(app)
     app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes)
     return app
+
+
+def _state_constraints(app: FastAPI) -> None:
+    """Serve the generated document with the parameter constraints the API enforces."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = whole_bounds(constrain_parameters(generate()))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from quotagate.app import Quotagate
 from quotagate.auth.authorizer import Authorizer
+from quotagate.auth.refusals import RefusalThrottle
 from quotagate.auth.tokens import TokenStore
 from quotagate.observability.metrics import Metrics
 
@@ -19,6 +20,8 @@ class ApiContext:
     tokens: TokenStore
     authorizer: Authorizer
     metrics: Metrics
+    # At most one audit row per actor and operation per minute for 403s.
+    refusals: RefusalThrottle = field(default_factory=RefusalThrottle)
 
 
 async def get_context(request: Request) -> ApiContext:

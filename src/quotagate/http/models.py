@@ -1,13 +1,46 @@
 """Request bodies. Strict types: the domain validators judge the values (400),
-pydantic only the shape (422), so ``"gpu": true`` is never taken for 1."""
+pydantic only the shape (422), so ``"gpu": true`` is never taken for 1 nor
+``"1"`` for a number. A JSON number with a zero fraction (``1.0``) is a whole
+number, as JSON Schema says (docs/decisions/805-openapi-states-the-constraints.md)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictStr
 
-from quotagate.domain.bucket import BucketConfig
+from quotagate.domain.bucket import MAX_CAPACITY, MAX_REFILL_PER_SECOND, BucketConfig
+from quotagate.domain.model import (
+    MAX_AMOUNT,
+    MAX_PRIORITY,
+    NAME_PATTERN,
+    REQUEST_ID_PATTERN,
+    RESOURCE_PATTERN,
+)
+
+
+def _whole_number(value: object) -> object:
+    # bool is an int subclass and JSON's true is not 1; 2.0 is 2 (JSON Schema's integer).
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ValueError("must be a whole number")
+
+
+WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
+
+# Constraints the domain validators enforce (400 with their own codes), stated in
+# the OpenAPI document only: pydantic checks the shape (422), not these values.
+
+
+def _amounts(minimum: int) -> dict[str, Any]:
+    return {"propertyNames": {"pattern": f"^{RESOURCE_PATTERN}$", "maxLength": 32},
+            "additionalProperties": {"type": "integer", "minimum": minimum,
+                                     "maximum": MAX_AMOUNT}}
+
+
+_NAME: dict[str, Any] = {"pattern": f"^{NAME_PATTERN}$", "maxLength": 63}
 
 
 class _Body(BaseModel):
@@ -15,10 +48,12 @@ class _Body(BaseModel):
 
 
 class RateBody(_Body):
-    capacity: StrictInt = Field(description="Tokens the bucket holds when full", examples=[5])
-    refill_per_second: StrictInt | StrictFloat = Field(
+    capacity: WholeNumber = Field(description="Tokens the bucket holds when full", examples=[5],
+                                json_schema_extra={"minimum": 1, "maximum": int(MAX_CAPACITY)})
+    refill_per_second: WholeNumber | StrictFloat = Field(
         default=0, description="Tokens gained per second; 0: only top-ups refill it",
         examples=[0, 0.5],
+        json_schema_extra={"minimum": 0, "maximum": MAX_REFILL_PER_SECOND},
     )
 
     def config(self) -> BucketConfig:
@@ -27,13 +62,14 @@ class RateBody(_Body):
 
 
 class TokensBody(_Body):
-    add: StrictInt = Field(description="Tokens to add (never above the capacity)", examples=[3])
+    add: WholeNumber = Field(description="Tokens to add (never above the capacity)", examples=[3],
+                           json_schema_extra={"minimum": 1, "maximum": int(MAX_CAPACITY)})
 
 
 class TenantBody(_Body):
-    quota: dict[StrictStr, StrictInt] = Field(
+    quota: dict[StrictStr, WholeNumber] = Field(
         default_factory=dict, description="Cap per resource, e.g. {\"gpu\": 2}",
-        examples=[{"gpu": 2}],
+        examples=[{"gpu": 2}], json_schema_extra=_amounts(0),
     )
     rate: RateBody | None = Field(
         default=None, description="Rate quota (token bucket); null removes it, absent keeps it",
@@ -42,27 +78,48 @@ class TenantBody(_Body):
 
 
 class PoolBody(_Body):
-    capacity: dict[StrictStr, StrictInt] = Field(
+    capacity: dict[StrictStr, WholeNumber] = Field(
         default_factory=dict, description="Capacity per resource, e.g. {\"gpu\": 4}",
-        examples=[{"gpu": 4}],
+        examples=[{"gpu": 4}], json_schema_extra=_amounts(0),
     )
 
 
 class SubmitBody(_Body):
-    id: StrictStr = Field(description="Stable request id: the idempotency key", examples=["job-1"])
-    cost: dict[StrictStr, StrictInt] = Field(description="Amount per resource",
-                                             examples=[{"gpu": 1}])
-    priority: StrictInt = 0
-    payload: Any = Field(default=None, description="JSON handed to the executor")
-    target: StrictStr | None = Field(default=None, description="Delivery target name")
+    id: StrictStr = Field(description="Stable request id: the idempotency key", examples=["job-1"],
+                          json_schema_extra={"pattern": f"^{REQUEST_ID_PATTERN}$",
+                                             "maxLength": 128})
+    cost: dict[StrictStr, WholeNumber] = Field(description="Amount per resource",
+                                             examples=[{"gpu": 1}],
+                                             json_schema_extra={**_amounts(1), "minProperties": 1})
+    priority: WholeNumber = Field(default=0, description="Higher first; waiting adds to it",
+                                json_schema_extra={"minimum": -MAX_PRIORITY,
+                                                   "maximum": MAX_PRIORITY})
+    payload: Any = Field(default=None, description="JSON handed to the executor (at most 64 KiB)")
+    target: StrictStr | None = Field(default=None, description="Delivery target name",
+                                     json_schema_extra=_NAME)
 
 
 # The most requests one batch submit may carry (docs/decisions/309-batch-submit.md).
 MAX_BATCH = 1000
 
 
+class BatchEntryBody(_Body):
+    """One entry of a batch: the shape of a submit, its values judged per entry.
+
+    The value constraints of :class:`SubmitBody` are not stated here: an entry that
+    breaks them is not a malformed batch but an entry answered with its error in
+    ``results[i]``, as a single submit of it would be answered."""
+
+    id: StrictStr = Field(description="Stable request id: the idempotency key", examples=["job-1"])
+    cost: dict[StrictStr, WholeNumber] = Field(description="Amount per resource",
+                                               examples=[{"gpu": 1}])
+    priority: WholeNumber = 0
+    payload: Any = Field(default=None, description="JSON handed to the executor (at most 64 KiB)")
+    target: StrictStr | None = Field(default=None, description="Delivery target name")
+
+
 class BatchSubmitBody(_Body):
-    requests: list[SubmitBody] = Field(
+    requests: list[BatchEntryBody] = Field(
         description=f"Up to {MAX_BATCH} submissions, each answered as a single submit would be",
         json_schema_extra={"maxItems": MAX_BATCH},
     )
@@ -80,8 +137,9 @@ class BatchAnswer(BaseModel):
 
 
 class ReleaseBody(_Body):
-    reason: StrictStr | None = Field(default=None, max_length=1024)
-    fencing_token: StrictInt | None = Field(
+    reason: StrictStr | None = Field(default=None, max_length=1024,
+                                     json_schema_extra={"pattern": "^[^\\x00]*$"})
+    fencing_token: WholeNumber | None = Field(
         default=None,
         description="Executor callbacks: the fencing token the delivery carried "
                     "(Quotagate-Fencing-Token); required with an executor token",

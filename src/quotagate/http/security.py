@@ -10,6 +10,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.exc import SQLAlchemyError
 
 from quotagate.auth.authorizer import REQUEST_OPERATIONS, TOPIC_OPERATIONS, Actor
+from quotagate.auth.refusals import refusal_reason
 from quotagate.errors import Forbidden, NotFound, QuotagateError, Unauthorized
 from quotagate.http.context import ApiContext, Context
 from quotagate.store.audit import AuditEntry, record
@@ -72,8 +73,12 @@ def authorize(
 def _audit_refusal(context: ApiContext, actor: Actor, operation: str, target: str | None) -> None:
     # Recorded under the actor's own tenant, so a tenant sees its own refused
     # attempts and the tenant it aimed at learns nothing.
-    entry = AuditEntry(actor.name, operation, "refused", actor.tenant, target, "not authorized")
     now = context.gate.clock.now()
+    count = context.refusals.admit(actor.name, operation, now)
+    if count is None:
+        return  # counted in the metric; this minute's row for it is written
+    entry = AuditEntry(actor.name, operation, "refused", actor.tenant, target,
+                       refusal_reason(count, context.refusals.window))
     try:
         run_transaction(context.gate.engine, lambda connection: record(connection, now, entry))
     except (QuotagateError, SQLAlchemyError):

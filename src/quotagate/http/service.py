@@ -114,6 +114,7 @@ def run(
     on_started: Callable[[], None] | None = None,
     worker_name: str | None = None,
     concurrency: int = 32,
+    prune_older_than: float | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT; return the exit status.
 
@@ -136,6 +137,10 @@ def run(
         dispatcher = load_dispatcher(gate, worker_name, concurrency)
         if dispatcher is not None:
             loops.append(("dispatcher", dispatcher))
+        if prune_older_than is not None:
+            from quotagate.http.pruning import PruneLoop
+
+            loops.append(("retention", PruneLoop(gate, prune_older_than)))
         threads = [threading.Thread(target=worker.run, args=(stop,), name=name)
                    for name, worker in loops]
     config = uvicorn.Config(

@@ -1,8 +1,8 @@
 """What the ledger's submit path needs from rate quotas, and how a refusal reads.
 
 The ledger asks for a token after it has validated a submission and before it
-records it as waiting (seed 000: the quota is decided *before* the request
-enters the queue). A refusal is recorded as a ``rejected`` request with the
+records it as waiting: the quota is decided *before* the request enters the
+queue (docs/rate-quotas.md). A refusal is recorded as a ``rejected`` request with the
 reason built here, and the caller gets :class:`~quotagate.errors.RateLimited`.
 """
 

@@ -1,8 +1,8 @@
 """Which bucket a take is about, and the names it has in each store.
 
-A bucket belongs to a tenant, optionally narrowed to a topic (seed 004's
-``tenant:topic`` production-rate quotas). In shared stores a tenant's keys are
-namespaced (DESIGN invariant 8): ``tenant:{team-a}:`` in front of the name the
+A bucket belongs to a tenant, optionally narrowed to a topic (``tenant:topic``
+production-rate quotas, docs/streams.md). In shared stores a tenant's keys are
+namespaced (docs/invariants.md, 8): ``tenant:{team-a}:`` in front of the name the
 key would have without tenants, the tenant in braces so that all of one
 tenant's keys share a Redis Cluster hash slot. The default tenant keeps the
 un-prefixed names, so a single-tenant deployment's keys do not move.
@@ -29,7 +29,7 @@ class BucketKey:
 
     def __post_init__(self) -> None:
         validate_name(self.tenant, "tenant")
-        if self.topic is not None and not _TOPIC_PATTERN.match(self.topic):
+        if self.topic is not None and not _TOPIC_PATTERN.fullmatch(self.topic):
             raise InvalidInput(
                 "topic must be 1-100 characters of letters, digits, '.', '_' or '-', "
                 "starting with a letter or digit",

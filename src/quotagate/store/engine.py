@@ -96,6 +96,9 @@ def create_engine(text: str, *, read_timeout: float | None = None, **options: An
     if read_timeout is None:
         read_timeout = configured_read_timeout()
     backend = url.get_backend_name()
+    # Parameters are payloads, reasons and token hashes: a database error's
+    # message (logged, or raised into a traceback) must not carry them.
+    options.setdefault("hide_parameters", True)
     try:
         if backend == "sqlite":
             engine = sa.create_engine(

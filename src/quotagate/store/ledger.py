@@ -29,6 +29,8 @@ from quotagate.domain.model import (
     Request,
     RequestState,
     Submission,
+    kept_payload,
+    validate_reason,
 )
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL, queue_key
 from quotagate.domain.placement import Candidate, Placement, plan_admissions
@@ -109,6 +111,14 @@ def _cost_items(text: str) -> tuple[tuple[str, int], ...]:
     return tuple(decode_cost(text).items())
 
 
+def _payload_as_kept(existing: Any, submission: Submission) -> str:
+    """The submitted payload in the form the stored row keeps it (a rejected row may
+    keep only its digest; one written before that rule, the whole payload)."""
+    if existing["payload"] == submission.payload_json:
+        return submission.payload_json
+    return kept_payload(submission.payload_json, RequestState(existing["state"]))
+
+
 class Ledger:
     """Write side of the ledger. Safe to share between threads of one process."""
 
@@ -146,8 +156,8 @@ class Ledger:
         """Record a request as waiting, or answer the original for an identical replay.
 
         With a rate gate, a new request — or a rejected one submitted again —
-        takes a token first (seed 000: the quota is decided before the request
-        enters the queue). Without one it is recorded ``rejected`` with its
+        takes a token first: the quota is decided before the request enters the
+        queue (docs/rate-quotas.md). Without one it is recorded ``rejected`` with its
         reason, and :class:`RateLimited` is raised once that has committed.
         """
         token = _Token()
@@ -247,7 +257,7 @@ class Ledger:
             "state": state.value,
             "cost": encode_cost(submission.cost),
             "priority": submission.priority,
-            "payload": submission.payload_json,
+            "payload": kept_payload(submission.payload_json, state),
             "target": submission.target,
             "pool": None,
             "queue_key": queue_key(submission.priority, now, self.aging_interval),
@@ -262,7 +272,7 @@ class Ledger:
                 schema.request.update()
                 .where(schema.request.c.id == submission.id)
                 .values(state=state.value, queue_key=row["queue_key"], created=now, updated=now,
-                        reason=reason)
+                        reason=reason, payload=row["payload"])
             )
         record(
             connection,
@@ -294,7 +304,7 @@ class Ledger:
                 ("tenant", existing["tenant"], submission.tenant),
                 ("cost", existing["cost"], encode_cost(submission.cost)),
                 ("priority", existing["priority"], submission.priority),
-                ("payload", existing["payload"], submission.payload_json),
+                ("payload", existing["payload"], _payload_as_kept(existing, submission)),
                 ("target", existing["target"], submission.target),
             )
             if stored != given
@@ -473,7 +483,7 @@ class Ledger:
         now: float,
         actor: str,
     ) -> None:
-        """The outbox row and the audit entry of every admission (invariant 2)."""
+        """The outbox row and the audit entry of every admission (docs/invariants.md, 2)."""
         if supports_dml_cte(transaction):
             transaction.execute(statements.admission_records_statement(), {
                 "now": now,
@@ -525,6 +535,7 @@ class Ledger:
         """
         if to_state not in (RequestState.COMPLETED, RequestState.FAILED, RequestState.CANCELLED):
             raise InvalidInput(f"cannot release to state {to_state}", code="invalid_state")
+        reason = validate_reason(reason)
         return run_transaction(
             self.engine,
             lambda connection: self._release(

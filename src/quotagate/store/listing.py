@@ -10,13 +10,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from quotagate.domain.model import Request, RequestState
+from quotagate.domain.model import Request, RequestState, validate_request_id
 from quotagate.errors import InvalidInput
 from quotagate.store import schema
 from quotagate.store.dialect import reading
@@ -35,15 +36,40 @@ def encode_cursor(key: list[Any]) -> str:
     return base64.urlsafe_b64encode(json.dumps(key, separators=(",", ":")).encode()).decode()
 
 
+# The values a cursor may carry: what this API puts in one, and nothing a
+# database would refuse or compare oddly (huge numbers, NaN, infinities, NUL).
+_MAX_CURSOR_TIME = 1e11  # epoch seconds: past the year 5000
+_MAX_CURSOR_INT = 2**63 - 1
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number a cursor holds")
+
+
+def _cursor_part_valid(part: object, kind: type) -> bool:
+    if isinstance(part, bool) or not isinstance(part, kind):
+        return False
+    if isinstance(part, float):
+        return math.isfinite(part) and 0 <= part <= _MAX_CURSOR_TIME
+    if isinstance(part, int):
+        return 0 <= part <= _MAX_CURSOR_INT
+    if isinstance(part, str):
+        try:
+            validate_request_id(part)
+        except InvalidInput:
+            return False
+    return True
+
+
 def decode_cursor(text: str, shape: tuple[type, ...]) -> list[Any]:
-    """The key inside a cursor, checked against the types it must have."""
+    """The key inside a cursor, checked against the types and ranges it must have."""
     try:
-        key = json.loads(base64.urlsafe_b64decode(text.encode("ascii")))
+        key = json.loads(base64.urlsafe_b64decode(text.encode("ascii")),
+                         parse_constant=_refuse_constant)
     except (ValueError, UnicodeError, binascii.Error):
         key = None
     valid = isinstance(key, list) and len(key) == len(shape) and all(
-        isinstance(part, kind) and not isinstance(part, bool)
-        for part, kind in zip(key, shape, strict=False)
+        _cursor_part_valid(part, kind) for part, kind in zip(key, shape, strict=False)
     )
     if not valid:
         raise InvalidInput("cursor is not one this API returned", code="invalid_cursor")

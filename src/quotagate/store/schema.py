@@ -222,3 +222,12 @@ tenant_stream = sa.Table(
     sa.Column("max_in_flight", sa.BigInteger, nullable=True),
     sa.Column("redis_url", sa.String(512), nullable=True),
 )
+
+# MariaDB and MySQL compare text by the database's default collation, usually a
+# case-insensitive one: "JOB-1" would find "job-1" and another tenant's "Job-1"
+# would be "taken". Binary collation gives the byte-for-byte comparison SQLite
+# and PostgreSQL give, for ids, names and every other text column alike
+# (docs/decisions/801-binary-collation-on-mariadb.md; migration 0009).
+BINARY_TEXT = {"mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
+for _table in metadata.tables.values():
+    _table.dialect_kwargs.update(BINARY_TEXT)

@@ -98,7 +98,7 @@ class BatchMarker:
 
 
 def validate_identifier(value: object, what: str) -> str:
-    if not isinstance(value, str) or not _IDENTIFIER.match(value):
+    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
         raise InvalidInput(
             f"{what} must be 1-63 letters, digits or '_', starting with a letter or '_'; got {value!r}",
             code="invalid_identifier",

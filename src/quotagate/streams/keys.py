@@ -36,12 +36,14 @@ DEFAULT_STATE_PREFIX = "streaming:state"
 
 # Topic, group and consumer names: no ':' (the key separator) and no braces
 # (hash tags), so a name can never forge another key or slot.
-_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+# Topic names and other key parts; the HTTP API's OpenAPI document states it too.
+PART_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
+_PART = re.compile(PART_PATTERN)
 _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
 
 
 def validate_part(value: object, what: str) -> str:
-    if not isinstance(value, str) or not _PART.match(value):
+    if not isinstance(value, str) or not _PART.fullmatch(value):
         raise InvalidInput(
             f"{what} must be 1-100 characters of letters, digits, '.', '_' or '-', "
             "starting with a letter or digit",
@@ -51,7 +53,7 @@ def validate_part(value: object, what: str) -> str:
 
 
 def _validate_prefix(value: str, what: str) -> str:
-    if not _PREFIX.match(value) or value.startswith("tenant:"):
+    if not _PREFIX.fullmatch(value) or value.startswith("tenant:"):
         raise InvalidInput(f"{what} {value!r} must be letters, digits, '.', '_', ':' or '-' "
                            "and must not start with 'tenant:'", code="invalid_key_prefix")
     return value

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quotagate.domain.bucket import BucketConfig, Decision, decide
+from quotagate.domain.model import check_unicode
 from quotagate.errors import InvalidInput, RateLimited
 from quotagate.rate.backend import RateStore
 from quotagate.rate.gate import retry_after_seconds
@@ -58,6 +59,8 @@ def partition_for(key: str, partitions: int) -> int:
 
 
 def _encode(data: bytes | str) -> bytes:
+    if isinstance(data, str):
+        check_unicode(data, what="message data", code="invalid_message")
     encoded = data.encode() if isinstance(data, str) else data
     if not isinstance(encoded, bytes):
         raise InvalidInput("a message is bytes or text", code="invalid_message")
@@ -114,6 +117,8 @@ class Producer:
         batch: list[tuple[bytes, str | None]] = []
         for message in messages:
             data, key = message if isinstance(message, tuple) else (message, None)
+            if key is not None:
+                check_unicode(key, what="message key", code="invalid_message")
             batch.append((_encode(data), key))
         if not batch:
             return []

@@ -79,7 +79,7 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
             raise _invalid(f"{key} must be text")
         checked[key] = value
     for key, (pattern, shape) in _SYNTAX.items():
-        if not pattern.match(checked[key]):
+        if not pattern.fullmatch(checked[key]):
             raise _invalid(f"{key} {checked[key]!r} is not {shape}")
     if checked["stop"] not in STOP_MODES:
         raise _invalid(f"stop must be one of {', '.join(STOP_MODES)}, not {checked['stop']!r}")

@@ -64,7 +64,7 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(environment, str):
         environment = [name for name in environment.replace(",", " ").split() if name]
     if not isinstance(environment, list) or not all(
-        isinstance(name, str) and _VARIABLE_NAME.match(name) for name in environment
+        isinstance(name, str) and _VARIABLE_NAME.fullmatch(name) for name in environment
     ):
         raise InvalidInput("environment must be a list of variable names the command may "
                            "inherit from the worker", code="invalid_target_config")

@@ -16,10 +16,12 @@ from quotagate.http.models import (
     MAX_BATCH,
     BatchAnswer,
     BatchEntry,
+    BatchEntryBody,
     BatchSubmitBody,
     ReleaseBody,
     SubmitBody,
 )
+from quotagate.http.openapi import ErrorBody
 from quotagate.http.security import Credentials, CurrentActor, authenticate, authorize
 from quotagate.store.authority import ReleaseGuard, executor_guard, tenant_guard
 from quotagate.store.ledger import SubmitResult
@@ -40,7 +42,9 @@ class BatchTooLarge(QuotagateError):
     status_code=202,
     summary="Submit a request (202 new, 200 identical replay, 409 changed)",
     responses={200: {"description": "An identical submission was already recorded"},
-               409: {"description": "The id is in use with different content"}},
+               409: {"model": ErrorBody,
+                     "description": "The id is in use with different content "
+                                    "(request_conflict) or by another tenant (request_id_taken)"}},
 )
 def submit(tenant: str, body: SubmitBody, context: Context, credentials: Credentials) -> JSONResponse:
     actor = authenticate(context, credentials)
@@ -62,13 +66,16 @@ def submit(tenant: str, body: SubmitBody, context: Context, credentials: Credent
     "answered (202 new, 200 identical replay, or an error status with `{code, message}`), and "
     "an entry that fails writes nothing while the others go on. A malformed body (422) or more "
     f"than {MAX_BATCH} entries (413 `batch_too_large`) writes nothing at all.",
-    responses={413: {"description": f"More than {MAX_BATCH} entries; nothing was written"}},
+    responses={413: {"model": ErrorBody,
+                     "description": f"More than {MAX_BATCH} entries; nothing was written"}},
 )
 def submit_batch(
     tenant: str, body: BatchSubmitBody, context: Context, credentials: Credentials
 ) -> BatchAnswer:
     actor = authenticate(context, credentials)
     authorize(context, actor, tenant, operations.REQUEST_SUBMIT)
+    # A bad tenant is the whole batch's error, not a thousand entries' one.
+    validate_name(tenant, "tenant")
     if len(body.requests) > MAX_BATCH:
         raise BatchTooLarge(
             f"a batch holds at most {MAX_BATCH} requests, this one {len(body.requests)}; "
@@ -89,7 +96,9 @@ def submit_batch(
     return BatchAnswer(results=results)
 
 
-def _submit(context: ApiContext, actor: Actor, tenant: str, body: SubmitBody) -> SubmitResult:
+def _submit(
+    context: ApiContext, actor: Actor, tenant: str, body: SubmitBody | BatchEntryBody
+) -> SubmitResult:
     try:
         return context.gate.submit(
             body.id, tenant, body.cost, priority=body.priority, payload=body.payload,

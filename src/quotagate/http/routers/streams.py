@@ -12,28 +12,31 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from quotagate.auth import authorizer as operations
 from quotagate.domain.model import validate_name
 from quotagate.http.context import Context
-from quotagate.http.models import RateBody
+from quotagate.http.models import RateBody, WholeNumber
 from quotagate.http.routers.rate import rate_view
 from quotagate.http.security import CurrentActor, authorize
 from quotagate.streams.producer import MAX_BATCH
-from quotagate.streams.topics import TopicSpec
+from quotagate.streams.topics import MAX_LEN, MAX_PARTITIONS, TopicSpec
 
 router = APIRouter(prefix="/v1/tenants/{tenant}/topics", tags=["streams"])
 
 
 class TopicBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    partitions: StrictInt = Field(description="Partitions, charged to the quota 'partitions'",
-                                  examples=[4])
-    parallelism: StrictInt = Field(description="Most consumers of one group at a time, charged "
-                                   "to the quota 'parallelism'", examples=[2])
-    max_len: StrictInt | None = Field(default=None, description="Approximate length cap per "
-                                      "partition (at most the tenant's stream length limit)")
+    partitions: WholeNumber = Field(description="Partitions, charged to the quota 'partitions'",
+                                    examples=[4],
+                                    json_schema_extra={"minimum": 1, "maximum": MAX_PARTITIONS})
+    parallelism: WholeNumber = Field(description="Most consumers of one group at a time, charged "
+                                     "to the quota 'parallelism'", examples=[2],
+                                     json_schema_extra={"minimum": 1, "maximum": MAX_PARTITIONS})
+    max_len: WholeNumber | None = Field(default=None, description="Approximate length cap per "
+                                        "partition (at most the tenant's stream length limit)",
+                                        json_schema_extra={"minimum": 1, "maximum": MAX_LEN})
     rate: RateBody | None = Field(default=None, description="Producer rate quota")
 
 

@@ -1,0 +1,59 @@
+"""Public CLI behaviours that had no test: `admit --loop`, `tenant set --rate none`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from quotagate import Quotagate, RequestState
+from support.cli import QUOTAGATE, run
+
+
+def test_admit_loop_admits_work_that_arrives_and_stops_on_sigint(
+    db_url: str, tmp_path: Path
+) -> None:
+    run("tenant", "set", "team-a", "--quota", "gpu=4", db=db_url, cwd=tmp_path)
+    run("pool", "set", "pool-1", "--capacity", "gpu=4", db=db_url, cwd=tmp_path)
+    loop = subprocess.Popen([*QUOTAGATE, "admit", "--loop", "--interval", "0.05"], cwd=tmp_path,
+                            env={**os.environ, "QUOTAGATE_DB": db_url},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Submitted after the loop started: it keeps polling and admits them.
+        for number in range(3):
+            run("submit", "--id", f"job-{number}", "--tenant", "team-a", "--cost", "gpu=1",
+                db=db_url, cwd=tmp_path)
+        deadline = time.monotonic() + 60
+        with Quotagate.connect(db_url) as gate:
+            while {gate.show(f"job-{n}").state for n in range(3)} != {RequestState.RESERVED}:
+                assert loop.poll() is None, loop.communicate()
+                assert time.monotonic() < deadline, "admit --loop never admitted the work"
+                time.sleep(0.05)
+    finally:
+        loop.send_signal(signal.SIGINT)
+        out, err = loop.communicate(timeout=60)
+    assert loop.returncode == 0, err
+    assert "stopped after admitting 3" in out
+    assert sorted(line.split()[1] for line in out.splitlines() if line.startswith("admitted")) == [
+        "job-0", "job-1", "job-2"]
+
+
+def test_tenant_set_rate_none_removes_the_rate_quota(db_url: str, tmp_path: Path) -> None:
+    run("pool", "set", "pool-1", "--capacity", "gpu=4", db=db_url, cwd=tmp_path)
+    run("tenant", "set", "team-a", "--quota", "gpu=4", "--rate", "capacity=1,refill=0",
+        db=db_url, cwd=tmp_path)
+    run("submit", "--id", "job-1", "--tenant", "team-a", "--cost", "gpu=1",
+        db=db_url, cwd=tmp_path)
+    run("submit", "--id", "job-2", "--tenant", "team-a", "--cost", "gpu=1",
+        db=db_url, cwd=tmp_path, expect=5)  # rate limited
+    removed = run("tenant", "set", "team-a", "--rate", "none", db=db_url, cwd=tmp_path)
+    assert "rate" in removed.stdout
+    # No bucket any more: submissions are no longer counted, the refused one goes through.
+    for request_id in ("job-2", "job-3", "job-4"):
+        run("submit", "--id", request_id, "--tenant", "team-a", "--cost", "gpu=1",
+            db=db_url, cwd=tmp_path)
+    with Quotagate.connect(db_url) as gate:
+        assert gate.rate_status("team-a") is None
+        assert gate.show("job-2").state == RequestState.WAITING
