@@ -14,13 +14,15 @@ from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import Request, RequestState, build_submission, validate_name
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL
 from quotagate.domain.placement import Placement
-from quotagate.rate.backend import ENVIRONMENT_VARIABLE as RATE_STORE_VARIABLE
-from quotagate.rate.backend import RateStore, rate_store_from_url
+from quotagate.rate.backend import RateStore
 from quotagate.rate.keys import BucketKey
 from quotagate.rate.quotas import RateQuotas
 from quotagate.rate.sql import SqlRateStore
+from quotagate.rate.stores import ENVIRONMENT_VARIABLE as RATE_STORE_VARIABLE
+from quotagate.rate.stores import rate_store_from_url
 from quotagate.store import identity, migrate
 from quotagate.store.config import Configuration
+from quotagate.store.counters import Counters, delivery_counters
 from quotagate.store.dashboard import DashboardViews, Snapshot
 from quotagate.store.diagnosis import DeliveryTrail, delivery_trail
 from quotagate.store.engine import create_engine, database_url
@@ -53,6 +55,8 @@ class Quotagate:
     ) -> None:
         self.engine = engine
         self.clock: Clock = clock or SystemClock()
+        # What this app's workers did, exported by its metrics (observability.metrics).
+        self.delivery_counters: Counters = delivery_counters()
         # Rate quotas: buckets in the ledger database unless another store is given.
         self.rate_store: RateStore = rate_store or SqlRateStore(engine)
         self.rates = RateQuotas(engine, self.rate_store, clock=self.clock)

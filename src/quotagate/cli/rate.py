@@ -7,8 +7,8 @@ from typing import Any
 import click
 
 from quotagate.cli.common import db_option, echo_json, open_gate, reports_errors
-from quotagate.rate.backend import ENVIRONMENT_VARIABLE
-from quotagate.rate.gate import format_tokens
+from quotagate.domain.rate_refusal import format_tokens
+from quotagate.rate.stores import ENVIRONMENT_VARIABLE
 
 rate_store_option = click.option(
     "--rate-store",

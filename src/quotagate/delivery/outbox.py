@@ -22,7 +22,6 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from quotagate.delivery import stats
 from quotagate.delivery.targets.base import ExternalObject
 from quotagate.domain.clock import Clock
 from quotagate.domain.lease import Lease
@@ -30,6 +29,7 @@ from quotagate.domain.model import RequestState
 from quotagate.errors import Conflict, StaleGeneration
 from quotagate.store import schema
 from quotagate.store.audit import AuditEntry, record
+from quotagate.store.counters import CounterSink
 from quotagate.store.dialect import database_now, reading, run_transaction, supports_skip_locked
 from quotagate.store.lease import LeaseStore
 from quotagate.store.rows import decode_cost
@@ -79,10 +79,12 @@ class RequestGone(Exception):
 
 
 class OutboxStore:
-    def __init__(self, engine: Engine, leases: LeaseStore, clock: Clock) -> None:
+    def __init__(self, engine: Engine, leases: LeaseStore, clock: Clock,
+                 counters: CounterSink | None = None) -> None:
         self.engine = engine
         self.leases = leases
         self.clock = clock
+        self.counters: CounterSink = counters if counters is not None else leases.counters
 
     # -- claiming --------------------------------------------------------------
 
@@ -202,8 +204,8 @@ class OutboxStore:
 
         claims = run_transaction(self.engine, work)
         stopping = sum(1 for claim in claims if claim.stop)
-        stats.increment("stops_claimed", stopping)
-        stats.increment("claimed", len(claims) - stopping)
+        self.counters.increment("stops_claimed", stopping)
+        self.counters.increment("claimed", len(claims) - stopping)
         return claims
 
     def fence(self, claim: Claim) -> Callable[[sa.Connection], None]:
@@ -257,7 +259,7 @@ class OutboxStore:
             for claim, target, obtained in delivered:
                 if held.get(claim.request_id) != (claim.lease.owner, claim.lease.generation,
                                                   claim.token, False):
-                    stats.increment("stale_writes")
+                    self.counters.increment("stale_writes")
                     result.lost.append(claim.request_id)
                     continue
                 bound = existing.get(claim.request_id)
@@ -308,7 +310,7 @@ class OutboxStore:
             return result
 
         written = run_transaction(self.engine, work)
-        stats.increment("delivered", len(written.delivered))
+        self.counters.increment("delivered", len(written.delivered))
         return written
 
     def record_binding(self, claim: Claim, target: str, obtained: ExternalObject) -> None:
@@ -349,7 +351,7 @@ class OutboxStore:
             ))
 
         run_transaction(self.engine, work)
-        stats.increment("delivered")
+        self.counters.increment("delivered")
 
     def record_failure(self, claim: Claim, error: str, retry_in: float) -> None:
         """Count a failed attempt (or an unconfirmed stop), keep its error, free the row.
@@ -369,7 +371,7 @@ class OutboxStore:
             )
 
         run_transaction(self.engine, work)
-        stats.increment("retried")
+        self.counters.increment("retried")
 
     # -- reads -----------------------------------------------------------------
 
@@ -428,8 +430,7 @@ class OutboxStore:
             )
         }
 
-    @classmethod
-    def _hold(cls, connection: sa.Connection, claim: Claim) -> None:
+    def _hold(self, connection: sa.Connection, claim: Claim) -> None:
         """Lock the outbox row and check the claim is still this one."""
         row = connection.execute(
             sa.select(_outbox.c.claimed_by, _outbox.c.claim_generation, _outbox.c.claim_token,
@@ -445,8 +446,8 @@ class OutboxStore:
         if (row.claimed_by, row.claim_generation, row.claim_token, delivered) != (
             claim.lease.owner, claim.lease.generation, claim.token, False,
         ):
-            stats.increment("stale_writes")
-            raise cls._lost(claim)
+            self.counters.increment("stale_writes")
+            raise self._lost(claim)
 
     @staticmethod
     def _lost(claim: Claim) -> StaleGeneration:

@@ -45,7 +45,7 @@ def create_app(
         gate=gate,
         tokens=TokenStore(gate.engine, clock=gate.clock),
         authorizer=authorizer or default_authorizer,
-        metrics=metrics or Metrics(gate.engine, clock=gate.clock),
+        metrics=metrics or Metrics(gate.engine, clock=gate.clock, delivery_counters=gate.delivery_counters),
     )
     install_error_handlers(app)
     for router in ROUTERS:

@@ -125,7 +125,7 @@ def run(
         raise ModuleNotFoundError("serve needs uvicorn: pip install 'quotagate[server]'") from exc
     from quotagate.http.app import create_app
 
-    metrics = Metrics(gate.engine, clock=gate.clock)
+    metrics = Metrics(gate.engine, clock=gate.clock, delivery_counters=gate.delivery_counters)
     app = create_app(gate, metrics=metrics)
     stop = threading.Event()
     threads: list[threading.Thread] = []

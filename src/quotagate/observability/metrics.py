@@ -36,6 +36,8 @@ from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import RequestState
 from quotagate.errors import StoreUnavailable
 from quotagate.store import admission_stats, schema
+from quotagate.store.counters import Counters
+from quotagate.store.counters import delivery_counters as new_delivery_counters
 from quotagate.store.dashboard import UNCONFIRMED_STOP_STATES
 from quotagate.store.dialect import reading
 from quotagate.store.rows import all_usage
@@ -199,8 +201,7 @@ class AdmissionStatsCollector(Collector):
         return [reruns, waits]
 
 
-# Delivery's own process-wide counters (quotagate.delivery.stats) and the
-# names they are exported under.
+# The delivery counters (quotagate.store.counters) and the names they are exported under.
 _DELIVERY_COUNTERS = {
     "claimed": ("quotagate_delivery_claims", "Outbox rows claimed for delivery"),
     "delivered": ("quotagate_deliveries", "Deliveries that reached their target"),
@@ -219,17 +220,16 @@ _DELIVERY_COUNTERS = {
 
 
 class DeliveryStatsCollector(Collector):
-    """Exports the dispatcher's process-wide counters, when delivery is installed."""
+    """Exports the delivery counters of the app's workers (``Quotagate.delivery_counters``)."""
+
+    def __init__(self, counters: Counters) -> None:
+        self.counters = counters
 
     def describe(self) -> Iterable[Metric]:
         return []
 
     def collect(self) -> Iterable[Metric]:
-        try:
-            from quotagate.delivery import stats  # type: ignore[attr-defined,unused-ignore]
-        except ImportError:
-            return []
-        values = stats.snapshot()
+        values = self.counters.snapshot()
         families: list[Metric] = []
         for key, (name, documentation) in _DELIVERY_COUNTERS.items():
             if key in values:
@@ -270,7 +270,9 @@ class StreamStatsCollector(Collector):
 class Metrics:
     """Everything one process exports on ``/metrics``."""
 
-    def __init__(self, engine: Engine, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self, engine: Engine, *, clock: Clock | None = None, delivery_counters: Counters | None = None
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.admissions = Counter(
             "quotagate_admissions", "Requests admitted by this process",
@@ -297,7 +299,9 @@ class Metrics:
             ["reason"], registry=self.registry,
         )
         self.registry.register(LedgerCollector(engine, clock or SystemClock()))
-        self.registry.register(DeliveryStatsCollector())
+        # Without the app's counters (a bare engine), delivery reports zeros.
+        self.registry.register(DeliveryStatsCollector(
+            delivery_counters if delivery_counters is not None else new_delivery_counters()))
         self.registry.register(StreamStatsCollector())
         self.registry.register(AdmissionStatsCollector())
 

@@ -33,8 +33,8 @@ from quotagate.domain.model import (
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL, queue_key
 from quotagate.domain.placement import Candidate, Placement, plan_admissions
 from quotagate.domain.placement import charge as charge_usage
+from quotagate.domain.rate_refusal import rate_limited, rejection_reason
 from quotagate.errors import Conflict, InvalidInput, NotFound
-from quotagate.rate.gate import RateGate, rate_limited, rejection_reason
 from quotagate.store import admission_stats, schema, statements
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
@@ -45,6 +45,7 @@ from quotagate.store.dialect import (
     supports_skip_locked,
 )
 from quotagate.store.driver import DriverTransaction, run_driver_transaction
+from quotagate.store.rate_gate import RateGate
 from quotagate.store.rows import (
     adjust_usage,
     decode_cost,

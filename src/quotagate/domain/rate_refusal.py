@@ -1,41 +1,28 @@
-"""What the ledger's submit path needs from rate quotas, and how a refusal reads.
+"""How a rate decision that refused a submission reads: reason, retry-after, error.
 
-The ledger asks for a token after it has validated a submission and before it
-records it as waiting (seed 000: the quota is decided *before* the request
-enters the queue). A refusal is recorded as a ``rejected`` request with the
-reason built here, and the caller gets :class:`~quotagate.errors.RateLimited`.
+Pure functions of a :class:`~quotagate.domain.bucket.Decision`, shared by the
+ledger (which records the refusal), the rate quotas (which print tokens) and
+the stream producer (which answers a refused append).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Protocol
-
-import sqlalchemy as sa
 
 from quotagate.domain.bucket import Decision
 from quotagate.errors import RateLimited
 
+__all__ = [
+    "NO_REFILL_RETRY_AFTER",
+    "format_tokens",
+    "rate_limited",
+    "rejection_reason",
+    "retry_after_seconds",
+]
+
 # A bucket without refill gains tokens only by a top-up nobody can predict;
 # clients are told to look again after this many seconds.
 NO_REFILL_RETRY_AFTER = 60.0
-
-
-class RateGate(Protocol):
-    @property
-    def in_transaction(self) -> bool:
-        """True when a take rolls back with the submission's transaction."""
-        ...
-
-    def take_for_submission(
-        self, connection: sa.Connection, tenant: str, amount: int = 1
-    ) -> Decision:
-        """Take tokens for one submission of ``tenant`` (unlimited if it has no bucket)."""
-        ...
-
-    def refund(self, tenant: str, amount: int = 1) -> None:
-        """Give back tokens taken outside a transaction that then did not commit."""
-        ...
 
 
 def format_tokens(tokens: float) -> str:
