@@ -16,10 +16,10 @@ from typing import Any
 
 import httpx
 import pytest
-from test_http_support import bearer, make_token, running_server
 
 from quotagate import Quotagate
 from support.databases import fresh_database
+from support.http_servers import bearer, make_token, running_server
 
 CLIENTS = 4
 REQUESTS_PER_CLIENT = 30

@@ -12,9 +12,9 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from test_http_support import bearer, make_token, running_server
 
 from support.databases import fresh_database
+from support.http_servers import bearer, make_token, running_server
 
 schemathesis = pytest.importorskip("schemathesis")
 

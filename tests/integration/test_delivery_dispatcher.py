@@ -236,7 +236,7 @@ def test_a_claim_dies_with_its_lease_and_the_taker_fences_the_slow_worker(
     assert fast.outbox.claim(lease, 10) == []  # held while the slow worker's lease lives
     # The slow worker stops renewing; once its lease expires its claim is free.
     taken: list[Claim] = wait_for(lambda: fast.outbox.claim(lease, 10), "lease expiry")
-    assert taken[0].token == claim.token + 1
+    assert taken[0].fencing_token == claim.fencing_token + 1
 
     before = _snapshot(ledger)
     with pytest.raises(StaleGeneration) as error:

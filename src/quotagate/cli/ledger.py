@@ -104,7 +104,7 @@ def _release_command(name: str, state: RequestState, help_text: str) -> click.Co
     @reports_errors
     def command(request_id: str, reason: str | None, db_url: str | None) -> None:
         with open_gate(db_url) as gate:
-            result = gate.ledger.release(request_id, state, reason=reason, actor="cli")
+            result = gate.release(request_id, state, reason=reason, actor="cli")
         returned = ", ".join(f"{r}={a}" for r, a in result.released.items()) or "nothing"
         click.echo(f"{result.request.id} is {result.request.state.value}; returned {returned}")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from quotagate.cli import admin, demo, ledger, rate, server, streaming, streams, tokens, top, worker
+from quotagate.cli import admin, api_tokens, demo, ledger, rate, server, streaming, streams, top, worker
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -14,7 +14,7 @@ def cli() -> None:
 
 
 # Each module exposes a list COMMANDS of click commands/groups to register.
-for module in (admin, ledger, demo, rate, server, streaming, streams, tokens, worker, top):
+for module in (admin, ledger, demo, rate, server, streaming, streams, api_tokens, worker, top):
     for command in module.COMMANDS:
         cli.add_command(command)
 

@@ -338,7 +338,7 @@ class Dispatcher:
         config, target = self.built.get(claim.target)
         spec = DeliverySpec(
             request_id=claim.request_id, tenant=claim.tenant, cost=claim.cost,
-            payload=claim.payload, fencing_token=claim.token,
+            payload=claim.payload, fencing_token=claim.fencing_token,
             external_name=external_name(self.ledger_id, claim.tenant, claim.request_id),
             ledger_id=self.ledger_id,
         )
@@ -443,8 +443,8 @@ class Dispatcher:
                 return StopResult(stopped=True, reason="never delivered")
             if found.request_id != claim.request_id or found.ledger_id != self.ledger_id:
                 return StopResult(stopped=True, reason="never delivered")  # not ours to stop
-            return target.stop(found, claim.token)
-        return target.stop(obtained[1], claim.token)
+            return target.stop(found, claim.fencing_token)
+        return target.stop(obtained[1], claim.fencing_token)
 
     def _stopped(self, claim: Claim, result: StopResult) -> int:
         try:

@@ -50,7 +50,7 @@ class Claim:
     tenant: str
     target: str | None
     attempts: int
-    token: int  # the fencing token this attempt sends downstream
+    fencing_token: int  # sent downstream by this attempt; one higher at every claim
     lease: Lease
     cost: dict[str, int] = field(default_factory=dict)
     payload: Any = None
@@ -249,7 +249,7 @@ class OutboxStore:
             ).all())
             held = self._held_rows(connection, ids)
             # Only a row claimed before can have a binding already (a replay).
-            replays = [claim.request_id for claim, _t, _o in delivered if claim.token > 1]
+            replays = [claim.request_id for claim, _t, _o in delivered if claim.fencing_token > 1]
             existing = {row.request_id: row for row in connection.execute(
                 sa.select(_binding).where(_binding.c.request_id.in_(replays))
             )} if replays else {}
@@ -258,7 +258,7 @@ class OutboxStore:
             bindings, marked, entries = [], [], []
             for claim, target, obtained in delivered:
                 if held.get(claim.request_id) != (claim.lease.owner, claim.lease.generation,
-                                                  claim.token, False):
+                                                  claim.fencing_token, False):
                     self.counters.increment("stale_writes")
                     result.lost.append(claim.request_id)
                     continue
@@ -276,7 +276,7 @@ class OutboxStore:
                     bindings.append({
                         "request_id": claim.request_id, "target": target,
                         "external_name": obtained.name, "uid": obtained.uid,
-                        "fencing_token": claim.token, "created": now,
+                        "fencing_token": claim.fencing_token, "created": now,
                     })
                 if states.get(claim.request_id) != RequestState.RESERVED.value:
                     result.gone.append(claim.request_id)
@@ -284,7 +284,7 @@ class OutboxStore:
                 marked.append(claim.request_id)
                 entries.append(AuditEntry(
                     actor, "deliver", "delivered", claim.tenant, claim.request_id,
-                    f"fencing_token={claim.token}",
+                    f"fencing_token={claim.fencing_token}",
                 ))
             if bindings:
                 connection.execute(_binding.insert(), bindings)
@@ -347,7 +347,7 @@ class OutboxStore:
             )
             record(connection, now, AuditEntry(
                 actor, "deliver", "delivered", claim.tenant, claim.request_id,
-                f"fencing_token={claim.token}",
+                f"fencing_token={claim.fencing_token}",
             ))
 
         run_transaction(self.engine, work)
@@ -444,7 +444,7 @@ class OutboxStore:
         # on a row that may well be delivered.
         delivered = bool(row.delivered) and not row.stopping
         if (row.claimed_by, row.claim_generation, row.claim_token, delivered) != (
-            claim.lease.owner, claim.lease.generation, claim.token, False,
+            claim.lease.owner, claim.lease.generation, claim.fencing_token, False,
         ):
             self.counters.increment("stale_writes")
             raise self._lost(claim)
@@ -452,7 +452,7 @@ class OutboxStore:
     @staticmethod
     def _lost(claim: Claim) -> StaleGeneration:
         return StaleGeneration(
-            f"request {claim.request_id!r}: claim {claim.token} of {claim.lease.owner!r} "
+            f"request {claim.request_id!r}: claim {claim.fencing_token} of {claim.lease.owner!r} "
             f"generation {claim.lease.generation} was taken over; write refused",
             code="claim_lost", request_id=claim.request_id,
         )

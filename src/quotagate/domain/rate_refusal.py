@@ -45,7 +45,7 @@ def rate_limited(decision: Decision, tenant: str, request_id: str) -> RateLimite
     when = (
         f"retry after {retry_after:.1f}s"
         if decision.retry_after is not None
-        else "the bucket does not refill: it needs a top-up ('quotagate tokens add')"
+        else "the bucket does not refill: it needs a top-up ('quotagate rate add')"
     )
     return RateLimited(
         f"tenant {tenant!r} has no rate quota left for request {request_id!r} "

@@ -9,14 +9,12 @@ from fastapi import Depends, Request
 
 from quotagate.app import Quotagate
 from quotagate.auth.authorizer import Authorizer
-from quotagate.auth.tokens import TokenStore
 from quotagate.observability.metrics import Metrics
 
 
 @dataclass(frozen=True)
 class ApiContext:
     gate: Quotagate
-    tokens: TokenStore
     authorizer: Authorizer
     metrics: Metrics
 

@@ -76,7 +76,7 @@ class SubmitResult:
 
 
 @dataclass
-class _Token:
+class _HeldDecision:
     """The rate decision of one submit call, kept across reruns of its transaction.
 
     A token from a store outside the ledger database (Redis) is taken once per
@@ -141,14 +141,14 @@ class Ledger:
         enters the queue). Without one it is recorded ``rejected`` with its
         reason, and :class:`RateLimited` is raised once that has committed.
         """
-        token = _Token()
+        held = _HeldDecision()
         try:
-            result = self._submit_with_retries(submission, actor, token)
+            result = self._submit_with_retries(submission, actor, held)
         except BaseException:
-            if token.decision is not None and token.decision.granted and self.rate_gate:
+            if held.decision is not None and held.decision.granted and self.rate_gate:
                 self.rate_gate.refund(submission.tenant)
             raise
-        decision = token.decision
+        decision = held.decision
         if decision is None:
             return result
         if not decision.granted and result.request.state == RequestState.REJECTED:
@@ -159,13 +159,13 @@ class Ledger:
         return result
 
     def _submit_with_retries(
-        self, submission: Submission, actor: str, token: _Token
+        self, submission: Submission, actor: str, held: _HeldDecision
     ) -> SubmitResult:
         for _ in range(3):
             try:
                 return run_transaction(
                     self.engine,
-                    lambda connection: self._submit(connection, submission, actor, token),
+                    lambda connection: self._submit(connection, submission, actor, held),
                 )
             except IntegrityError:
                 # Two submits of one new id raced; the loser reads the winner's row.
@@ -173,7 +173,7 @@ class Ledger:
         raise Conflict(f"request {submission.id!r} is being submitted concurrently; retry")
 
     def _submit(
-        self, connection: sa.Connection, submission: Submission, actor: str, token: _Token
+        self, connection: sa.Connection, submission: Submission, actor: str, held: _HeldDecision
     ) -> SubmitResult:
         facts: dict[str, set[str]] = {}
         for fact, value in connection.execute(
@@ -224,7 +224,7 @@ class Ledger:
         # Everything is valid: only now may a token be spent on this request.
         # A tenant without a rate quota has no bucket row: no token to take.
         decision = (
-            self._take_token(connection, submission.tenant, token) if "bucket" in facts else None
+            self._take_token(connection, submission.tenant, held) if "bucket" in facts else None
         )
         refused = decision is not None and not decision.granted
         state = RequestState.REJECTED if refused else RequestState.WAITING
@@ -261,15 +261,15 @@ class Ledger:
         return SubmitResult(request_from_row(row), created=True)
 
     def _take_token(
-        self, connection: sa.Connection, tenant: str, token: _Token
+        self, connection: sa.Connection, tenant: str, held: _HeldDecision
     ) -> Decision | None:
         if self.rate_gate is None:
             return None
         # In the ledger database the take reruns (and rolls back) with the transaction;
         # in another store it happened once, for good, and is kept for the reruns.
-        if self.rate_gate.in_transaction or token.decision is None:
-            token.decision = self.rate_gate.take_for_submission(connection, tenant)
-        return token.decision
+        if self.rate_gate.in_transaction or held.decision is None:
+            held.decision = self.rate_gate.take_for_submission(connection, tenant)
+        return held.decision
 
     @staticmethod
     def _replayed(existing: Any, submission: Submission) -> Request:
