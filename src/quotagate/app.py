@@ -40,8 +40,8 @@ from quotagate.store.ledger import (
     ReleaseResult,
     SubmitResult,
 )
-from quotagate.store.listing import Page, list_audit, list_requests, read_binding
-from quotagate.store.views import LedgerViews
+from quotagate.store.listing import AuditRecord, Binding, Page, list_audit, list_requests, read_binding
+from quotagate.store.views import Explanation, LedgerViews
 from quotagate.streams.connection import ENVIRONMENT_VARIABLE as REDIS_VARIABLE
 from quotagate.streams.overview import streams_overview
 from quotagate.streams.service import Streams
@@ -297,22 +297,24 @@ class Quotagate:
     def inspect(self, limit: int = 20) -> dict[str, Any]:
         return self.views.inspect(limit)
 
-    def explain(self, request_id: str, *, tenant: str | None = None) -> dict[str, Any]:
+    def explain(self, request_id: str, *, tenant: str | None = None) -> Explanation:
         """Why a request waits (or what it holds); with ``tenant``, only that tenant's view."""
         return self.views.explain(request_id, tenant=tenant)
 
-    def binding(self, request_id: str) -> dict[str, Any] | None:
+    def binding(self, request_id: str) -> Binding | None:
         """The external object a request was delivered as, if any."""
         return read_binding(self.engine, request_id)
 
     def list_requests(
         self, tenant: str, *, state: RequestState | None = None, cursor: str | None = None,
         limit: int = 50,
-    ) -> Page:
+    ) -> Page[Request]:
         """A tenant's requests, newest first, one page at a time."""
         return list_requests(self.engine, tenant, state=state, cursor=cursor, limit=limit)
 
-    def list_audit(self, *, tenant: str | None = None, cursor: str | None = None, limit: int = 100) -> Page:
+    def list_audit(
+        self, *, tenant: str | None = None, cursor: str | None = None, limit: int = 100
+    ) -> Page[AuditRecord]:
         """Audit entries, newest first; only ``tenant``'s when given."""
         return list_audit(self.engine, tenant=tenant, cursor=cursor, limit=limit)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -16,6 +16,29 @@ from quotagate.errors import NotFound
 from quotagate.store import schema
 from quotagate.store.dialect import reading
 from quotagate.store.rows import all_usage, decode_cost, request_from_row
+
+
+class Explanation(TypedDict):
+    """Why a request is or is not admitted yet (``quotagate explain``, ``GET …/requests/{id}``).
+
+    Every explanation has the first four keys; a waiting request has its place
+    in the queue and what blocks it; a cancelled request still charged has its
+    stop attempts (and, for an operator, the target's last answer).
+    """
+
+    id: str
+    state: str
+    waiting: bool
+    reason: str
+    position: NotRequired[int]
+    tenant_position: NotRequired[int]
+    effective_priority: NotRequired[float]
+    waited_seconds: NotRequired[float]
+    tenant_blocked_by: NotRequired[list[dict[str, int | str]]]
+    pools_blocked: NotRequired[dict[str, list[str]]]
+    fitting_pools: NotRequired[list[str]]
+    stop_attempts: NotRequired[int]
+    last_answer: NotRequired[str | None]
 
 
 def _usage_rows(usage: dict[str, dict[str, tuple[int, int]]], holder: str) -> list[dict[str, Any]]:
@@ -121,25 +144,24 @@ class LedgerViews:
         return int(connection.execute(query).scalar_one()) + 1
 
     @staticmethod
-    def _explain_stop(connection: sa.Connection, row: Any, *, admin: bool) -> dict[str, Any]:
+    def _explain_stop(connection: sa.Connection, row: Any, *, admin: bool) -> Explanation:
         """A cancelled request still charged: its stop awaits the target's confirmation."""
         stop = connection.execute(
             sa.select(schema.outbox.c.attempts, schema.outbox.c.last_error)
             .where(schema.outbox.c.request_id == row["id"])
         ).first()
         attempts = 0 if stop is None else int(stop.attempts)
-        explained: dict[str, Any] = {
-            "id": row["id"], "state": row["state"], "waiting": False,
-            "stop_attempts": attempts,
-            "reason": "cancelled; still charged until its target confirms the work stopped "
-                      f"({attempts} unconfirmed stop attempts so far)",
-        }
+        explained = Explanation(
+            id=row["id"], state=row["state"], waiting=False, stop_attempts=attempts,
+            reason="cancelled; still charged until its target confirms the work stopped "
+                   f"({attempts} unconfirmed stop attempts so far)",
+        )
         if admin and stop is not None:
             # The target's own answer is for operators (docs/decisions/214).
             explained["last_answer"] = stop.last_error
         return explained
 
-    def explain(self, request_id: str, *, tenant: str | None = None) -> dict[str, Any]:
+    def explain(self, request_id: str, *, tenant: str | None = None) -> Explanation:
         """Why a waiting request is not admitted yet."""
         with reading(self.engine) as connection:
             row = connection.execute(
@@ -150,8 +172,8 @@ class LedgerViews:
             if row["state"] == RequestState.CANCELLING.value:
                 return self._explain_stop(connection, row, admin=tenant is None)
             if row["state"] != RequestState.WAITING.value:
-                return {"id": request_id, "state": row["state"], "waiting": False,
-                        "reason": f"request is {row['state']}, not waiting"}
+                return Explanation(id=request_id, state=row["state"], waiting=False,
+                                   reason=f"request is {row['state']}, not waiting")
             cost = decode_cost(row["cost"])
             tenants, pools = all_usage(connection)
             position = self.queue_position(connection, row, same_tenant=False)
@@ -159,21 +181,21 @@ class LedgerViews:
         why = explain_waiting(cost, tenants.get(row["tenant"], {}), pools, tenant_position,
                               self.admission_window)
         now = self.clock.now()
-        return {
-            "id": request_id,
-            "state": row["state"],
-            "waiting": True,
-            "position": position,
-            "tenant_position": tenant_position,
-            "effective_priority": round(
+        return Explanation(
+            id=request_id,
+            state=row["state"],
+            waiting=True,
+            position=position,
+            tenant_position=tenant_position,
+            effective_priority=round(
                 effective_priority(row["priority"], row["created"], now, self.aging_interval), 3
             ),
-            "waited_seconds": round(max(0.0, now - row["created"]), 3),
-            "tenant_blocked_by": why.tenant_blocked_by,
-            "pools_blocked": why.pools_blocked,
-            "fitting_pools": why.fitting_pools,
-            "reason": why.reason,
-        }
+            waited_seconds=round(max(0.0, now - row["created"]), 3),
+            tenant_blocked_by=why.tenant_blocked_by,
+            pools_blocked=why.pools_blocked,
+            fitting_pools=why.fitting_pools,
+            reason=why.reason,
+        )
 
     def check_invariants(self) -> list[str]:
         """Invariants 1 and 2 over the whole ledger; an empty list means they hold."""

@@ -122,7 +122,7 @@ def list_tenant_requests(
     authorize(context, actor, tenant, operations.REQUEST_LIST)
     validate_name(tenant, "tenant")
     page = context.gate.list_requests(tenant, state=state, cursor=cursor, limit=limit)
-    return {"requests": page.items, "next_cursor": page.next_cursor}
+    return {"requests": [request.to_dict() for request in page.items], "next_cursor": page.next_cursor}
 
 
 @router.get("/{request_id}", summary="One request, its binding, and for a waiting one its queue")
