@@ -278,3 +278,15 @@ def test_cli_rate_commands_and_exit_code(
     assert "rate: 0 of 1 tokens left" in shown.output
     assert '"tokens": 0' in run("tenant", "show", "team-c", "--json").output
     assert run("rate", "add", "team-c", "-1").exit_code == 2
+
+    # `rate set` reshapes the bucket like `tenant set --rate`; a bad spec changes nothing.
+    result = run("rate", "set", "team-c", "capacity=4,refill=0")
+    assert result.exit_code == 0, result.output
+    assert "of 4 tokens left" in result.output
+    assert run("rate", "set", "team-c", "capacity=-3").exit_code == 2
+    assert '"capacity": 4' in run("rate", "show", "team-c", "--json").output
+    assert "no rate quota" in run("rate", "set", "team-c", "none").output
+    assert "no rate quota" in run("rate", "show", "team-c").output
+    # The old names are gone: `tokens` was the rate bucket, `token` an API credential.
+    assert run("tokens", "add", "team-c", "1").exit_code == 2
+    assert run("token", "list").exit_code == 2
