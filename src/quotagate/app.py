@@ -130,6 +130,10 @@ class Quotagate:
             self._metrics = Metrics(self.engine, clock=self.clock, delivery_counters=self.delivery_counters)
         return self._metrics
 
+    def now(self) -> float:
+        """The app's clock (``clock``: the system's, or a test's manual one)."""
+        return self.clock.now()
+
     def has_schema(self) -> bool:
         """True once the ledger schema exists (``init`` has run)."""
         return census.schema_present(self.engine)

@@ -60,7 +60,7 @@ def tenant_set(
     with open_gate(db_url, rate_store=rate_store) as gate:
         result = gate.set_tenant(name, caps, actor="cli")
         status = gate.set_rate(name, bucket, actor="cli") if rate is not None else None
-        settings = (gate.streams.topics.set_settings(name, **stream_settings, actor="cli")
+        settings = (gate.streams.set_settings(name, **stream_settings, actor="cli")
                     if stream_settings else None)
     _print_caps("tenant", name, result)
     if rate is not None:
@@ -80,7 +80,7 @@ def tenant_show(name: str, as_json: bool, db_url: str | None, rate_store: str | 
     with open_gate(db_url, rate_store=rate_store) as gate:
         described = gate.tenant(name)
         described["rate"] = gate.rate_status(name)
-        settings = gate.streams.topics.settings(name)
+        settings = gate.streams.settings(name)
     described["streams"] = {"max_len": settings.max_len, "max_in_flight": settings.max_in_flight,
                             "redis": redact(settings.redis_url) if settings.redis_url else None}
     if as_json:

@@ -71,7 +71,7 @@ class AdmissionLoop:
             created = self.gate.submitted_at([placement.id for placement in admitted])
         except (sa.exc.SQLAlchemyError, StoreUnavailable):
             created = {}
-        self.metrics.record_admissions(admitted, created, self.gate.clock.now())
+        self.metrics.record_admissions(admitted, created, self.gate.now())
 
 
 def load_dispatcher(
