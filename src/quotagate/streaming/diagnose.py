@@ -70,7 +70,7 @@ def diagnose(gate: Quotagate, request_id: str, where: StreamingLocation | None =
             markers = sink.markers(location.query)
             for table in sorted({marker.business_table for marker in markers}):
                 rows_in_table[table] = sink.count_rows(table)
-            fence_token = sink.fence_token(request_id)
+            fence_token = sink.fencing_token(request_id)
     state = read_checkpoint(location.checkpoint) if location.checkpoint is not None else None
     layers.append(_checkpoint(state, markers, rows_in_table))
     layers.append(_idempotency(markers, fence_token, trail.binding))
