@@ -326,7 +326,8 @@ def _check_fence(connection: sa.Connection, fencing: Fencing, now: float) -> int
         )
     if stored < fencing.fencing_token:
         connection.execute(
-            fence.update().where(fence.c.request_id == fencing.request_id).values(token=fencing.fencing_token, updated=now)
+            fence.update().where(fence.c.request_id == fencing.request_id)
+            .values(token=fencing.fencing_token, updated=now)
         )
     return fencing.fencing_token
 
