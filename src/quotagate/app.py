@@ -41,7 +41,7 @@ from quotagate.store.ledger import (
     SubmitResult,
 )
 from quotagate.store.listing import AuditRecord, Binding, Page, list_audit, list_requests, read_binding
-from quotagate.store.views import Explanation, LedgerViews
+from quotagate.store.views import Explanation, Inspection, LedgerViews, Usage
 from quotagate.streams.connection import ENVIRONMENT_VARIABLE as REDIS_VARIABLE
 from quotagate.streams.overview import streams_overview
 from quotagate.streams.service import Streams
@@ -298,7 +298,7 @@ class Quotagate:
         """One request; with ``tenant``, NotFound unless it is that tenant's."""
         return self.views.show(request_id, tenant=tenant)
 
-    def inspect(self, limit: int = 20) -> dict[str, Any]:
+    def inspect(self, limit: int = 20) -> Inspection:
         return self.views.inspect(limit)
 
     def explain(self, request_id: str, *, tenant: str | None = None) -> Explanation:
@@ -341,7 +341,7 @@ class Quotagate:
         """Outbox row, binding and audit entries of one request (for ``quotagate diagnose``)."""
         return delivery_trail(self.engine, request_id)
 
-    def usage(self) -> dict[str, list[dict[str, Any]]]:
+    def usage(self) -> Usage:
         return self.views.usage()
 
     def check_invariants(self) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -173,7 +174,7 @@ def inspect(limit: int, as_json: bool, db_url: str | None) -> None:
     ))
 
 
-def print_usage(data: dict[str, Any]) -> None:
+def print_usage(data: Mapping[str, Any]) -> None:
     click.echo(render_table(
         ["tenant", "resource", "used", "cap"],
         [[r["tenant"], r["resource"], r["used"], r["cap"]] for r in data["tenants"]],

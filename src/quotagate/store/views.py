@@ -41,17 +41,58 @@ class Explanation(TypedDict):
     last_answer: NotRequired[str | None]
 
 
-def _usage_rows(usage: dict[str, dict[str, tuple[int, int]]], holder: str) -> list[dict[str, Any]]:
-    return [
-        {holder: name, "resource": resource, "used": used, "cap": cap}
-        for name, resources in sorted(usage.items())
-        for resource, (used, cap) in sorted(resources.items())
-    ]
+class TenantUsage(TypedDict):
+    tenant: str
+    resource: str
+    used: int
+    cap: int
 
 
-def _usage_view(connection: sa.Connection) -> dict[str, list[dict[str, Any]]]:
+class PoolUsage(TypedDict):
+    pool: str
+    resource: str
+    used: int
+    cap: int
+
+
+class Usage(TypedDict):
+    """Used and cap of every tenant's and every pool's resources."""
+
+    tenants: list[TenantUsage]
+    pools: list[PoolUsage]
+
+
+class InspectedRequest(TypedDict):
+    """One recent request with its outbox row and binding (``quotagate inspect``)."""
+
+    id: str
+    tenant: str
+    cost: dict[str, int]
+    state: str
+    pool: str | None
+    priority: int
+    created: float
+    outbox: str | None  # pending, delivered, stopping; None before admission
+    attempts: int | None
+    last_error: str | None
+    binding: str | None
+    uid: str | None
+
+
+class Inspection(Usage):
+    requests: list[InspectedRequest]
+
+
+def _usage_view(connection: sa.Connection) -> Usage:
     tenants, pools = all_usage(connection)
-    return {"tenants": _usage_rows(tenants, "tenant"), "pools": _usage_rows(pools, "pool")}
+    return Usage(
+        tenants=[TenantUsage(tenant=name, resource=resource, used=used, cap=cap)
+                 for name, resources in sorted(tenants.items())
+                 for resource, (used, cap) in sorted(resources.items())],
+        pools=[PoolUsage(pool=name, resource=resource, used=used, cap=cap)
+               for name, resources in sorted(pools.items())
+               for resource, (used, cap) in sorted(resources.items())],
+    )
 
 
 class LedgerViews:
@@ -77,11 +118,11 @@ class LedgerViews:
             raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
         return request_from_row(row)
 
-    def usage(self) -> dict[str, list[dict[str, Any]]]:
+    def usage(self) -> Usage:
         with reading(self.engine) as connection:
             return _usage_view(connection)
 
-    def inspect(self, limit: int = 20) -> dict[str, Any]:
+    def inspect(self, limit: int = 20) -> Inspection:
         """Seed 001's troubleshooting query: recent requests with outbox and binding."""
         request, outbox, binding = schema.request, schema.outbox, schema.binding
         query = (
@@ -101,27 +142,27 @@ class LedgerViews:
         )
         with reading(self.engine) as connection:
             requests = [
-                {
-                    "id": row.id,
-                    "tenant": row.tenant,
-                    "cost": decode_cost(row.cost),
-                    "state": row.state,
-                    "pool": row.pool,
-                    "priority": row.priority,
-                    "created": row.created,
-                    "outbox": None if row.delivered is None else (
+                InspectedRequest(
+                    id=row.id,
+                    tenant=row.tenant,
+                    cost=decode_cost(row.cost),
+                    state=row.state,
+                    pool=row.pool,
+                    priority=row.priority,
+                    created=row.created,
+                    outbox=None if row.delivered is None else (
                         "stopping" if row.stopping else
                         "delivered" if row.delivered else "pending"
                     ),
-                    "attempts": row.attempts,
-                    "last_error": row.last_error,
-                    "binding": row.external_name,
-                    "uid": row.uid,
-                }
+                    attempts=row.attempts,
+                    last_error=row.last_error,
+                    binding=row.external_name,
+                    uid=row.uid,
+                )
                 for row in connection.execute(query)
             ]
             usage = _usage_view(connection)
-        return {**usage, "requests": requests}
+        return Inspection(tenants=usage["tenants"], pools=usage["pools"], requests=requests)
 
     def queue_position(self, connection: sa.Connection, row: Any, *, same_tenant: bool) -> int:
         """1-based place in the waiting queue (of everyone, or of the request's tenant)."""

@@ -60,7 +60,6 @@ def get_pool(pool: str, context: Context, actor: CurrentActor) -> dict[str, Any]
 def get_usage(context: Context, actor: CurrentActor) -> dict[str, list[dict[str, Any]]]:
     authorize(context, actor, None, operations.USAGE_READ)
     usage = context.gate.usage()
-    if not actor.admin:
-        # A tenant sees its own quotas, and the pools everyone shares.
-        usage["tenants"] = [row for row in usage["tenants"] if row["tenant"] == actor.tenant]
-    return usage
+    # A tenant sees its own quotas, and the pools everyone shares.
+    tenants = [row for row in usage["tenants"] if actor.admin or row["tenant"] == actor.tenant]
+    return {"tenants": [dict(row) for row in tenants], "pools": [dict(row) for row in usage["pools"]]}
