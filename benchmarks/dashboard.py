@@ -15,16 +15,15 @@ Prints the median of ``--repeat`` runs in milliseconds.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _databases import BACKENDS, ServerUnavailable, throwaway_database
+from _timing import median_ms
 from quotagate import Quotagate
+from quotagate.cli.common import render_table
 from quotagate.domain.ordering import queue_key
 from quotagate.store import schema
 from quotagate.store.engine import create_engine
@@ -58,29 +57,19 @@ def _fill(gate: Quotagate, waiting: int) -> list[str]:
     return [row["id"] for row in requests]
 
 
-def _median_ms(work: Callable[[], object], repeat: int) -> float:
-    work()  # warm the pool and the caches
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000
-
-
 def measure(backend: str, size: int, repeat: int) -> list[str]:
     print(f"{backend}: {size} waiting requests…", file=sys.stderr)
     with throwaway_database(backend) as url, Quotagate.connect(url) as gate:
         first = _fill(gate, size)[0]
         head = [entry.id for entry in gate.dashboard().queue]
         assert len(head) == 50
-        snapshot = _median_ms(gate.dashboard, repeat)
-        per_row = _median_ms(lambda: [gate.explain(request_id) for request_id in head],
+        snapshot = median_ms(gate.dashboard, repeat)
+        per_row = median_ms(lambda: [gate.explain(request_id) for request_id in head],
                              max(3, repeat // 4))
-        with_deadline = _median_ms(lambda: gate.show(first), repeat * 5)
+        with_deadline = median_ms(lambda: gate.show(first), repeat * 5)
         bare = Quotagate(create_engine(url, read_timeout=0), clock=gate.clock)
         try:
-            without_deadline = _median_ms(lambda: bare.show(first), repeat * 5)
+            without_deadline = median_ms(lambda: bare.show(first), repeat * 5)
         finally:
             bare.close()
     return [backend, str(size), f"{snapshot:.1f}", f"{per_row:.1f}",
@@ -102,12 +91,7 @@ def main() -> None:
             print(f"{backend}: skipped ({error})", file=sys.stderr)
     headers = ["backend", "waiting", "snapshot ms", "per-row ms (baseline)", "per-row/snapshot",
                "show ms (deadline 5 s)", "show ms (no deadline)"]
-    widths = [max(len(header), *(len(row[i]) for row in table)) for i, header in
-              enumerate(headers)]
-    print("  ".join(header.ljust(width) for header, width in zip(headers, widths, strict=True)))
-    print("  ".join("-" * width for width in widths))
-    for row in table:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+    print(render_table(headers, table))
 
 
 if __name__ == "__main__":

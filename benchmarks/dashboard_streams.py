@@ -16,30 +16,20 @@ Prints the median of ``--repeat`` runs in milliseconds.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _timing import median_ms
 from quotagate import Quotagate
+from quotagate.cli.common import render_table
 from quotagate.streams.overview import streams_overview
 from ratelimit import redis_server
 
 PARTITIONS = 4
-
-
-def _median_ms(work: Callable[[], object], repeat: int) -> float:
-    work()  # warm the connections
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000
 
 
 def _fill(gate: Quotagate, topics: int) -> str:
@@ -66,8 +56,8 @@ def measure(url: str, directory: str, topics: int, repeat: int) -> list[str]:
         assert view.error is None and len(view.topics) == topics
         assert all(row.length == 100 and row.lag is not None for row in view.topics), view
         names = [row.topic for row in view.topics]
-        poll = _median_ms(lambda: streams_overview(gate.streams, tenant), repeat)
-        per_topic = _median_ms(lambda: [gate.streams.status(tenant, name) for name in names],
+        poll = median_ms(lambda: streams_overview(gate.streams, tenant), repeat)
+        per_topic = median_ms(lambda: [gate.streams.status(tenant, name) for name in names],
                                max(3, repeat // 4))
     return [str(topics), str(topics * PARTITIONS), f"{poll:.1f}", f"{per_topic:.1f}",
             f"{per_topic / poll:.1f}x"]
@@ -83,12 +73,7 @@ def main() -> None:
         table = [measure(url, directory, size, repeat) for size in sizes]
     headers = ["topics", "partitions", "view ms", "per-topic status ms (baseline)",
                "per-topic/view"]
-    widths = [max(len(header), *(len(row[i]) for row in table)) for i, header in
-              enumerate(headers)]
-    print("  ".join(header.ljust(width) for header, width in zip(headers, widths, strict=True)))
-    print("  ".join("-" * width for width in widths))
-    for row in table:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+    print(render_table(headers, table))
 
 
 if __name__ == "__main__":

@@ -9,9 +9,13 @@ Rows:
 
 * quotagate's SQL store on SQLite, PostgreSQL and MariaDB: one conditional
   UPDATE per decision (plus MariaDB's SELECT, as it has no UPDATE … RETURNING);
-* quotagate's Redis store, one take per EVALSHA and 100 takes per EVALSHA;
+* quotagate's Redis store, one take per EVALSHA, and 100 or 1,000 takes per EVALSHA;
+  a *decision* is one all-or-nothing take of one token from one bucket;
 * the limit we measure against: redis-py calling EVALSHA on a minimal script
   (``DECR`` of one key) — one round trip and nothing else;
+* the floor under it: the same EVALSHA written on a bare redis-py connection
+  (no client command layer), which is how the store sends its own
+  (docs/decisions/110-redis-takes-on-the-connection.md);
 * the ``limits`` library's Redis strategies (fixed window, moving window,
   sliding window counter) and ``pyrate-limiter``'s Redis bucket.
 
@@ -42,7 +46,7 @@ from quotagate.rate.sql import _take_statement
 from quotagate.rate.stores import rate_store_from_url
 
 LIMIT = 100  # per second, for every limiter
-BATCH = 100
+BATCHES = (100, 1000)  # takes per call in the batched rows
 CONFIG = BucketConfig(capacity=LIMIT, refill_per_second=LIMIT)
 MINIMAL_SCRIPT = "return redis.call('DECR', KEYS[1])"
 
@@ -101,7 +105,8 @@ def redis_server() -> Iterator[str]:
 
 
 def sql_contenders(
-    backends: Sequence[str], stack: ExitStack, log: Callable[[str], None]
+    backends: Sequence[str], stack: ExitStack, log: Callable[[str], None],
+    pairs: list[PairedTakes] | None = None,
 ) -> list[Contender]:
     contenders = []
     for backend in backends:
@@ -121,7 +126,56 @@ def sql_contenders(
         raw_key = BucketKey("team-raw")
         store.configure(raw_key, CONFIG, fresh=True)
         contenders.append(raw_update_contender(store, raw_key, backend, stack))
+        if pairs is not None:
+            log(f"paired takes on {backend}")
+            paired = PairedTakes(backend)
+            paired.measure(
+                store, lambda key, store=store, backend=backend: raw_update_contender(
+                    store, key, backend, stack), rounds=15, block=20)
+            pairs.append(paired)
     return contenders
+
+
+@dataclass
+class PairedTakes:
+    """The SQL store and its raw UPDATE on one backend, refusals and grants apart.
+
+    In the interleaved rows, a run begins with a full bucket: its first 100
+    takes are grants, each a commit that writes (a WAL flush on a loaded
+    disk, 1-20 ms here), the rest refusals that write nothing (about 0.1 ms).
+    A row's rate is then mostly how fast the disk flushed during its run, and
+    the store and the raw row spread tenfold. Here the two kinds are measured
+    apart, store and raw alternating in blocks of a few calls.
+    """
+
+    backend: str
+    times: dict[str, list[float]] = field(default_factory=dict)
+
+    def measure(self, store: Any, raw_for: Callable[[BucketKey], Contender],
+                rounds: int, block: int) -> None:
+        for kind, config in (("refused", BucketConfig(1, 0)), ("granted", BucketConfig(10**9, 0))):
+            mine, theirs = BucketKey(f"pair-{kind}"), BucketKey(f"pair-raw-{kind}")
+            for key in (mine, theirs):
+                store.configure(key, config, fresh=True)
+            raw = raw_for(theirs)
+            calls = {f"store {kind}": lambda key=mine, config=config: store.take(key, config),
+                     f"raw {kind}": raw.decide}
+            for call in calls.values():  # the refused buckets spend their one token here
+                for _ in range(5):
+                    call()
+            for _ in range(rounds):
+                for name, call in calls.items():
+                    began = time.perf_counter()
+                    for _ in range(block):
+                        call()
+                    self.times.setdefault(name, []).append(
+                        (time.perf_counter() - began) / block * 1e6)
+
+    def row(self, kind: str) -> str:
+        mine = statistics.median(self.times[f"store {kind}"])
+        theirs = statistics.median(self.times[f"raw {kind}"])
+        return (f"{self.backend:<12} {kind:<8} {mine:>10,.0f} {theirs:>10,.0f} "
+                f"{theirs / mine:>8.2f}x")
 
 
 def raw_update_contender(
@@ -167,21 +221,35 @@ def redis_contenders(url: str, stack: ExitStack, log: Callable[[str], None]) -> 
     keys = [BucketKey(f"team-{index}") for index in range(10)]
     for each in keys:
         store.configure(each, CONFIG, fresh=True)
-    batch = [Take(keys[index % len(keys)], CONFIG) for index in range(BATCH)]
+    batches = [[Take(keys[index % len(keys)], CONFIG) for index in range(size)]
+               for size in BATCHES]
     client = redis.Redis.from_url(url)
     stack.callback(client.close)
     sha = client.script_load(MINIMAL_SCRIPT)
     client.set("bench:raw", 10**12)
+    pool = client.connection_pool
+    bare = pool.connection_class(**pool.connection_kwargs)
+    stack.callback(bare.disconnect)
+    packed = bare.pack_command("EVALSHA", sha, 1, "bench:raw")
+
+    def bare_evalsha() -> object:
+        bare.send_packed_command(packed, check_health=False)
+        return bare.read_response()
+
     return [
         Contender("quotagate Redis store, single", lambda: store.take(key, CONFIG),
                   note="EVALSHA per take"),
-        Contender(f"quotagate Redis store, batch of {BATCH}", lambda: store.take_many(batch),
-                  per_call=BATCH, note=f"{BATCH} takes over 10 tenants per EVALSHA"),
+        *(Contender(f"quotagate Redis store, batch of {len(batch):,}",
+                    lambda batch=batch: store.take_many(batch), per_call=len(batch),
+                    note=f"{len(batch):,} takes over 10 tenants per EVALSHA")
+          for batch in batches),
         Contender("raw redis-py EVALSHA, minimal script",
                   lambda: client.evalsha(sha, 1, "bench:raw"),
                   note="DECR one key: the round-trip limit"),
+        Contender("bare-connection EVALSHA, minimal script", bare_evalsha,
+                  note="the same, packed once, no command layer: the floor"),
         *limits_contenders(url, log),
-        *pyrate_contenders(client, log),
+        *pyrate_contenders(client, stack, log),
     ]
 
 
@@ -213,7 +281,9 @@ def limits_contenders(url: str, log: Callable[[str], None]) -> list[Contender]:
     return contenders
 
 
-def pyrate_contenders(client: Any, log: Callable[[str], None]) -> list[Contender]:
+def pyrate_contenders(
+    client: Any, stack: ExitStack, log: Callable[[str], None]
+) -> list[Contender]:
     try:
         from pyrate_limiter import Duration, Limiter, Rate, RedisBucket
     except ImportError:
@@ -221,6 +291,7 @@ def pyrate_contenders(client: Any, log: Callable[[str], None]) -> list[Contender
         return []
     bucket = RedisBucket.init([Rate(LIMIT, Duration.SECOND)], client, "bench:pyrate")
     limiter = Limiter(bucket)
+    stack.callback(limiter.close)  # its leaker thread, before the server goes away
     return [Contender("pyrate-limiter RedisBucket",
                       lambda: limiter.try_acquire("team-a", blocking=False),
                       note="a sorted set of hits per bucket")]
@@ -233,6 +304,29 @@ def render_table(contenders: Sequence[Contender], baseline: Contender | None) ->
         relative = f"{each.rate / baseline.rate:6.0%}" if baseline else ""
         spread = f"{min(each.rates):,.0f}-{max(each.rates):,.0f}"
         lines.append(f"{each.name:<40} {each.rate:>12,.0f} {spread:>17} {relative:>7}  {each.note}")
+    return "\n".join(lines)
+
+
+def render_targets(contenders: Sequence[Contender], baseline: Contender | None) -> str:
+    """Issue 14's Redis targets, judged on this run's medians."""
+    rows = {each.name: each for each in contenders}
+    single = rows.get("quotagate Redis store, single")
+    batched = [rows[name] for name in (f"quotagate Redis store, batch of {size:,}"
+                                       for size in BATCHES) if name in rows]
+    limits = [each for each in contenders if each.name.startswith("limits ")]
+    lines = ["Redis targets (this run; a decision = one all-or-nothing take of 1 token)"]
+    if single and baseline:
+        ratio = single.rate / baseline.rate
+        lines.append(f"  single / raw EVALSHA      {ratio:5.2f}x  (target >= 0.90x)  "
+                     f"{'met' if ratio >= 0.9 else 'NOT met'}")
+    if single and limits:
+        best = max(limits, key=lambda each: each.rate)
+        lines.append(f"  single / best limits      {single.rate / best.rate:5.2f}x  ({best.name}; "
+                     f"target > 1)  {'met' if single.rate > best.rate else 'NOT met'}")
+    for batch in batched:
+        size = batch.name.rpartition(" ")[2]
+        lines.append(f"  batched by {size:>5}, decisions/s {batch.rate:10,.0f}  (target >= 100,000)"
+                     f"  {'met' if batch.rate >= 100_000 else 'NOT met'}")
     return "\n".join(lines)
 
 
@@ -251,7 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     backends = [name for name in settings.backends.split(",") if name]
     with ExitStack() as stack:
-        contenders = sql_contenders(backends, stack, log)
+        pairs: list[PairedTakes] = []
+        contenders = sql_contenders(backends, stack, log, pairs)
         url = stack.enter_context(redis_server())
         contenders += redis_contenders(url, stack, log)
         for each in contenders:  # warm up: connections, script caches, statement caches
@@ -282,6 +377,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("SQL store against its raw conditional UPDATE on the same driver (same run)")
         print(f"{'backend':<12} {'store/s':>12} {'raw/s':>12} {'ratio':>9}")
         print("\n".join(sql_rows))
+    if pairs:
+        print()
+        print("SQL store against its raw conditional UPDATE, refusals and grants apart "
+              "(median µs per take, 15 alternating blocks of 20; ratio = raw time / store time)")
+        print(f"{'backend':<12} {'take':<8} {'store µs':>10} {'raw µs':>10} {'ratio':>9}")
+        print("\n".join(each.row(kind) for each in pairs for kind in ("refused", "granted")))
+    print()
+    print(render_targets(contenders, baseline))
     print(f"\ntotal time {time.monotonic() - began:.0f} s")
     return 0
 

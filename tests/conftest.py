@@ -9,7 +9,7 @@ import pytest
 
 from quotagate import ManualClock, Quotagate
 from support.databases import BACKENDS, fresh_database
-from support.redis_servers import private_redis, redis_cluster  # noqa: F401 (fixtures)
+from support.redis_servers import private_redis, redis_cluster, silent_redis  # noqa: F401 (fixtures)
 
 if TYPE_CHECKING:
     from support.kube_api import KubeApiServer

@@ -6,9 +6,11 @@ shared one on 6379 is never flushed).
 
 from __future__ import annotations
 
+import contextlib
 import random
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -65,6 +67,68 @@ class RedisServer:
     def restart(self) -> None:
         self.kill()
         self.start()
+
+
+class SilentServer:
+    """A TCP port that accepts connections and never answers: a Redis that hangs.
+
+    It counts the bytes each connection sent, so a test can wait until a
+    client is stuck waiting for a reply; :meth:`hang_up` closes every
+    connection (the stuck client then sees the connection drop).
+    """
+
+    def __init__(self) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.port = int(self.listener.getsockname()[1])
+        self.received = 0
+        self._connections: list[socket.socket] = []
+        self._changed = threading.Condition()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, query: str = "") -> str:
+        return f"redis://127.0.0.1:{self.port}/0" + (f"?{query}" if query else "")
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            with self._changed:
+                self._connections.append(connection)
+            threading.Thread(target=self._swallow, args=(connection,), daemon=True).start()
+
+    def _swallow(self, connection: socket.socket) -> None:
+        while True:
+            try:
+                data = connection.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            with self._changed:
+                self.received += len(data)
+                self._changed.notify_all()
+
+    def wait_for_bytes(self, count: int, timeout: float = 60.0) -> None:
+        """Until clients have sent ``count`` bytes in all (the request they wait on)."""
+        with self._changed:
+            assert self._changed.wait_for(lambda: self.received >= count, timeout), (
+                f"only {self.received} bytes arrived")
+
+    def hang_up(self) -> None:
+        with self._changed:
+            for connection in self._connections:
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)  # wakes the reader, sends FIN
+                connection.close()
+            self._connections.clear()
+
+    def close(self) -> None:
+        self.listener.close()
+        self.hang_up()
 
 
 def _cluster_ports(count: int) -> list[int]:
@@ -134,6 +198,14 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
         yield cluster
     finally:
         cluster.kill()
+
+
+@pytest.fixture
+def silent_redis() -> Iterator[SilentServer]:
+    """A "Redis" that accepts connections and never answers."""
+    server = SilentServer()
+    yield server
+    server.close()
 
 
 @pytest.fixture(scope="module")

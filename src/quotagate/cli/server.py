@@ -8,6 +8,7 @@ import sys
 import click
 
 from quotagate.cli.common import db_option, ensure_schema, open_gate, reports_errors
+from quotagate.cli.rate import rate_store_option
 from quotagate.cli.streams import redis_option
 from quotagate.store.engine import database_url, redact
 
@@ -35,18 +36,19 @@ from quotagate.store.engine import database_url, redact
               "(creates an admin token, tenants, pools, a process target and requests).")
 @db_option
 @redis_option
+@rate_store_option
 @reports_errors
 def serve(
     host: str, port: int, admit_interval: float, admit_batch: int, no_workers: bool,
     log_level: str, access_log: bool, worker_name: str | None, concurrency: int, tour: bool,
     db_url: str | None,
-    redis_url: str | None,
+    redis_url: str | None, rate_store: str | None,
 ) -> None:
     """Run the HTTP API, admission and delivery until SIGTERM."""
     from quotagate.http import service
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
-    gate = open_gate(db_url, redis=redis_url)
+    gate = open_gate(db_url, redis=redis_url, rate_store=rate_store)
     ensure_schema(gate)
     click.echo(f"quotagate serving http://{host}:{port} on {redact(database_url(db_url))}",
                err=True)

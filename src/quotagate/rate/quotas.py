@@ -7,15 +7,18 @@ that store *is* the ledger database (the default), the row is both, and the
 submit path takes its token in the submission's own transaction: the token
 and the ``waiting`` row commit together or not at all.
 
-With Redis the take is a separate atomic step *before* the submission
-commits. A submission that fails after its token was taken gets the token
+With Redis the take is a separate atomic step *before* the submission's
+transaction, with no ledger transaction open (a silent Redis holds no SQLite
+write lock and no row lock). A submission that fails after its token was taken gets the token
 back (:meth:`RateQuotas.refund`); a process killed between the take and the
 commit loses that one token — the store under-grants, it never over-grants.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -55,34 +58,63 @@ class RateQuotas:
         self, tenant: str, config: BucketConfig | None, *, topic: str | None = None,
         actor: str = "admin",
     ) -> dict[str, Any] | None:
-        """Give ``tenant`` (or its ``topic``) a bucket, reshape it, or remove it (None)."""
-        key = BucketKey(tenant, topic)
+        """Give ``tenant`` (or its ``topic``) a bucket, reshape it, or remove it (None).
 
-        def work(connection: sa.Connection) -> dict[str, Any] | None:
+        With a store outside the ledger database, the store is told with no ledger
+        transaction open (as for takes, docs/decisions/111): before the row is
+        written when a bucket is shaped — the row, the durable shape, follows — and
+        after it is deleted when a bucket is removed. A store left behind by a
+        failure holds only tokens of a bucket whose row says otherwise, which the
+        next shaping overwrites.
+        """
+        key = BucketKey(tenant, topic)
+        outside = not self._in_transaction
+
+        def work(connection: sa.Connection, told: _Told) -> dict[str, Any] | None:
             _require_tenant(connection, tenant)
             existing = sql.read_config(connection, key)
+            if outside and told.fresh is not None and told.fresh != (existing is None):
+                raise _Changed  # created or removed since the store was told: again
             if config is None:
+                told.removed = existing is not None
                 if existing is not None:
                     sql.forget_in(connection, key)
-                    if not self._in_transaction:
-                        self.store.forget(key)
                 self._audit(connection, actor, "rate.set", key, "none")
                 return None
             # The row is the durable shape; with the ledger as the store, also the tokens.
             tokens = sql.configure_in(connection, key, config, fresh=existing is None)
-            if not self._in_transaction:
-                tokens = self.store.configure(key, config, fresh=existing is None)
+            if outside:
+                assert told.tokens is not None  # configured before this transaction
+                tokens = told.tokens
             self._audit(connection, actor, "rate.set", key,
                         f"capacity={format_tokens(config.capacity)},"
                         f"refill_per_second={config.refill_per_second:g}")
             return self._describe(key, config, tokens)
 
         for _ in range(3):
+            told = _Told()
+            if outside and config is not None:
+                with reading(self.engine) as connection:
+                    _require_tenant(connection, tenant)
+                    told.fresh = sql.read_config(connection, key) is None
+                told.tokens = self.store.configure(key, config, fresh=told.fresh)
             try:
-                return run_transaction(self.engine, work)
-            except IntegrityError:
-                continue  # configured concurrently by another admin: run again as a reshape
+                described = run_transaction(self.engine, functools.partial(work, told=told))
+            except (IntegrityError, _Changed):
+                continue  # configured concurrently by another admin: run again
+            if outside and told.removed:
+                self._forget_outside(key)
+            return described
         raise Conflict(f"rate quota of {key} is being changed concurrently; retry")
+
+    def _forget_outside(self, key: BucketKey) -> None:
+        try:
+            self.store.forget(key)
+        except QuotagateError:
+            # The row is gone, so nothing takes from this state any more, and a new
+            # bucket of the same key starts from its own configure.
+            logger.warning("the rate bucket %s was removed; its tokens stay in %s until it "
+                           "is shaped again", key, self.store.description, exc_info=True)
 
     def add(
         self, tenant: str, amount: int, *, topic: str | None = None, actor: str = "admin"
@@ -126,10 +158,17 @@ class RateQuotas:
     def take_for_submission(
         self, connection: sa.Connection, tenant: str, amount: int = 1
     ) -> Decision:
+        """In the submission's transaction; only for the ledger database as the store."""
+        if not self._in_transaction:
+            raise AssertionError("a store outside the ledger database is taken from outside "
+                                 "the transaction (take_outside)")
+        return sql.take_in(connection, BucketKey(tenant), amount) or Decision.unlimited()
+
+    def take_outside(self, tenant: str, amount: int = 1) -> Decision:
         key = BucketKey(tenant)
-        if self._in_transaction:
-            return sql.take_in(connection, key, amount) or Decision.unlimited()
-        config = sql.read_config(connection, key)
+        with reading(self.engine) as connection:
+            config = sql.read_config(connection, key)
+        # The connection is back in the pool: a silent store holds nothing of the ledger's.
         if config is None:
             return Decision.unlimited()
         return self.store.take(key, config, amount)
@@ -177,6 +216,19 @@ class RateQuotas:
     ) -> None:
         record(connection, self.clock.now(),
                AuditEntry(actor, operation, "ok", key.tenant, f"rate/{key.name}", change))
+
+
+class _Changed(Exception):
+    """The bucket was created or removed concurrently after the store was told."""
+
+
+@dataclass
+class _Told:
+    """What the outside store was told before the configuration transaction."""
+
+    fresh: bool | None = None  # the bucket was new when the store was configured
+    tokens: float | None = None  # the tokens the store holds after it
+    removed: bool = False  # the transaction removed the bucket: forget it after
 
 
 def _require_tenant(connection: sa.Connection, tenant: str) -> None:

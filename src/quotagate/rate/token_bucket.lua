@@ -18,9 +18,19 @@
 local time = redis.call('TIME')
 local now = tonumber(time[1]) + tonumber(time[2]) / 1000000
 local operation = ARGV[1]
+-- A batch repeats a few shapes: each distinct word is converted once (parsing
+-- was a third of a batch's server time).
 local numbers = {}
+local parsed = {}
+local count = 0
 for word in string.gmatch(ARGV[2], '%S+') do
-  numbers[#numbers + 1] = tonumber(word)
+  local number = parsed[word]
+  if number == nil then
+    number = tonumber(word)
+    parsed[word] = number
+  end
+  count = count + 1
+  numbers[count] = number
 end
 local results = {}
 -- A batch may name one bucket many times: each is read once, decided in

@@ -189,16 +189,32 @@ def run_transaction(
     The work must be safe to rerun: everything it did in a failed attempt was
     rolled back with it. ``on_retry`` hears of each rerun (admission counts them).
     """
+    def attempt() -> T:
+        with engine.begin() as connection:
+            return work(connection)
+
+    return rerun_on_conflict(attempt, attempts=attempts, on_retry=on_retry)
+
+
+def rerun_on_conflict(
+    attempt: Callable[[], T], *, attempts: int = 20,
+    on_retry: Callable[[DBAPIError], None] | None = None,
+) -> T:
+    """Call ``attempt`` (one whole transaction) until it does not lose a race.
+
+    Deadlocks, serialization failures and lock timeouts are rerun after a short,
+    growing pause; every other database error is translated (the domain's
+    errors) or raised as it is.
+    """
     delay = 0.002
-    for attempt in range(attempts):
+    for number in range(attempts):
         try:
-            with engine.begin() as connection:
-                return work(connection)
+            return attempt()
         except DBAPIError as error:
             translated = translate(error)
             if translated is not error:
                 raise translated from error
-            if attempt + 1 < attempts and is_retryable(error):
+            if number + 1 < attempts and is_retryable(error):
                 if on_retry is not None:
                     on_retry(error)
                 time.sleep(delay)

@@ -19,7 +19,6 @@ runs on the DBAPI connection of a pooled connection:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -29,7 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.exc import DBAPIError
 
-from quotagate.store.dialect import begin_statement, is_retryable, translate
+from quotagate.store.dialect import begin_statement, rerun_on_conflict
 
 T = TypeVar("T")
 
@@ -117,70 +116,96 @@ class DriverTransaction:
 
 def run_driver_transaction(
     engine: Engine, work: Callable[[DriverTransaction], T], *, attempts: int = 20,
-    on_retry: Callable[[DBAPIError], None] | None = None,
+    on_retry: Callable[[DBAPIError], None] | None = None, autocommit: bool = False,
 ) -> T:
     """Like :func:`quotagate.store.dialect.run_transaction`, on the driver connection.
 
     ``on_retry`` hears of each rerun (admission counts them by cause).
 
+    ``autocommit``: each statement of ``work`` is its own transaction, with no
+    BEGIN and COMMIT round trips, where the driver switches for free (psycopg,
+    sqlite3); MySQL's driver would pay a round trip to switch, so there the
+    work keeps its transaction. Only for work whose every statement stands
+    alone (the rate store's conditional take).
+
     ``work`` must be safe to rerun; everything a failed attempt did was rolled
     back with it. Non-driver exceptions (``CapacityChanged``) roll back and
     propagate unchanged.
     """
+    switch = autocommit and engine.dialect.name == "postgresql"
+    begin = None if autocommit and engine.dialect.name == "sqlite" else begin_statement(engine)
+    return rerun_on_conflict(
+        lambda: _attempt(engine, work, begin, switch), attempts=attempts, on_retry=on_retry
+    )
+
+
+def _attempt(
+    engine: Engine, work: Callable[[DriverTransaction], T], begin: str | None,
+    autocommit: bool = False,
+) -> T:
+    """One try of the transaction; driver errors come out as SQLAlchemy's.
+
+    ``autocommit`` (psycopg only): the connection runs in autocommit for this try.
+    """
     dialect = engine.dialect
     driver_error = dialect.loaded_dbapi.Error
-    begin = begin_statement(engine)
-    delay = 0.002
-    for attempt in range(attempts):
+    # The pool hands connect errors up unwrapped (Engine.connect wraps them).
+    try:
+        pooled = engine.raw_connection()
+    except driver_error as exc:
+        raise DBAPIError.instance(
+            None, None, exc, driver_error, dialect=dialect,
+            connection_invalidated=dialect.is_disconnect(exc, None, None),
+        ) from exc
+    committed = False
+    try:
+        driver_connection: Any = pooled.driver_connection
+        if autocommit:
+            driver_connection.autocommit = True
+        cursor = pooled.cursor()
+        transaction = DriverTransaction(dialect, cursor)
         try:
-            # The pool hands connect errors up unwrapped (Engine.connect wraps them).
-            try:
-                pooled = engine.raw_connection()
-            except driver_error as exc:
-                raise DBAPIError.instance(
-                    None, None, exc, driver_error, dialect=dialect,
-                    connection_invalidated=dialect.is_disconnect(exc, None, None),
-                ) from exc
-        except DBAPIError as error:
-            translated = translate(error)
-            if translated is error:
-                raise
-            raise translated from error
-        transaction: DriverTransaction | None = None
-        try:
-            cursor = pooled.cursor()
-            transaction = DriverTransaction(dialect, cursor)
-            try:
-                if begin is not None:
-                    cursor.execute(begin)
-                result = work(transaction)
-                pooled.commit()
-                return result
-            except driver_error as exc:
-                invalidated = dialect.is_disconnect(exc, pooled.dbapi_connection, cursor)
-                wrapped = transaction.wrap(exc, invalidated)
-                if invalidated:
-                    pooled.invalidate(exc)
-                else:
-                    _rollback(pooled, driver_error)
-                raise wrapped from exc
-            except BaseException:
+            if begin is not None:
+                cursor.execute(begin)
+            result = work(transaction)
+            pooled.commit()
+            committed = True
+            return result
+        except driver_error as exc:
+            invalidated = dialect.is_disconnect(exc, pooled.dbapi_connection, cursor)
+            wrapped = transaction.wrap(exc, invalidated)
+            if invalidated:
+                pooled.invalidate(exc)
+            else:
                 _rollback(pooled, driver_error)
-                raise
-        except DBAPIError as error:
-            translated = translate(error)
-            if translated is not error:
-                raise translated from error
-            if attempt + 1 < attempts and is_retryable(error):
-                if on_retry is not None:
-                    on_retry(error)
-                time.sleep(delay)
-                delay = min(delay * 2, 0.2)
-                continue
+            raise wrapped from exc
+        except BaseException:
+            _rollback(pooled, driver_error)
             raise
-        finally:
-            pooled.close()
-    raise AssertionError("unreachable")  # pragma: no cover
+    finally:
+        if autocommit and pooled.dbapi_connection is not None:  # not if invalidated
+            try:
+                driver_connection.autocommit = False
+            except driver_error as exc:  # a broken connection: it leaves the pool
+                pooled.invalidate(exc)
+                committed = False
+        _hand_back(pooled, committed)
+
+
+def _hand_back(pooled: Any, committed: bool) -> None:
+    """Return the connection to the pool; after a commit, without the pool's rollback.
+
+    The pool rolls back every connection handed back to it, unless told that the
+    transaction already ended — which SQLAlchemy's own Connection tells it
+    (``_close_special``). PyMySQL sends that ROLLBACK to the server whatever the
+    state: one more round trip per transaction (psycopg and sqlite3 skip it
+    themselves). The private method is used when present, else the plain close.
+    """
+    close_special = getattr(pooled, "_close_special", None) if committed else None
+    if close_special is not None:
+        close_special(transaction_reset=True)
+    else:
+        pooled.close()
 
 
 def _rollback(pooled: Any, driver_error: type[Exception]) -> None:

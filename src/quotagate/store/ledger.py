@@ -87,6 +87,16 @@ class _HeldDecision:
     decision: Decision | None = None
 
 
+class _TokenNeeded(Exception):
+    """A transaction reached the take of a store outside the ledger database.
+
+    It rolls back; the token is taken with no transaction open, and the
+    transaction runs again with the decision. A Redis that is slow or silent
+    then holds no SQLite write lock and no row lock, only its own caller
+    (docs/decisions/111-outside-take-outside-the-transaction.md).
+    """
+
+
 @dataclass(frozen=True)
 class ReleaseResult:
     request: Request
@@ -161,7 +171,7 @@ class Ledger:
     def _submit_with_retries(
         self, submission: Submission, actor: str, held: _HeldDecision
     ) -> SubmitResult:
-        for _ in range(3):
+        for _ in range(4):
             try:
                 return run_transaction(
                     self.engine,
@@ -170,6 +180,9 @@ class Ledger:
             except IntegrityError:
                 # Two submits of one new id raced; the loser reads the winner's row.
                 continue
+            except _TokenNeeded:
+                assert self.rate_gate is not None
+                held.decision = self.rate_gate.take_outside(submission.tenant)
         raise Conflict(f"request {submission.id!r} is being submitted concurrently; retry")
 
     def _submit(
@@ -266,9 +279,12 @@ class Ledger:
         if self.rate_gate is None:
             return None
         # In the ledger database the take reruns (and rolls back) with the transaction;
-        # in another store it happened once, for good, and is kept for the reruns.
-        if self.rate_gate.in_transaction or held.decision is None:
+        # in another store it happens once, for good, outside any transaction, and is
+        # kept for the reruns.
+        if self.rate_gate.in_transaction:
             held.decision = self.rate_gate.take_for_submission(connection, tenant)
+        elif held.decision is None:
+            raise _TokenNeeded
         return held.decision
 
     @staticmethod

@@ -27,7 +27,12 @@ class RateGate(Protocol):
     def take_for_submission(
         self, connection: sa.Connection, tenant: str, amount: int = 1
     ) -> Decision:
-        """Take tokens for one submission of ``tenant`` (unlimited if it has no bucket)."""
+        """Take tokens for one submission of ``tenant`` in its transaction (``in_transaction``
+        stores only; unlimited if it has no bucket)."""
+        ...
+
+    def take_outside(self, tenant: str, amount: int = 1) -> Decision:
+        """Take tokens with no ledger transaction open (a store that is not the ledger's)."""
         ...
 
     def refund(self, tenant: str, amount: int = 1) -> None:

@@ -1,7 +1,8 @@
 """One Redis (or Redis Cluster) the stream layer talks to, and its errors mapped once.
 
 ``redis://``, ``rediss://`` and ``unix://`` name a single server;
-``redis+cluster://host:port`` a Redis Cluster (as for the Redis rate store).
+``redis+cluster://host:port`` a Redis Cluster (as for the Redis rate store; both are
+built by :func:`quotagate.store.redis_client.redis_client`, with its timeouts).
 Driver errors become quotagate errors here: an unreachable server is
 :class:`StoreUnavailable`, a fenced script's ``STALE`` reply is
 :class:`StaleGeneration`.
@@ -12,21 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from quotagate.errors import InvalidInput, StaleGeneration, StoreUnavailable
-from quotagate.store.engine import redact
+from quotagate.errors import StaleGeneration, StoreUnavailable
+from quotagate.store.redis_client import import_redis, redis_client
 from quotagate.streams import scripts
 
 ENVIRONMENT_VARIABLE = "QUOTAGATE_REDIS"
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
-
-
-def import_redis() -> Any:
-    try:
-        import redis
-    except ModuleNotFoundError as exc:
-        raise InvalidInput("streams need the redis package: pip install 'quotagate[redis]'",
-                           code="driver_missing") from exc
-    return redis
 
 
 class StreamRedis:
@@ -36,26 +28,17 @@ class StreamRedis:
         self.client = client
         self.cluster = cluster
         self.description = description
-        self._redis = import_redis()
+        self._redis = import_redis("streams")
         self.scripts = {name: client.register_script(getattr(scripts, name)) for name in (
             "ACQUIRE", "RENEW", "RELEASE", "READ", "SETTLE", "CLAIM", "MEMBERS", "IN_FLIGHT",
             "PRODUCE")}
 
     @classmethod
     def from_url(cls, url: str) -> StreamRedis:
-        redis = import_redis()
-        cluster = url.startswith("redis+cluster://")
-        try:
-            if cluster:
-                client = redis.RedisCluster.from_url("redis://" + url.removeprefix("redis+cluster://"))
-            else:
-                client = redis.Redis.from_url(url)
-        except ValueError as exc:
-            raise InvalidInput(f"not a Redis URL: {exc}", code="invalid_redis_url") from exc
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            raise StoreUnavailable(f"the stream Redis {redact(url)} cannot be reached",
-                                   code="stream_store_unavailable") from exc
-        return cls(client, description=redact(url), cluster=cluster)
+        """The client for ``url``, with quotagate's Redis timeouts (quotagate.store.redis_client)."""
+        built = redis_client(url, needed_by="streams", invalid_code="invalid_redis_url",
+                             unavailable_code="stream_store_unavailable")
+        return cls(built.client, description=built.description, cluster=built.cluster)
 
     def run(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Call one script; STALE → StaleGeneration, unreachable → StoreUnavailable."""
