@@ -39,10 +39,11 @@ from typing import Any
 
 from _databases import BACKENDS, ServerUnavailable, throwaway_database
 from quotagate.domain.bucket import BucketConfig
-from quotagate.rate.backend import Take, rate_store_from_url
+from quotagate.rate.backend import Take
 from quotagate.rate.keys import BucketKey
 from quotagate.rate.redis import RedisRateStore
 from quotagate.rate.sql import _take_statement
+from quotagate.rate.stores import rate_store_from_url
 
 LIMIT = 100  # per second, for every limiter
 BATCHES = (100, 1000)  # takes per call in the batched rows

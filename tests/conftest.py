@@ -1,14 +1,11 @@
 from __future__ import annotations
 
 import multiprocessing
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 from quotagate import ManualClock, Quotagate
 from support.databases import BACKENDS, fresh_database

@@ -3,28 +3,38 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Engine
 
+from quotagate.auth.authorizer import Actor
+from quotagate.auth.tokens import CreatedToken, TokenInfo, TokenStore
+from quotagate.delivery.cleanup import remove_run_directories
+from quotagate.delivery.registry import TargetConfig, TargetStore
 from quotagate.domain.bucket import BucketConfig, config_from_mapping, parse_rate
 from quotagate.domain.clock import Clock, SystemClock
+from quotagate.domain.lease import Lease
 from quotagate.domain.model import Request, RequestState, build_submission, validate_name
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL
 from quotagate.domain.placement import Placement
 from quotagate.errors import InvalidInput
-from quotagate.rate.backend import ENVIRONMENT_VARIABLE as RATE_STORE_VARIABLE
-from quotagate.rate.backend import RateStore, rate_store_from_url
+from quotagate.rate.backend import RateStore
 from quotagate.rate.keys import BucketKey
 from quotagate.rate.quotas import RateQuotas
 from quotagate.rate.sql import SqlRateStore
-from quotagate.store import identity, migrate, retention
+from quotagate.rate.stores import ENVIRONMENT_VARIABLE as RATE_STORE_VARIABLE
+from quotagate.rate.stores import rate_store_from_url
+from quotagate.store import census, identity, migrate, retention
+from quotagate.store.audit import AuditEntry
+from quotagate.store.authority import ReleaseGuard
 from quotagate.store.config import Configuration
+from quotagate.store.counters import Counters, delivery_counters
 from quotagate.store.dashboard import DashboardViews, Snapshot
 from quotagate.store.diagnosis import DeliveryTrail, delivery_trail
 from quotagate.store.engine import create_engine, database_url
+from quotagate.store.lease import LeaseStore
 from quotagate.store.ledger import (
     DEFAULT_ADMISSION_WINDOW,
     DEFAULT_TTL,
@@ -32,10 +42,14 @@ from quotagate.store.ledger import (
     ReleaseResult,
     SubmitResult,
 )
-from quotagate.store.views import LedgerCheck, LedgerViews
+from quotagate.store.listing import AuditRecord, Binding, Page, list_audit, list_requests, read_binding
+from quotagate.store.views import Explanation, Inspection, LedgerCheck, LedgerViews, Usage
 from quotagate.streams.connection import ENVIRONMENT_VARIABLE as REDIS_VARIABLE
 from quotagate.streams.overview import streams_overview
 from quotagate.streams.service import Streams
+
+if TYPE_CHECKING:
+    from quotagate.observability.metrics import Metrics
 
 
 class Quotagate:
@@ -54,6 +68,8 @@ class Quotagate:
     ) -> None:
         self.engine = engine
         self.clock: Clock = clock or SystemClock()
+        # What this app's workers did, exported by its metrics (observability.metrics).
+        self.delivery_counters: Counters = delivery_counters()
         # Rate quotas: buckets in the ledger database unless another store is given.
         self.rate_store: RateStore = rate_store or SqlRateStore(engine)
         self.rates = RateQuotas(engine, self.rate_store, clock=self.clock)
@@ -67,6 +83,7 @@ class Quotagate:
         )
         self.config = Configuration(engine, clock=self.clock)
         self._ledger_id: str | None = None
+        self._metrics: Metrics | None = None
         # Streams (docs/streams.md): Redis is connected only when a stream is used.
         self.streams = Streams(engine, self.rates, redis_url=redis or os.environ.get(REDIS_VARIABLE),
                                clock=self.clock)
@@ -74,6 +91,9 @@ class Quotagate:
             engine, clock=self.clock, aging_interval=aging_interval,
             admission_window=admission_window,
         )
+        self.api_tokens = TokenStore(engine, clock=self.clock)
+        self.targets = TargetStore(engine, clock=self.clock)
+        self.leases = LeaseStore(engine, counters=self.delivery_counters)
 
     @classmethod
     def connect(
@@ -102,6 +122,28 @@ class Quotagate:
             self._ledger_id = identity.ledger_id(self.engine)
         return self._ledger_id
 
+    @property
+    def metrics(self) -> Metrics:
+        """What this app exports on ``/metrics``, its delivery counters included (needs the
+        ``server`` extra: prometheus-client). Made on first use, then kept."""
+        if self._metrics is None:
+            from quotagate.observability.metrics import Metrics
+
+            self._metrics = Metrics(self.engine, clock=self.clock, delivery_counters=self.delivery_counters)
+        return self._metrics
+
+    def now(self) -> float:
+        """The app's clock (``clock``: the system's, or a test's manual one)."""
+        return self.clock.now()
+
+    def has_schema(self) -> bool:
+        """True once the ledger schema exists (``init`` has run)."""
+        return census.schema_present(self.engine)
+
+    def ping(self) -> None:
+        """One round trip to the ledger database; raises if it does not answer."""
+        census.ping(self.engine)
+
     def close(self) -> None:
         self.streams.close()
         self.rate_store.close()
@@ -119,6 +161,62 @@ class Quotagate:
 
     def set_pool(self, name: str, capacity: Mapping[str, object], *, actor: str = "admin") -> dict[str, dict[str, int]]:
         return self.config.set_pool(name, capacity, actor=actor)
+
+    def tenant(self, name: str) -> dict[str, Any]:
+        """A tenant's quotas and use."""
+        return self.config.get_tenant(name)
+
+    def tenants(self) -> list[str]:
+        return self.config.list_tenants()
+
+    def pool(self, name: str) -> dict[str, Any]:
+        """A pool's capacity and use."""
+        return self.config.get_pool(name)
+
+    def pools(self) -> list[str]:
+        return self.config.list_pools()
+
+    # API tokens (docs/http-api.md)
+    def create_api_token(
+        self, *, admin: bool = False, tenant: str | None = None, executor_target: str | None = None,
+        label: str | None = None, actor: str = "cli",
+    ) -> CreatedToken:
+        """A new API token: admin, one tenant's, or an executor's (exactly one); shown only now."""
+        return self.api_tokens.create(admin=admin, tenant=tenant, executor_target=executor_target,
+                                      label=label, actor=actor)
+
+    def list_api_tokens(self) -> list[TokenInfo]:
+        """Every token's id, scope and label (never a secret), revoked ones too."""
+        return self.api_tokens.list()
+
+    def revoke_api_token(self, token_id: str, *, actor: str = "cli") -> TokenInfo:
+        return self.api_tokens.revoke(token_id, actor=actor)
+
+    def authenticate(self, token: str) -> Actor:
+        """The actor an API token stands for; Unauthorized if it is not a live token."""
+        return self.api_tokens.authenticate(token)
+
+    # delivery targets and worker leases (docs/delivery.md)
+    def set_target(
+        self, name: str, kind: str, config: Mapping[str, Any], *, default: bool = False,
+        tenants: Sequence[str] | None = None, actor: str = "admin",
+    ) -> TargetConfig:
+        """Create or replace a delivery target; ``default`` makes it the only default."""
+        return self.targets.set(name, kind, config, default=default, tenants=tenants, actor=actor)
+
+    def list_targets(self) -> list[TargetConfig]:
+        return self.targets.list()
+
+    def target(self, name: str | None) -> TargetConfig:
+        """The target named ``name``, or the default one for None."""
+        return self.targets.resolve(name)
+
+    def list_leases(self) -> tuple[float, list[Lease]]:
+        """The database's clock now and every lease, by name."""
+        return self.leases.list()
+
+    def lease(self, name: str) -> Lease:
+        return self.leases.get(name)
 
     # rate quotas
     def set_rate(
@@ -182,24 +280,70 @@ class Quotagate:
     def cancel(self, request_id: str, *, actor: str = "system") -> ReleaseResult:
         return self.ledger.release(request_id, RequestState.CANCELLED, actor=actor)
 
+    def release(
+        self, request_id: str, to_state: RequestState, *, reason: str | None = None,
+        actor: str = "system", tenant: str | None = None, guard: ReleaseGuard | None = None,
+    ) -> ReleaseResult:
+        """End a request (completed, failed, cancelled) with an optional reason.
+
+        ``tenant``: the request must be that tenant's (NotFound otherwise);
+        ``guard``: who may end what (``store.authority``), for the HTTP API.
+        """
+        return self.ledger.release(request_id, to_state, reason=reason, actor=actor,
+                                   tenant=tenant, guard=guard)
+
     def expire(self) -> int:
         return self.ledger.expire()
 
     # views
-    def show(self, request_id: str) -> Request:
-        return self.views.show(request_id)
+    def show(self, request_id: str, *, tenant: str | None = None) -> Request:
+        """One request; with ``tenant``, NotFound unless it is that tenant's."""
+        return self.views.show(request_id, tenant=tenant)
 
-    def inspect(self, limit: int = 20) -> dict[str, Any]:
+    def inspect(self, limit: int = 20) -> Inspection:
         return self.views.inspect(limit)
 
-    def explain(self, request_id: str) -> dict[str, Any]:
-        return self.views.explain(request_id)
+    def explain(self, request_id: str, *, tenant: str | None = None) -> Explanation:
+        """Why a request waits (or what it holds); with ``tenant``, only that tenant's view."""
+        return self.views.explain(request_id, tenant=tenant)
+
+    def binding(self, request_id: str) -> Binding | None:
+        """The external object a request was delivered as, if any."""
+        return read_binding(self.engine, request_id)
+
+    def list_requests(
+        self, tenant: str, *, state: RequestState | None = None, cursor: str | None = None,
+        limit: int = 50,
+    ) -> Page[Request]:
+        """A tenant's requests, newest first, one page at a time."""
+        return list_requests(self.engine, tenant, state=state, cursor=cursor, limit=limit)
+
+    def list_audit(
+        self, *, tenant: str | None = None, cursor: str | None = None, limit: int = 100
+    ) -> Page[AuditRecord]:
+        """Audit entries, newest first; only ``tenant``'s when given."""
+        return list_audit(self.engine, tenant=tenant, cursor=cursor, limit=limit)
+
+    def record_audit(self, entry: AuditEntry) -> None:
+        """Record a decision that changed nothing else (a refused authorization)."""
+        census.record_audit(self.engine, self.clock.now(), entry)
+
+    def audit_size(self) -> int:
+        return census.audit_size(self.engine)
+
+    def state_counts(self) -> dict[str, int]:
+        """How many requests are in each state (states with none are absent)."""
+        return census.state_counts(self.engine)
+
+    def submitted_at(self, request_ids: Sequence[str]) -> dict[str, float]:
+        """When each of ``request_ids`` was submitted (for the admission-wait metric)."""
+        return census.created_at(self.engine, request_ids)
 
     def delivery_trail(self, request_id: str) -> DeliveryTrail:
         """Outbox row, binding and audit entries of one request (for ``quotagate diagnose``)."""
         return delivery_trail(self.engine, request_id)
 
-    def usage(self) -> dict[str, list[dict[str, Any]]]:
+    def usage(self) -> Usage:
         return self.views.usage()
 
     def check_invariants(self) -> list[str]:
@@ -218,10 +362,17 @@ class Quotagate:
         progress: Callable[[retention.PruneProgress], None] | None = None,
         max_batches: int | None = None,
     ) -> retention.PruneProgress:
-        """Delete finished requests and audit entries last changed ``older_than`` seconds ago."""
+        """Delete finished requests and audit entries last changed ``older_than`` seconds ago.
+
+        The run directories of pruned process and Spark runs go with them, unless
+        ``forget`` says otherwise.
+        """
         if not older_than > 0:
             raise InvalidInput("the retention period must be more than 0 seconds",
                                code="invalid_retention")
+        if forget is None:
+            def forget(bindings: list[retention.PrunedBinding]) -> int:
+                return remove_run_directories(self.targets, bindings)
         return retention.prune(self.engine, self.clock.now() - older_than, batch=batch,
                                forget=forget, progress=progress, max_batches=max_batches)
 

@@ -18,11 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
-
 from quotagate.app import Quotagate
-from quotagate.store import schema
-from quotagate.store.dialect import reading
 
 TENANTS = {"team-a": {"gpu": 4, "cpu": 32}, "team-b": {"gpu": 2, "cpu": 16},
            "team-c": {"gpu": 3, "cpu": 8}}
@@ -68,24 +64,14 @@ def _deliver(url: str, stop: Any, name: str) -> None:
 
 def _configure_executor(gate: Quotagate, run_dir: Path) -> None:
     """A process target whose command 'serves' for a moment; payloads asking to fail exit 3."""
-    from quotagate.delivery.registry import TargetStore
-
     # Old run directories would be read back as the outcome of the same ids.
     shutil.rmtree(run_dir, ignore_errors=True)
-    TargetStore(gate.engine, clock=gate.clock).set(
+    gate.set_target(
         "demo-executor", "process",
         {"command": ["sh", "-c", 'sleep 0.2; case "$QUOTAGATE_PAYLOAD" in *true*) exit 3;; esac'],
          "run_dir": str(run_dir)},
         default=True, actor="demo",
     )
-
-
-def _counts(gate: Quotagate) -> dict[str, int]:
-    with reading(gate.engine) as connection:
-        rows = connection.execute(
-            sa.select(schema.request.c.state, sa.func.count()).group_by(schema.request.c.state)
-        ).all()
-    return {state: int(number) for state, number in rows}
 
 
 def run_demo(settings: DemoSettings, echo: Callable[[str], None]) -> list[str]:
@@ -121,7 +107,7 @@ def run_demo(settings: DemoSettings, echo: Callable[[str], None]) -> list[str]:
         try:
             while True:
                 time.sleep(0.5)
-                counts = _counts(gate)
+                counts = gate.state_counts()
                 finished = sum(counts.get(s, 0) for s in ("completed", "failed"))
                 echo(f"  {time.monotonic() - started:5.1f}s  submitted {sum(counts.values()):4d}"
                      f"  waiting {counts.get('waiting', 0):4d}"
@@ -142,11 +128,7 @@ def run_demo(settings: DemoSettings, echo: Callable[[str], None]) -> list[str]:
                 process.join(timeout=30)
         echo(f"all {total} requests finished in {time.monotonic() - started:.1f}s")
         violations = gate.check_invariants()
-        audit_rows = 0
-        with reading(gate.engine) as connection:
-            audit_rows = int(connection.execute(
-                sa.select(sa.func.count()).select_from(schema.audit)).scalar_one())
-        echo(f"audit log: {audit_rows} entries")
+        echo(f"audit log: {gate.audit_size()} entries")
         return violations
 
 

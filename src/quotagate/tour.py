@@ -39,13 +39,10 @@ def _wait_ready(client: Any, deadline: float) -> None:
 def run_tour(base_url: str, gate: Quotagate, echo: Echo) -> None:
     import httpx
 
-    from quotagate.auth.tokens import TokenStore
-    from quotagate.delivery.registry import TargetStore
-
     with httpx.Client(base_url=base_url, timeout=10) as client:
         _wait_ready(client, time.monotonic() + 30)
-        token = TokenStore(gate.engine).create(admin=True, label="tour", actor="tour").token
-        TargetStore(gate.engine).set(
+        token = gate.create_api_token(admin=True, label="tour", actor="tour").token
+        gate.set_target(
             "local", "process", {"command": TOUR_COMMAND, "run_dir": "quotagate-runs"},
             default=True, actor="tour",
         )

@@ -17,13 +17,13 @@ from typing import Any
 
 import httpx
 import pytest
-from test_http_support import Server, bearer, make_token, running_server
 
 from quotagate import Quotagate
 from quotagate.delivery.registry import TargetStore
 from support.browser import DESKTOP, PHONE, chromium, collect_page_errors
 from support.databases import BACKENDS, fresh_database
 from support.executor import running_executor
+from support.http_servers import Server, bearer, make_token, running_server
 from support.streams import shared_redis_url
 from support.waiting import wait_for
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 import sqlalchemy as sa
-from test_http_support import Server, bearer, make_token, running_server
 
 from quotagate import Quotagate
 from quotagate.http.routers.dashboard import UI_DIRECTORY
 from quotagate.store.engine import create_engine
 from support.databases import BACKENDS, fresh_database
+from support.http_servers import Server, bearer, make_token, running_server
 from support.streams import shared_redis_url, stream_gate, tenant_with_quota
 from support.waiting import wait_for
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
-from test_http_support import Server, bearer, make_token, running_server
 
 from quotagate import Quotagate
 from support.databases import BACKENDS, fresh_database
+from support.http_servers import Server, bearer, make_token, running_server
 
 DEADLINE = 30.0
 
@@ -347,22 +347,22 @@ def test_a_token_made_with_the_cli_works_until_revoked_with_the_cli(
 ) -> None:
     import subprocess
 
-    from test_http_support import QUOTAGATE
+    from support.http_servers import QUOTAGATE
 
     name, _ = api.tenant()
     created = subprocess.run(
-        [QUOTAGATE, "token", "create", "--tenant", name, "--label", "ci", "--db", api.db_url],
+        [QUOTAGATE, "api-token", "create", "--tenant", name, "--label", "ci", "--db", api.db_url],
         capture_output=True, text=True, check=True,
     )
     token = created.stdout.strip()
     client = api.client(token)
     assert client.get(f"/v1/tenants/{name}/requests").status_code == 200
-    listing = subprocess.run([QUOTAGATE, "token", "list", "--db", api.db_url],
+    listing = subprocess.run([QUOTAGATE, "api-token", "list", "--db", api.db_url],
                              capture_output=True, text=True, check=True).stdout
     token_id = token.split("_")[1]
     assert token_id in listing
     assert token.split("_", 2)[2] not in listing, "secrets are never listed"
-    subprocess.run([QUOTAGATE, "token", "revoke", token_id, "--db", api.db_url], check=True,
+    subprocess.run([QUOTAGATE, "api-token", "revoke", token_id, "--db", api.db_url], check=True,
                    capture_output=True)
     assert client.get(f"/v1/tenants/{name}/requests").status_code == 401
     audit = subprocess.run([QUOTAGATE, "audit", "--tenant", name, "--db", api.db_url],

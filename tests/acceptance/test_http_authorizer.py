@@ -6,40 +6,15 @@ uvicorn server (in a thread, so the test can hold the hook), over HTTP.
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-import pytest
-import uvicorn
-from test_http_support import bearer, free_port, make_token
 
 from quotagate import Quotagate
 from quotagate.auth.authorizer import Actor
 from quotagate.http import create_app
 from support.databases import fresh_database
-
-
-@contextmanager
-def serving(app: object) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    until = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > until or not thread.is_alive():
-            pytest.fail("uvicorn did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
+from support.http_servers import bearer, make_token, serving
 
 
 def test_a_replaced_authorizer_decides_every_operation(tmp_path: Path) -> None:

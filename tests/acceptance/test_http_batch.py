@@ -12,12 +12,12 @@ from typing import Any
 
 import httpx
 import pytest
-from test_http_authorizer import serving
 
 from quotagate import Quotagate
 from quotagate.auth.tokens import TokenStore
 from quotagate.http import create_app
 from quotagate.store import schema
+from support.http_servers import serving
 from support.ledger_state import count, snapshot
 
 BATCH = "/v1/tenants/team-a/requests:batch"

@@ -14,7 +14,6 @@ from pathlib import Path
 import httpx
 import pytest
 import sqlalchemy as sa
-from test_http_authorizer import serving
 
 from quotagate import Quotagate, RequestState
 from quotagate.auth.tokens import TokenStore, hash_secret, parse_token
@@ -24,6 +23,7 @@ from quotagate.http import create_app
 from quotagate.store import schema
 from support import cli
 from support.executors import deliver, webhook_receiver, webhook_target
+from support.http_servers import serving
 from support.ledger_state import count, snapshot
 
 
@@ -227,19 +227,19 @@ def test_executor_tokens_are_stored_hashed_and_need_an_existing_target(db_url: s
 def test_cli_creates_and_lists_executor_tokens(db_url: str, tmp_path: Path) -> None:
     with Quotagate.connect(db_url) as gate:
         TargetStore(gate.engine).set("hooks-a", "webhook", {"url": "http://127.0.0.1:9/hooks"})
-    created = cli.run("token", "create", "--executor", "--target", "hooks-a",
+    created = cli.run("api-token", "create", "--executor", "--target", "hooks-a",
                       db=db_url, cwd=tmp_path)
     token = created.stdout.strip()
     assert "executor hooks-a" in created.stderr
-    listed = cli.run("token", "list", db=db_url, cwd=tmp_path)
+    listed = cli.run("api-token", "list", db=db_url, cwd=tmp_path)
     assert "executor=hooks-a" in listed.stdout
     assert parse_token(token)[1] not in listed.stdout
     with Quotagate.connect(db_url) as gate:
         assert TokenStore(gate.engine).authenticate(token).executor_target == "hooks-a"
-    missing = cli.run("token", "create", "--executor", "--target", "no-such",
+    missing = cli.run("api-token", "create", "--executor", "--target", "no-such",
                       db=db_url, cwd=tmp_path, expect=4)
     assert "unknown_target" in missing.stderr
-    alone = cli.run("token", "create", "--executor", db=db_url, cwd=tmp_path, expect=2)
+    alone = cli.run("api-token", "create", "--executor", db=db_url, cwd=tmp_path, expect=2)
     assert "invalid_token_scope" in alone.stderr
     with Quotagate.connect(db_url) as gate:
         assert count(gate, schema.api_token) == 1

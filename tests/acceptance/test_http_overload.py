@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-from test_http_authorizer import serving
-from test_http_support import bearer, make_token
 
 from quotagate import Quotagate
 from quotagate.http import create_app
 from quotagate.store.engine import create_engine
 from support.databases import fresh_database
+from support.http_servers import bearer, make_token, serving
 
 
 def test_an_exhausted_connection_pool_is_503_store_busy(tmp_path: Path) -> None:

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import httpx
 import redis
-from test_http_support import bearer, make_token, running_server
 
 from quotagate import Quotagate
 from quotagate.rate.keys import BucketKey, redis_key
 from support.databases import fresh_database
+from support.http_servers import bearer, make_token, running_server
 from support.redis_servers import RedisServer
 
 

@@ -18,12 +18,12 @@ from typing import Any
 
 import httpx
 import pytest
-from test_http_support import bearer, make_token, running_server
 
 from quotagate import Quotagate
 from quotagate.store.engine import create_engine
 from quotagate.store.views import LedgerViews
 from support.databases import fresh_database
+from support.http_servers import bearer, make_token, running_server
 
 CLIENTS = 4
 REQUESTS_PER_CLIENT = 30

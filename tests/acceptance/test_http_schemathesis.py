@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from test_http_support import bearer, make_token, running_server
 
 from support.databases import fresh_database
+from support.http_servers import bearer, make_token, running_server
 
 try:
     import schemathesis

@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 import sqlalchemy as sa
-from test_http_support import bearer, make_token, running_server
 
 from quotagate import Quotagate
 from support.databases import fresh_database
+from support.http_servers import bearer, make_token, running_server
 
 DEADLINE = 60.0
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from test_http_support import Server, bearer, make_token, running_server
 
 from support.databases import fresh_database
+from support.http_servers import Server, bearer, make_token, running_server
 from support.redis_servers import RedisServer
 from support.streams import new_tenant
 

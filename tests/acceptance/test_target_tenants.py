@@ -9,13 +9,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_http_authorizer import serving
 
 from quotagate import NotFound, Quotagate
 from quotagate.auth.tokens import TokenStore
 from quotagate.delivery.registry import TargetStore
 from quotagate.http import create_app
 from support import cli
+from support.http_servers import serving
 from support.ledger_state import snapshot
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_http_support import make_token, running_server
 
 from quotagate import Quotagate
 from quotagate.errors import RateLimited
 from support.cli import run
+from support.http_servers import make_token, running_server
 from support.streams import shared_redis_url, stream_gate, tenant_with_quota
 from support.waiting import wait_for
 

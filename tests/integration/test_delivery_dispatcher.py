@@ -16,7 +16,6 @@ import pytest
 import sqlalchemy as sa
 
 from quotagate import ManualClock, Quotagate, RequestState, StaleGeneration
-from quotagate.delivery import stats
 from quotagate.delivery.dispatcher import Dispatcher
 from quotagate.delivery.naming import external_name
 from quotagate.delivery.outbox import Claim
@@ -201,7 +200,7 @@ def test_a_takeover_by_the_same_name_fences_every_write_of_the_old_generation(
     assert new.lease is not None and new.lease.generation == 2
 
     before = _snapshot(ledger)
-    stale_before = stats.snapshot()["stale_writes"]
+    stale_before = ledger.delivery_counters.snapshot()["stale_writes"]
     obtained = ExternalObject(external_name(ledger.ledger_id, "team-a", "job-1"), "uid-1", "job-1")
     for late_write in (
         lambda: old.outbox.record_binding(claim, "local", obtained),
@@ -213,7 +212,7 @@ def test_a_takeover_by_the_same_name_fences_every_write_of_the_old_generation(
         with pytest.raises(StaleGeneration) as error:
             late_write()
         assert error.value.code == "stale_generation"
-    assert stats.snapshot()["stale_writes"] == stale_before + 5
+    assert ledger.delivery_counters.snapshot()["stale_writes"] == stale_before + 5
     assert _snapshot(ledger) == before  # the old generation changed nothing
 
     # The new generation reclaims its predecessor's row at once (no claim expiry wait).
@@ -237,7 +236,7 @@ def test_a_claim_dies_with_its_lease_and_the_taker_fences_the_slow_worker(
     assert fast.outbox.claim(lease, 10) == []  # held while the slow worker's lease lives
     # The slow worker stops renewing; once its lease expires its claim is free.
     taken: list[Claim] = wait_for(lambda: fast.outbox.claim(lease, 10), "lease expiry")
-    assert taken[0].token == claim.token + 1
+    assert taken[0].fencing_token == claim.fencing_token + 1
 
     before = _snapshot(ledger)
     with pytest.raises(StaleGeneration) as error:

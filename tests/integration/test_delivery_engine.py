@@ -143,7 +143,7 @@ def test_a_stale_generations_batch_writes_nothing(ledger: Quotagate, tmp_path: P
         connection.execute(schema.outbox.update()
                            .where(schema.outbox.c.request_id == stolen.request_id)
                            .values(claimed_by="w2", claim_generation=other.lease.generation,
-                                   claim_token=stolen.token + 1))
+                                   claim_token=stolen.fencing_token + 1))
     assert new.lease is not None
     written = new.outbox.record_deliveries(new.lease, [
         (claim, "local", ExternalObject(f"name-{claim.request_id}", "uid", claim.request_id))
@@ -167,25 +167,25 @@ def test_fencing_tokens_grow_across_workers_takeovers_and_stops(
     first = Dispatcher(ledger, worker_name="w1", lease_ttl=0.3)
     assert first._hold_lease() and first.lease is not None
     [claim] = first.outbox.claim(first.lease, 10)
-    tokens.append(claim.token)
+    tokens.append(claim.fencing_token)
     # w1 dies silently: its claim dies with its lease; w2 takes it.
     second = Dispatcher(ledger, worker_name="w2")
     assert second._hold_lease() and second.lease is not None
     lease = second.lease
     [claim] = wait_for(lambda: second.outbox.claim(lease, 10), "w1's lease to expire")
-    tokens.append(claim.token)
+    tokens.append(claim.fencing_token)
     second.outbox.record_failure(claim, "refused", 0.0)
     # w1 restarts under its own name (a new generation) and claims the retry.
     restarted = Dispatcher(ledger, worker_name="w1")
     wait_for(restarted._hold_lease, "w1's new lease")
     assert restarted.lease is not None
     [claim] = wait_for(lambda: restarted.outbox.claim(restarted.lease, 10), "the retry")  # type: ignore[arg-type]
-    tokens.append(claim.token)
+    tokens.append(claim.fencing_token)
     restarted.outbox.record_failure(claim, "refused", 0.0)
     # Cancelled: the stop's claims carry the sequence on.
     ledger.cancel(request_id)
     [claim] = second.outbox.claim(lease, 10, stops=True)
-    tokens.append(claim.token)
+    tokens.append(claim.fencing_token)
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens), tokens
 
 

@@ -19,7 +19,6 @@ import pytest
 import sqlalchemy as sa
 
 from quotagate import StaleGeneration
-from quotagate.delivery import stats
 from quotagate.domain.lease import Lease
 from quotagate.store import schema
 from quotagate.store.dialect import database_now, run_transaction
@@ -107,7 +106,7 @@ def test_a_takeover_by_the_same_name_fences_the_killed_generation(
     assert owner_only == 1  # leaseOwnerOnlyMatches: the name cannot tell old from new
 
     before = lease_row(leases, "takeover")
-    stale_before = stats.snapshot()["stale_writes"]
+    stale_before = leases.counters.snapshot()["stale_writes"]
     old = Lease("takeover", "worker-a", 1, 0.0)
     with pytest.raises(StaleGeneration) as error:
         leases.renew(old, 60.0)  # leaseStaleWrite generation=1
@@ -115,7 +114,7 @@ def test_a_takeover_by_the_same_name_fences_the_killed_generation(
     with pytest.raises(StaleGeneration):
         run_transaction(leases.engine, lambda connection: leases.fence(connection, old))
     assert leases.release(old) is False
-    assert stats.snapshot()["stale_writes"] == stale_before + 3
+    assert leases.counters.snapshot()["stale_writes"] == stale_before + 3
     # The seed's raw late write, conditioned on the old generation: 0 rows.
     with leases.engine.begin() as connection:
         affected = connection.execute(

@@ -7,6 +7,7 @@ from pathlib import Path
 from quotagate import ManualClock, Quotagate
 from quotagate.observability.metrics import Metrics
 from quotagate.store import schema
+from quotagate.store.counters import delivery_counters
 from quotagate.store.engine import create_engine
 
 
@@ -74,15 +75,15 @@ def test_a_scrape_says_the_store_is_down_instead_of_failing() -> None:
     assert "quotagate_tenant_used" not in text
 
 
-def test_the_dispatchers_process_counters_are_exported(tmp_path: Path) -> None:
-    from quotagate.delivery import stats  # part of the package: never a skip
+def test_the_apps_delivery_counters_are_exported_and_only_its_own(tmp_path: Path) -> None:
     engine = create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
-    metrics = Metrics(engine)
+    counters, other = delivery_counters(), delivery_counters()
+    metrics = Metrics(engine, delivery_counters=counters)
     value = metrics.registry.get_sample_value
-    before = value("quotagate_stale_generation_rejections_total") or 0
-    failures = value("quotagate_delivery_failures_total") or 0
-    stats.increment("stale_writes")
-    stats.increment("delivery_errors", 2)
-    assert value("quotagate_stale_generation_rejections_total") == before + 1
-    assert value("quotagate_delivery_failures_total") == failures + 2
+    assert value("quotagate_stale_generation_rejections_total") == 0
+    counters.increment("stale_writes")
+    counters.increment("delivery_errors", 2)
+    other.increment("stale_writes", 5)  # another app in this process: not ours to export
+    assert value("quotagate_stale_generation_rejections_total") == 1
+    assert value("quotagate_delivery_failures_total") == 2
     engine.dispose()

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
-from test_rate_store import RedisServer
 
 from quotagate import (
     InvalidInput,
@@ -27,6 +26,7 @@ from quotagate.cli.main import cli
 from quotagate.errors import Conflict
 from quotagate.rate.redis import RedisRateStore
 from quotagate.store import schema
+from support.redis_servers import RedisServer
 
 
 @pytest.fixture(scope="module")
@@ -271,11 +271,23 @@ def test_cli_rate_commands_and_exit_code(
     assert "rate_quota_exhausted" in refused.output
     assert "retry after" in refused.output
     assert "rejected" in run("show", "c-2").output
-    result = run("tokens", "add", "team-c", "3")
+    result = run("rate", "add", "team-c", "3")
     assert result.exit_code == 0, result.output
     assert "1 of 1 tokens left" in result.output  # capped at capacity
     assert run("submit", "--id", "c-2", "--tenant", "team-c", "--cost", "gpu=1").exit_code == 0
     shown = run("tenant", "show", "team-c")
     assert "rate: 0 of 1 tokens left" in shown.output
     assert '"tokens": 0' in run("tenant", "show", "team-c", "--json").output
-    assert run("tokens", "add", "team-c", "-1").exit_code == 2
+    assert run("rate", "add", "team-c", "-1").exit_code == 2
+
+    # `rate set` reshapes the bucket like `tenant set --rate`; a bad spec changes nothing.
+    result = run("rate", "set", "team-c", "capacity=4,refill=0")
+    assert result.exit_code == 0, result.output
+    assert "of 4 tokens left" in result.output
+    assert run("rate", "set", "team-c", "capacity=-3").exit_code == 2
+    assert '"capacity": 4' in run("rate", "show", "team-c", "--json").output
+    assert "no rate quota" in run("rate", "set", "team-c", "none").output
+    assert "no rate quota" in run("rate", "show", "team-c").output
+    # The old names are gone: `tokens` was the rate bucket, `token` an API credential.
+    assert run("tokens", "add", "team-c", "1").exit_code == 2
+    assert run("token", "list").exit_code == 2

@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from test_rate_store import RedisServer
 
 from quotagate import Quotagate, RateLimited, RequestState, StoreUnavailable
 from quotagate.domain.bucket import BucketConfig
-from quotagate.rate.backend import rate_store_from_url
 from quotagate.rate.keys import BucketKey
 from quotagate.rate.redis import RedisRateStore
+from quotagate.rate.stores import rate_store_from_url
 from quotagate.store import schema
 from support.databases import fresh_database
+from support.redis_servers import RedisServer
 
 PROCESSES = 4
 KEY = BucketKey("team-a")

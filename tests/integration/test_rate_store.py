@@ -16,10 +16,11 @@ import pytest
 
 from quotagate.domain.bucket import BucketConfig
 from quotagate.errors import NotFound
-from quotagate.rate.backend import RateStore, Take, rate_store_from_url
+from quotagate.rate.backend import RateStore, Take
 from quotagate.rate.keys import BucketKey
 from quotagate.rate.redis import SCRIPT_SHA, RedisRateStore
 from quotagate.rate.sql import SqlRateStore
+from quotagate.rate.stores import rate_store_from_url
 from support.databases import fresh_database
 from support.redis_servers import RedisCluster, RedisServer
 

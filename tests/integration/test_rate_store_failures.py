@@ -17,9 +17,9 @@ import redis
 from quotagate import NotFound, Quotagate
 from quotagate.domain.bucket import BucketConfig
 from quotagate.errors import QuotagateError, StoreUnavailable
-from quotagate.rate.backend import rate_store_from_url
 from quotagate.rate.keys import BucketKey, redis_key
 from quotagate.rate.redis import RedisRateStore
+from quotagate.rate.stores import rate_store_from_url
 from quotagate.store.redis_client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT
 from quotagate.streams.connection import StreamRedis
 from support.redis_servers import RedisServer, SilentServer

@@ -116,7 +116,7 @@ def test_a_stale_executor_is_refused_by_the_business_database(
 
     run_query(spark, source, checkpoint, current)
     assert current.store.count_rows("events") == 4
-    assert current.store.fence_token("job-1") == 2
+    assert current.store.fencing_token("job-1") == 2
     stale.close()
     current.close()
 

@@ -122,7 +122,7 @@ def test_a_stale_fencing_token_is_refused_and_writes_nothing(store: SinkStore) -
     assert refused.value.fields == {"request_id": "job-1", "token": 1, "current": 2}
     assert store.count_rows("events") == 2
     assert [marker.batch_id for marker in store.markers("q")] == [0]
-    assert store.fence_token("job-1") == 2
+    assert store.fencing_token("job-1") == 2
     # The current attempt writes; another request's token is a fence of its own.
     assert store.write_batch("q", 1, table, EVENT_KEYS, lambda: events(2, 3),
                              fencing=Fencing("job-1", 2)).inserted == 3

@@ -96,7 +96,7 @@ def test_a_streaming_job_runs_fenced_on_its_own_checkpoint_and_completes_the_req
         [marker] = sink.markers()
         assert marker.query == name  # $QUOTAGATE_QUERY_NAME
         assert (marker.request_id, marker.fencing_token) == ("stream-1", binding["fencing_token"])
-        assert sink.fence_token("stream-1") == binding["fencing_token"]
+        assert sink.fencing_token("stream-1") == binding["fencing_token"]
     # diagnose finds the checkpoint and the query name from the target by itself.
     layers = {layer.name: layer for layer in diagnose(gate, "stream-1", StreamingLocation(sink_url=sink_url))}
     assert layers["checkpoint"].facts["checkpoint"]["location"] == str(checkpoint)

@@ -17,7 +17,6 @@ from typing import Any
 from quotagate import Quotagate, RequestState
 from quotagate.delivery.dispatcher import Dispatcher
 from quotagate.delivery.registry import TargetStore
-from quotagate.store.listing import read_binding
 from support.json_http import JsonHandler
 from support.waiting import wait_for
 
@@ -66,6 +65,6 @@ def deliver(gate: Quotagate, request_id: str, tenant: str, target: str,
         wait_for(delivered, f"{request_id} delivered")
     finally:
         dispatcher.release()
-    binding = read_binding(gate.engine, request_id)
+    binding = gate.binding(request_id)
     assert binding is not None and binding["target"] == target
     return int(binding["fencing_token"])

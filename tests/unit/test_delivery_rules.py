@@ -7,9 +7,9 @@ import re
 import pytest
 
 from quotagate import InvalidInput
-from quotagate.delivery import stats
 from quotagate.delivery.naming import external_name, label_value
 from quotagate.delivery.retry import RetryPolicy
+from quotagate.store.counters import DELIVERY_COUNTERS, delivery_counters
 
 DNS_1123_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
@@ -78,12 +78,16 @@ def test_bad_retry_policies_are_refused(options: dict[str, float]) -> None:
         RetryPolicy(**options)  # type: ignore[arg-type]
 
 
-def test_counters_count_and_refuse_unknown_names() -> None:
-    before = stats.snapshot()["stale_writes"]
-    stats.increment("stale_writes")
-    assert stats.snapshot()["stale_writes"] == before + 1
+def test_counters_count_apart_and_refuse_unknown_names() -> None:
+    counters, other = delivery_counters(), delivery_counters()
+    counters.increment("stale_writes")
+    counters.increment("claimed", 3)
+    assert counters.snapshot() == {**dict.fromkeys(DELIVERY_COUNTERS, 0), "stale_writes": 1, "claimed": 3}
+    assert other.snapshot()["stale_writes"] == 0
     with pytest.raises(KeyError):
-        stats.increment("no_such_counter")
+        counters.increment("no_such_counter")
+    counters.reset()
+    assert set(counters.snapshot().values()) == {0}
 
 
 def test_webhook_urls_lose_their_credentials_in_messages() -> None:

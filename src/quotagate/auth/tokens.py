@@ -22,9 +22,10 @@ from quotagate.auth.authorizer import Actor
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import validate_name
 from quotagate.errors import InvalidInput, NotFound, Unauthorized
-from quotagate.store import schema
+from quotagate.store import api_tokens
+from quotagate.store.api_tokens import TokenRow
 from quotagate.store.audit import AuditEntry, record
-from quotagate.store.dialect import reading, run_transaction
+from quotagate.store.dialect import run_transaction
 
 PREFIX = "qg"
 _ID_BYTES = 8
@@ -84,7 +85,7 @@ class CreatedToken:
     token: str
 
 
-def _info(row: Any) -> TokenInfo:
+def _info(row: TokenRow) -> TokenInfo:
     return TokenInfo(
         id=row["id"], admin=bool(row["admin"]), tenant=row["tenant"], label=row["label"],
         created=row["created"], revoked=row["revoked"], executor_target=row["executor_target"],
@@ -127,19 +128,15 @@ class TokenStore:
         secret = secrets.token_urlsafe(_SECRET_BYTES)
 
         def work(connection: sa.Connection) -> TokenInfo:
-            if executor_target is not None and connection.execute(
-                sa.select(schema.delivery_target.c.name)
-                .where(schema.delivery_target.c.name == executor_target)
-            ).first() is None:
+            if executor_target is not None and not api_tokens.target_exists(connection, executor_target):
                 raise NotFound(f"target {executor_target!r} does not exist",
                                code="unknown_target")
             now = self.clock.now()
-            row = {
-                "id": token_id, "secret_hash": hash_secret(secret), "tenant": tenant,
-                "admin": admin, "executor_target": executor_target, "label": label,
-                "created": now, "revoked": None,
-            }
-            connection.execute(schema.api_token.insert().values(**row))
+            row = TokenRow(
+                id=token_id, secret_hash=hash_secret(secret), tenant=tenant, admin=admin,
+                executor_target=executor_target, label=label, created=now, revoked=None,
+            )
+            api_tokens.insert(connection, row)
             info = _info(row)
             record(connection, now, AuditEntry(actor, "token.create", "ok", tenant,
                                                f"token/{token_id}", info.scope))
@@ -149,27 +146,19 @@ class TokenStore:
         return CreatedToken(info, f"{PREFIX}_{token_id}_{secret}")
 
     def list(self, *, include_revoked: bool = True) -> list[TokenInfo]:
-        query = sa.select(schema.api_token).order_by(schema.api_token.c.created,
-                                                    schema.api_token.c.id)
-        if not include_revoked:
-            query = query.where(schema.api_token.c.revoked.is_(None))
-        with reading(self.engine) as connection:
-            return [_info(row) for row in connection.execute(query).mappings()]
+        return [_info(row) for row in api_tokens.list_rows(self.engine, include_revoked=include_revoked)]
 
     def revoke(self, token_id: str, *, actor: str = "cli") -> TokenInfo:
         """Revoke a token; it is refused from the next request on. Revoking twice is a no-op."""
 
         def work(connection: sa.Connection) -> TokenInfo:
-            table = schema.api_token
-            row = connection.execute(
-                sa.select(table).where(table.c.id == token_id).with_for_update()
-            ).mappings().first()
+            row = api_tokens.lock(connection, token_id)
             if row is None:
                 raise NotFound(f"token {token_id!r} does not exist", code="unknown_token")
             if row["revoked"] is not None:
                 return _info(row)
             now = self.clock.now()
-            connection.execute(table.update().where(table.c.id == token_id).values(revoked=now))
+            api_tokens.mark_revoked(connection, token_id, now)
             record(connection, now, AuditEntry(actor, "token.revoke", "ok", row["tenant"],
                                                f"token/{token_id}"))
             return _info({**row, "revoked": now})
@@ -179,12 +168,7 @@ class TokenStore:
     def authenticate(self, text: str) -> Actor:
         """The actor a bearer token stands for, or Unauthorized (the same for every failure)."""
         token_id, secret = parse_token(text)
-        table = schema.api_token
-        # Every API call starts here: one statement, no transaction around it.
-        with reading(self.engine, single_statement=True) as connection:
-            row = connection.execute(
-                sa.select(table).where(table.c.id == token_id)
-            ).mappings().first()
+        row = api_tokens.find(self.engine, token_id)
         stored = row["secret_hash"] if row is not None else _DUMMY_HASH
         matches = hmac.compare_digest(stored, hash_secret(secret))
         if row is None or not matches or row["revoked"] is not None:

@@ -43,7 +43,7 @@ def tenant() -> None:
               help="Cap for one resource; repeat for several.")
 @click.option("--rate", default=None, metavar="capacity=N,refill=R",
               help="Rate quota: a token bucket of N tokens gaining R per second "
-              "(refill=0: only 'quotagate tokens add' refills it); 'none' removes it.")
+              "(refill=0: only 'quotagate rate add' refills it); 'none' removes it.")
 @stream_settings_options
 @db_option
 @rate_store_option
@@ -60,7 +60,7 @@ def tenant_set(
     with open_gate(db_url, rate_store=rate_store) as gate:
         result = gate.set_tenant(name, caps, actor="cli")
         status = gate.set_rate(name, bucket, actor="cli") if rate is not None else None
-        settings = (gate.streams.topics.set_settings(name, **stream_settings, actor="cli")
+        settings = (gate.streams.set_settings(name, **stream_settings, actor="cli")
                     if stream_settings else None)
     _print_caps("tenant", name, result)
     if rate is not None:
@@ -78,9 +78,9 @@ def tenant_set(
 def tenant_show(name: str, as_json: bool, db_url: str | None, rate_store: str | None) -> None:
     """Show a tenant's quotas and use, and its rate quota's tokens left."""
     with open_gate(db_url, rate_store=rate_store) as gate:
-        described = gate.config.get_tenant(name)
+        described = gate.tenant(name)
         described["rate"] = gate.rate_status(name)
-        settings = gate.streams.topics.settings(name)
+        settings = gate.streams.settings(name)
     described["streams"] = {"max_len": settings.max_len, "max_in_flight": settings.max_in_flight,
                             "redis": redact(settings.redis_url) if settings.redis_url else None}
     if as_json:
@@ -97,7 +97,7 @@ def tenant_show(name: str, as_json: bool, db_url: str | None, rate_store: str | 
 def tenant_list(db_url: str | None) -> None:
     """List tenants."""
     with open_gate(db_url) as gate:
-        for name in gate.config.list_tenants():
+        for name in gate.tenants():
             click.echo(name)
 
 
@@ -127,7 +127,7 @@ def pool_set(name: str, capacities: tuple[str, ...], db_url: str | None) -> None
 def pool_show(name: str, as_json: bool, db_url: str | None) -> None:
     """Show a pool's capacities and use."""
     with open_gate(db_url) as gate:
-        described = gate.config.get_pool(name)
+        described = gate.pool(name)
     if as_json:
         echo_json(described)
     else:
@@ -140,7 +140,7 @@ def pool_show(name: str, as_json: bool, db_url: str | None) -> None:
 def pool_list(db_url: str | None) -> None:
     """List pools."""
     with open_gate(db_url) as gate:
-        for name in gate.config.list_pools():
+        for name in gate.pools():
             click.echo(name)
 
 

@@ -13,7 +13,6 @@ import sqlalchemy as sa
 
 from quotagate.app import Quotagate
 from quotagate.errors import InvalidInput, QuotagateError, RateLimited, StoreUnavailable
-from quotagate.store import schema
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -45,7 +44,7 @@ def open_gate(db_url: str | None, **options: Any) -> Quotagate:
 def ensure_schema(gate: Quotagate) -> None:
     """Create the schema if absent, so the embedded SQLite default needs no `init`."""
     try:
-        present = sa.inspect(gate.engine).has_table(schema.request.name)
+        present = gate.has_schema()
     except sa.exc.OperationalError as error:
         raise StoreUnavailable("the ledger database cannot be reached") from error
     if not present:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -104,7 +105,7 @@ def _release_command(name: str, state: RequestState, help_text: str) -> click.Co
     @reports_errors
     def command(request_id: str, reason: str | None, db_url: str | None) -> None:
         with open_gate(db_url) as gate:
-            result = gate.ledger.release(request_id, state, reason=reason, actor="cli")
+            result = gate.release(request_id, state, reason=reason, actor="cli")
         returned = ", ".join(f"{r}={a}" for r, a in result.released.items()) or "nothing"
         click.echo(f"{result.request.id} is {result.request.state.value}; returned {returned}")
 
@@ -173,7 +174,7 @@ def inspect(limit: int, as_json: bool, db_url: str | None) -> None:
     ))
 
 
-def print_usage(data: dict[str, Any]) -> None:
+def print_usage(data: Mapping[str, Any]) -> None:
     click.echo(render_table(
         ["tenant", "resource", "used", "cap"],
         [[r["tenant"], r["resource"], r["used"], r["cap"]] for r in data["tenants"]],

@@ -6,6 +6,7 @@ import click
 
 from quotagate.cli import (
     admin,
+    api_tokens,
     demo,
     ledger,
     rate,
@@ -13,7 +14,6 @@ from quotagate.cli import (
     server,
     streaming,
     streams,
-    tokens,
     top,
     worker,
 )
@@ -26,7 +26,7 @@ def cli() -> None:
 
 
 # Each module exposes a list COMMANDS of click commands/groups to register.
-for module in (admin, ledger, demo, rate, retention, server, streaming, streams, tokens, worker,
+for module in (admin, ledger, demo, rate, retention, server, streaming, streams, api_tokens, worker,
                top):
     for command in module.COMMANDS:
         cli.add_command(command)

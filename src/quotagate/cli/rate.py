@@ -1,4 +1,4 @@
-"""Rate-quota commands: ``quotagate tokens add``, and what ``tenant set/show`` share."""
+"""``quotagate rate show|add|set``: a tenant's rate quota (its token bucket), and what ``tenant set/show`` share."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from typing import Any
 import click
 
 from quotagate.cli.common import db_option, echo_json, open_gate, reports_errors
-from quotagate.rate.backend import ENVIRONMENT_VARIABLE
-from quotagate.rate.gate import format_tokens
+from quotagate.domain.bucket import parse_rate
+from quotagate.domain.rate_refusal import format_tokens
+from quotagate.rate.stores import ENVIRONMENT_VARIABLE
 
 rate_store_option = click.option(
     "--rate-store",
@@ -26,18 +27,18 @@ def describe_rate(status: dict[str, Any] | None) -> str:
     if status is None:
         return "rate: no rate quota (submissions are not rate limited)"
     refill = status["refill_per_second"]
-    refill_text = "no refill: top up with 'quotagate tokens add'" if refill == 0 else (
+    refill_text = "no refill: top up with 'quotagate rate add'" if refill == 0 else (
         f"refill {refill:g}/s")
     return (f"rate: {format_tokens(status['tokens'])} of {status['capacity']} tokens left, "
             f"{refill_text} (store {status['store']})")
 
 
 @click.group()
-def tokens() -> None:
-    """Tokens of a tenant's rate quota (its token bucket)."""
+def rate() -> None:
+    """A tenant's rate quota: a token bucket each submission takes from."""
 
 
-@tokens.command("add")
+@rate.command("add")
 @click.argument("tenant")
 @click.argument("amount", type=int)
 @click.option("--topic", default=None, help="The tenant's bucket for one topic.")
@@ -45,7 +46,7 @@ def tokens() -> None:
 @db_option
 @rate_store_option
 @reports_errors
-def tokens_add(
+def rate_add(
     tenant: str, amount: int, topic: str | None, as_json: bool, db_url: str | None,
     rate_store: str | None,
 ) -> None:
@@ -59,14 +60,14 @@ def tokens_add(
         click.echo(describe_rate(status))
 
 
-@tokens.command("show")
+@rate.command("show")
 @click.argument("tenant")
 @click.option("--topic", default=None, help="The tenant's bucket for one topic.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @db_option
 @rate_store_option
 @reports_errors
-def tokens_show(
+def rate_show(
     tenant: str, topic: str | None, as_json: bool, db_url: str | None, rate_store: str | None
 ) -> None:
     """Show TENANT's bucket: capacity, refill and tokens left."""
@@ -78,4 +79,26 @@ def tokens_show(
         click.echo(describe_rate(status))
 
 
-COMMANDS = [tokens]
+@rate.command("set")
+@click.argument("tenant")
+@click.argument("spec", metavar="capacity=N,refill=R|none")
+@click.option("--topic", default=None, help="The tenant's bucket for one topic.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@db_option
+@rate_store_option
+@reports_errors
+def rate_set(
+    tenant: str, spec: str, topic: str | None, as_json: bool, db_url: str | None,
+    rate_store: str | None,
+) -> None:
+    """Give TENANT a bucket of N tokens gaining R per second, reshape it, or remove it ('none')."""
+    bucket = parse_rate(spec)  # parsed before anything is opened: a bad spec changes nothing
+    with open_gate(db_url, rate_store=rate_store) as gate:
+        status = gate.set_rate(tenant, bucket, topic=topic, actor="cli")
+    if as_json:
+        echo_json(status)
+    else:
+        click.echo(describe_rate(status))
+
+
+COMMANDS = [rate]

@@ -7,10 +7,8 @@ import re
 import click
 
 from quotagate.cli.common import db_option, open_gate, reports_errors
-from quotagate.delivery.cleanup import remove_run_directories
-from quotagate.delivery.registry import TargetStore
 from quotagate.errors import InvalidInput
-from quotagate.store.retention import DEFAULT_BATCH, PrunedBinding, PruneProgress
+from quotagate.store.retention import DEFAULT_BATCH, PruneProgress
 
 _DURATION = re.compile(r"(?P<amount>[0-9]+(?:\.[0-9]+)?)(?P<unit>[smhdw]?)")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -46,16 +44,11 @@ def prune(older_than: str, batch: int, quiet: bool, db_url: str | None) -> None:
     audit entries older than --older-than. Waiting and charged requests are never touched."""
     period = parse_duration(older_than)
     with open_gate(db_url) as gate:
-        targets = TargetStore(gate.engine, clock=gate.clock)
-
-        def forget(bindings: list[PrunedBinding]) -> int:
-            return remove_run_directories(targets, bindings)
-
         def report(progress: PruneProgress) -> None:
             if not quiet and not progress.done:
                 click.echo(describe(progress), err=True)
 
-        totals = gate.prune(period, batch=batch, forget=forget, progress=report)
+        totals = gate.prune(period, batch=batch, progress=report)
     click.echo(describe(totals))
 
 

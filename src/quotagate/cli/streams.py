@@ -89,7 +89,7 @@ def topic_create(
 def topic_list(tenant: str | None, as_json: bool, db_url: str | None) -> None:
     """List topics (of every tenant, or of one)."""
     with open_gate(db_url) as gate:
-        specs = gate.streams.topics.specs(tenant)
+        specs = gate.streams.list_topics(tenant)
     if as_json:
         echo_json([spec.to_dict() for spec in specs])
         return
@@ -109,7 +109,7 @@ def topic_show(name: str, tenant: str, as_json: bool, db_url: str | None,
                rate_store: str | None) -> None:
     """Show a topic's spec and its producer rate quota."""
     with open_gate(db_url, rate_store=rate_store) as gate:
-        spec = gate.streams.topics.get(tenant, name)
+        spec = gate.streams.topic(tenant, name)
         rate = gate.rate_status(tenant, topic=name)
     if as_json:
         echo_json({**spec.to_dict(), "rate": rate})

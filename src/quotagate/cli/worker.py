@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from quotagate.app import Quotagate
 from quotagate.cli.common import db_option, echo_json, open_gate, render_table, reports_errors
 from quotagate.delivery.dispatcher import (
     DEFAULT_BATCH,
@@ -19,11 +20,8 @@ from quotagate.delivery.dispatcher import (
     DEFAULT_MAX_ATTEMPTS,
     Dispatcher,
 )
-from quotagate.delivery.registry import TargetStore
 from quotagate.delivery.targets import KINDS
 from quotagate.errors import InvalidInput
-from quotagate.store.dialect import reading
-from quotagate.store.lease import LeaseStore
 
 
 @click.command()
@@ -81,7 +79,7 @@ def worker(
             dispatcher.run(stop)
 
 
-def _run_until_idle(dispatcher: Dispatcher, gate: Any, stop: threading.Event,
+def _run_until_idle(dispatcher: Dispatcher, gate: Quotagate, stop: threading.Event,
                     poll_interval: float) -> None:
     try:
         while not stop.is_set():
@@ -94,21 +92,9 @@ def _run_until_idle(dispatcher: Dispatcher, gate: Any, stop: threading.Event,
         dispatcher.release()
 
 
-def _idle(gate: Any) -> bool:
-    counts = {row["state"]: row["count"] for row in _state_counts(gate)}
+def _idle(gate: Quotagate) -> bool:
+    counts = gate.state_counts()
     return not any(counts.get(state) for state in ("reserved", "delivered", "cancelling"))
-
-
-def _state_counts(gate: Any) -> list[dict[str, Any]]:
-    import sqlalchemy as sa
-
-    from quotagate.store import schema
-
-    with reading(gate.engine) as connection:
-        rows = connection.execute(
-            sa.select(schema.request.c.state, sa.func.count()).group_by(schema.request.c.state)
-        ).all()
-    return [{"state": state, "count": int(count)} for state, count in rows]
 
 
 @click.group()
@@ -164,7 +150,7 @@ def target_set(name: str, kind: str, is_default: bool, tenant_list: str | None,
     keys = {"api_group": "group", "api_version": "version"}
     config = {keys.get(key, key): value for key, value in options.items() if value is not None}
     with open_gate(db_url) as gate:
-        stored = TargetStore(gate.engine, clock=gate.clock).set(
+        stored = gate.set_target(
             name, kind, config, default=is_default, tenants=tenants, actor="cli"
         )
     suffix = " (default)" if stored.is_default else ""
@@ -180,7 +166,7 @@ def target_set(name: str, kind: str, is_default: bool, tenant_list: str | None,
 def target_list(as_json: bool, db_url: str | None) -> None:
     """List delivery targets."""
     with open_gate(db_url) as gate:
-        targets = TargetStore(gate.engine, clock=gate.clock).list()
+        targets = gate.list_targets()
     if as_json:
         from quotagate.delivery.targets.webhook import redact
 
@@ -223,7 +209,7 @@ def lease() -> None:
 def lease_show(name: str | None, as_json: bool, db_url: str | None) -> None:
     """Show leases: owner, generation and time left by the database's clock."""
     with open_gate(db_url) as gate:
-        now, leases = LeaseStore(gate.engine).list()
+        now, leases = gate.list_leases()
     if name is not None:
         leases = [held for held in leases if held.name == name]
         if not leases:

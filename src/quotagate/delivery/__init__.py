@@ -1,5 +1,4 @@
 """Delivery of admitted requests: the outbox dispatcher and its targets.
 
-Kept free of imports so that ``quotagate.delivery.stats`` is cheap to reach
-from the store; import ``quotagate.delivery.dispatcher`` for the worker.
+Kept free of imports; import ``quotagate.delivery.dispatcher`` for the worker.
 """

@@ -28,12 +28,12 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-from quotagate.delivery import stats
 from quotagate.delivery.built_targets import BuiltTargets
 from quotagate.delivery.naming import external_name
 from quotagate.delivery.outbox import Claim, OutboxStore, RequestGone
+from quotagate.delivery.ports import DeliveryHost
 from quotagate.delivery.reasons import public_reason, redact_text
 from quotagate.delivery.registry import TargetConfig, TargetStore
 from quotagate.delivery.retry import RetryPolicy
@@ -49,9 +49,6 @@ from quotagate.domain.lease import Lease, validate_owner, validate_ttl
 from quotagate.domain.model import RequestState, bounded_reason
 from quotagate.errors import Conflict, InvalidInput, QuotagateError, StaleGeneration
 from quotagate.store.lease import LeaseStore
-
-if TYPE_CHECKING:
-    from quotagate.app import Quotagate
 
 __all__ = ["CRASH_POINTS", "Dispatcher", "lease_name"]
 
@@ -80,7 +77,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        gate: Quotagate,
+        gate: DeliveryHost,
         *,
         worker_name: str,
         lease_ttl: float = DEFAULT_LEASE_TTL,
@@ -111,8 +108,9 @@ class Dispatcher:
         self.admit = admit
         self.observe_limit = observe_limit
         self.retry = RetryPolicy(max_attempts, retry_base, retry_max)
-        self.leases = LeaseStore(gate.engine)
-        self.outbox = OutboxStore(gate.engine, self.leases, gate.clock)
+        self.counters = gate.delivery_counters
+        self.leases = LeaseStore(gate.engine, counters=self.counters)
+        self.outbox = OutboxStore(gate.engine, self.leases, gate.clock, self.counters)
         self.targets = TargetStore(gate.engine, clock=gate.clock)
         self.actor = f"worker:{worker_name}"
         self.ledger_id = gate.ledger_id
@@ -340,7 +338,7 @@ class Dispatcher:
         config, target = self.built.get(claim.target)
         spec = DeliverySpec(
             request_id=claim.request_id, tenant=claim.tenant, cost=claim.cost,
-            payload=claim.payload, fencing_token=claim.token,
+            payload=claim.payload, fencing_token=claim.fencing_token,
             external_name=external_name(self.ledger_id, claim.tenant, claim.request_id),
             ledger_id=self.ledger_id,
         )
@@ -361,7 +359,7 @@ class Dispatcher:
 
     def _failed_attempt(self, claim: Claim, detail: str, error: BaseException) -> int:
         """Retry later, or give up; ``detail`` (redacted) is kept for admins and logs."""
-        stats.increment("delivery_errors")
+        self.counters.increment("delivery_errors")
         detail = redact_text(detail)
         attempts = claim.attempts + 1
         if self.retry.gives_up(attempts):
@@ -394,7 +392,7 @@ class Dispatcher:
             return 0
         except (RequestGone, Conflict):
             return 0
-        stats.increment("given_up")
+        self.counters.increment("given_up")
         return 1
 
     def _stale(self, error: StaleGeneration) -> None:
@@ -423,7 +421,7 @@ class Dispatcher:
             if result.stopped:
                 moved += self._stopped(claim, result)
                 continue
-            stats.increment("stops_pending")
+            self.counters.increment("stops_pending")
             logger.info("worker %s: stop of %s not confirmed yet: %s", self.worker_name,
                         claim.request_id, result.reason)
             try:
@@ -446,8 +444,8 @@ class Dispatcher:
                 return StopResult(stopped=True, reason="never delivered")
             if found.request_id != claim.request_id or found.ledger_id != self.ledger_id:
                 return StopResult(stopped=True, reason="never delivered")  # not ours to stop
-            return target.stop(found, claim.token)
-        return target.stop(obtained[1], claim.token)
+            return target.stop(found, claim.fencing_token)
+        return target.stop(obtained[1], claim.fencing_token)
 
     def _stopped(self, claim: Claim, result: StopResult) -> int:
         try:
@@ -461,7 +459,7 @@ class Dispatcher:
         except (RequestGone, Conflict):
             return 0
         if released.released:
-            stats.increment("stopped")
+            self.counters.increment("stopped")
             logger.info("worker %s: stopped %s (%s)", self.worker_name, claim.request_id,
                         result.reason)
         return 1
@@ -519,7 +517,7 @@ class Dispatcher:
             return 0  # another worker (or a callback) recorded the end first
         if not result.released:
             return 0
-        stats.increment("executor_completed" if outcome.completed else "executor_failed")
+        self.counters.increment("executor_completed" if outcome.completed else "executor_failed")
         return 1
 
     def _crash_point(self, name: str) -> None:

@@ -22,7 +22,6 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from quotagate.delivery import stats
 from quotagate.delivery.targets.base import ExternalObject
 from quotagate.domain.clock import Clock
 from quotagate.domain.lease import Lease
@@ -30,6 +29,7 @@ from quotagate.domain.model import RequestState
 from quotagate.errors import Conflict, StaleGeneration
 from quotagate.store import schema
 from quotagate.store.audit import AuditEntry, record
+from quotagate.store.counters import CounterSink
 from quotagate.store.dialect import database_now, reading, run_transaction, supports_skip_locked
 from quotagate.store.lease import LeaseStore
 from quotagate.store.rows import decode_cost
@@ -50,7 +50,7 @@ class Claim:
     tenant: str
     target: str | None
     attempts: int
-    token: int  # the fencing token this attempt sends downstream
+    fencing_token: int  # sent downstream by this attempt; one higher at every claim
     lease: Lease
     cost: dict[str, int] = field(default_factory=dict)
     payload: Any = None
@@ -79,10 +79,12 @@ class RequestGone(Exception):
 
 
 class OutboxStore:
-    def __init__(self, engine: Engine, leases: LeaseStore, clock: Clock) -> None:
+    def __init__(self, engine: Engine, leases: LeaseStore, clock: Clock,
+                 counters: CounterSink | None = None) -> None:
         self.engine = engine
         self.leases = leases
         self.clock = clock
+        self.counters: CounterSink = counters if counters is not None else leases.counters
 
     # -- claiming --------------------------------------------------------------
 
@@ -202,8 +204,8 @@ class OutboxStore:
 
         claims = run_transaction(self.engine, work)
         stopping = sum(1 for claim in claims if claim.stop)
-        stats.increment("stops_claimed", stopping)
-        stats.increment("claimed", len(claims) - stopping)
+        self.counters.increment("stops_claimed", stopping)
+        self.counters.increment("claimed", len(claims) - stopping)
         return claims
 
     def fence(self, claim: Claim) -> Callable[[sa.Connection], None]:
@@ -247,7 +249,7 @@ class OutboxStore:
             ).all())
             held = self._held_rows(connection, ids)
             # Only a row claimed before can have a binding already (a replay).
-            replays = [claim.request_id for claim, _t, _o in delivered if claim.token > 1]
+            replays = [claim.request_id for claim, _t, _o in delivered if claim.fencing_token > 1]
             existing = {row.request_id: row for row in connection.execute(
                 sa.select(_binding).where(_binding.c.request_id.in_(replays))
             )} if replays else {}
@@ -256,8 +258,8 @@ class OutboxStore:
             bindings, marked, entries = [], [], []
             for claim, target, obtained in delivered:
                 if held.get(claim.request_id) != (claim.lease.owner, claim.lease.generation,
-                                                  claim.token, False):
-                    stats.increment("stale_writes")
+                                                  claim.fencing_token, False):
+                    self.counters.increment("stale_writes")
                     result.lost.append(claim.request_id)
                     continue
                 bound = existing.get(claim.request_id)
@@ -274,7 +276,7 @@ class OutboxStore:
                     bindings.append({
                         "request_id": claim.request_id, "target": target,
                         "external_name": obtained.name, "uid": obtained.uid,
-                        "fencing_token": claim.token, "created": now,
+                        "fencing_token": claim.fencing_token, "created": now,
                     })
                 if states.get(claim.request_id) != RequestState.RESERVED.value:
                     result.gone.append(claim.request_id)
@@ -282,7 +284,7 @@ class OutboxStore:
                 marked.append(claim.request_id)
                 entries.append(AuditEntry(
                     actor, "deliver", "delivered", claim.tenant, claim.request_id,
-                    f"fencing_token={claim.token}",
+                    f"fencing_token={claim.fencing_token}",
                 ))
             if bindings:
                 connection.execute(_binding.insert(), bindings)
@@ -308,7 +310,7 @@ class OutboxStore:
             return result
 
         written = run_transaction(self.engine, work)
-        stats.increment("delivered", len(written.delivered))
+        self.counters.increment("delivered", len(written.delivered))
         return written
 
     def record_binding(self, claim: Claim, target: str, obtained: ExternalObject) -> None:
@@ -345,11 +347,11 @@ class OutboxStore:
             )
             record(connection, now, AuditEntry(
                 actor, "deliver", "delivered", claim.tenant, claim.request_id,
-                f"fencing_token={claim.token}",
+                f"fencing_token={claim.fencing_token}",
             ))
 
         run_transaction(self.engine, work)
-        stats.increment("delivered")
+        self.counters.increment("delivered")
 
     def record_failure(self, claim: Claim, error: str, retry_in: float) -> None:
         """Count a failed attempt (or an unconfirmed stop), keep its error, free the row.
@@ -369,7 +371,7 @@ class OutboxStore:
             )
 
         run_transaction(self.engine, work)
-        stats.increment("retried")
+        self.counters.increment("retried")
 
     # -- reads -----------------------------------------------------------------
 
@@ -428,8 +430,7 @@ class OutboxStore:
             )
         }
 
-    @classmethod
-    def _hold(cls, connection: sa.Connection, claim: Claim) -> None:
+    def _hold(self, connection: sa.Connection, claim: Claim) -> None:
         """Lock the outbox row and check the claim is still this one."""
         row = connection.execute(
             sa.select(_outbox.c.claimed_by, _outbox.c.claim_generation, _outbox.c.claim_token,
@@ -443,15 +444,15 @@ class OutboxStore:
         # on a row that may well be delivered.
         delivered = bool(row.delivered) and not row.stopping
         if (row.claimed_by, row.claim_generation, row.claim_token, delivered) != (
-            claim.lease.owner, claim.lease.generation, claim.token, False,
+            claim.lease.owner, claim.lease.generation, claim.fencing_token, False,
         ):
-            stats.increment("stale_writes")
-            raise cls._lost(claim)
+            self.counters.increment("stale_writes")
+            raise self._lost(claim)
 
     @staticmethod
     def _lost(claim: Claim) -> StaleGeneration:
         return StaleGeneration(
-            f"request {claim.request_id!r}: claim {claim.token} of {claim.lease.owner!r} "
+            f"request {claim.request_id!r}: claim {claim.fencing_token} of {claim.lease.owner!r} "
             f"generation {claim.lease.generation} was taken over; write refused",
             code="claim_lost", request_id=claim.request_id,
         )

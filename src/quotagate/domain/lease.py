@@ -1,11 +1,13 @@
-"""Generational leases, the pure rules (docs/invariants.md, 6).
+"""Generational leases: the lease as its holder knows it, and input validation.
 
 A lease is a named ownership with a generation that grows by one at every
 acquisition or takeover. The generation, not the owner's name, is what makes a
 write legitimate: a worker restarted under the same name takes over with a new
 generation, and the old process, should it come back, still carries the old
-one. Expiry is judged by the database's clock (see ``quotagate.store.lease``);
-these rules only describe what the SQL decides, so they can be tested alone.
+one. Free, expired and current are decided by the statements themselves —
+SQL in ``quotagate.store.lease`` on the database's clock, Lua in
+``quotagate.streams.scripts`` on Redis's — and tested there; this module holds
+the lease as its holder knows it and the validation of what a caller gives.
 """
 
 from __future__ import annotations
@@ -17,9 +19,6 @@ from quotagate.errors import InvalidInput
 
 __all__ = [
     "Lease",
-    "is_current",
-    "is_free",
-    "next_generation",
     "validate_lease_name",
     "validate_owner",
     "validate_ttl",
@@ -47,31 +46,6 @@ class Lease:
             "generation": self.generation,
             "expires_at": self.expires_at,
         }
-
-
-def is_free(owner: str | None, expires_at: float, now: float) -> bool:
-    """May anyone take the lease at ``now``? Free when released or expired.
-
-    The SQL condition of acquisition is this rule: ``owner IS NULL OR
-    expires_at < now``. Expiry alone allows a takeover; it never proves the old
-    holder's last attempt had no effect, so work done under a lease
-    must still be idempotent downstream.
-    """
-    return owner is None or expires_at < now
-
-
-def next_generation(generation: int) -> int:
-    """Every acquisition, takeover by the same name included, moves the generation on."""
-    return generation + 1
-
-
-def is_current(lease: Lease, owner: str | None, generation: int) -> bool:
-    """Does a write made as (owner, generation) still speak for this lease?
-
-    Both must match: after a takeover by a worker of the same name only the
-    generation tells the old process from the new one.
-    """
-    return lease.owner == owner and lease.generation == generation
 
 
 def validate_lease_name(value: object) -> str:

@@ -8,7 +8,6 @@ from fastapi import APIRouter, Depends, FastAPI
 
 from quotagate.app import Quotagate
 from quotagate.auth.authorizer import Authorizer, default_authorizer
-from quotagate.auth.tokens import TokenStore
 from quotagate.http.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from quotagate.http.context import ApiContext
 from quotagate.http.errors import install_error_handlers
@@ -42,14 +41,13 @@ def create_app(
         title="quotagate",
         version="1",
         description="Multi-tenant admission controller and quota ledger. "
-        "Authenticate with `Authorization: Bearer <token>` (`quotagate token create`).",
+        "Authenticate with `Authorization: Bearer <token>` (`quotagate api-token create`).",
         openapi_url="/openapi.json",
     )
     app.state.context = ApiContext(
         gate=gate,
-        tokens=TokenStore(gate.engine, clock=gate.clock),
         authorizer=authorizer or default_authorizer,
-        metrics=metrics or Metrics(gate.engine, clock=gate.clock),
+        metrics=metrics or gate.metrics,
     )
     install_error_handlers(app)
     for router in ROUTERS:

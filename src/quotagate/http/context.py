@@ -10,14 +10,12 @@ from fastapi import Depends, Request
 from quotagate.app import Quotagate
 from quotagate.auth.authorizer import Authorizer
 from quotagate.auth.refusals import RefusalThrottle
-from quotagate.auth.tokens import TokenStore
 from quotagate.observability.metrics import Metrics
 
 
 @dataclass(frozen=True)
 class ApiContext:
     gate: Quotagate
-    tokens: TokenStore
     authorizer: Authorizer
     metrics: Metrics
     # At most one audit row per actor and operation per minute for 403s.

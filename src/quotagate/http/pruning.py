@@ -11,10 +11,7 @@ import logging
 import threading
 
 from quotagate.app import Quotagate
-from quotagate.delivery.cleanup import remove_run_directories
-from quotagate.delivery.registry import TargetStore
 from quotagate.errors import StoreUnavailable
-from quotagate.store.retention import PrunedBinding
 
 log = logging.getLogger("quotagate.serve")
 
@@ -28,15 +25,10 @@ class PruneLoop:
         self.gate = gate
         self.older_than = older_than
         self.interval = interval
-        self.targets = TargetStore(gate.engine, clock=gate.clock)
-
-    def _forget(self, bindings: list[PrunedBinding]) -> int:
-        return remove_run_directories(self.targets, bindings)
 
     def run_once(self) -> bool:
         """One pass; True when nothing past retention is left."""
-        totals = self.gate.prune(self.older_than, forget=self._forget,
-                                 max_batches=BATCHES_PER_PASS)
+        totals = self.gate.prune(self.older_than, max_batches=BATCHES_PER_PASS)
         if totals.requests or totals.audit_entries:
             log.info("pruned %d requests and %d audit entries past retention",
                      totals.requests, totals.audit_entries)

@@ -13,12 +13,11 @@ from quotagate.auth.authorizer import REQUEST_OPERATIONS, TOPIC_OPERATIONS, Acto
 from quotagate.auth.refusals import refusal_reason
 from quotagate.errors import Forbidden, NotFound, QuotagateError, Unauthorized
 from quotagate.http.context import ApiContext, Context
-from quotagate.store.audit import AuditEntry, record
-from quotagate.store.dialect import run_transaction
+from quotagate.store.audit import AuditEntry
 
 log = logging.getLogger("quotagate.http")
 
-_bearer = HTTPBearer(auto_error=False, description="An API token: `quotagate token create`")
+_bearer = HTTPBearer(auto_error=False, description="An API token: `quotagate api-token create`")
 
 
 # The bearer credentials alone, read on the event loop. Hot routes (submit,
@@ -38,7 +37,7 @@ def authenticate(context: ApiContext, credentials: HTTPAuthorizationCredentials 
         raise Unauthorized("send an API token as 'Authorization: Bearer <token>'",
                            code="missing_token")
     try:
-        return context.tokens.authenticate(credentials.credentials)
+        return context.gate.authenticate(credentials.credentials)
     except Unauthorized:
         # Not audited: an unauthenticated caller must not be able to make us write.
         context.metrics.auth_refusals.labels("unauthenticated").inc()
@@ -80,6 +79,6 @@ def _audit_refusal(context: ApiContext, actor: Actor, operation: str, target: st
     entry = AuditEntry(actor.name, operation, "refused", actor.tenant, target,
                        refusal_reason(count, context.refusals.window))
     try:
-        run_transaction(context.gate.engine, lambda connection: record(connection, now, entry))
+        context.gate.record_audit(entry)
     except (QuotagateError, SQLAlchemyError):
         log.warning("could not record an authorization refusal in the audit log")

@@ -22,8 +22,6 @@ import sqlalchemy as sa
 from quotagate.app import Quotagate
 from quotagate.errors import StoreUnavailable
 from quotagate.observability.metrics import Metrics
-from quotagate.store import schema
-from quotagate.store.dialect import reading
 
 log = logging.getLogger("quotagate.serve")
 
@@ -70,32 +68,22 @@ class AdmissionLoop:
 
     def _observe(self, admitted: list[Any]) -> None:
         try:
-            with reading(self.gate.engine) as connection:
-                created = dict(
-                    connection.execute(
-                        sa.select(schema.request.c.id, schema.request.c.created).where(
-                            schema.request.c.id.in_([placement.id for placement in admitted])
-                        )
-                    ).all()
-                )
+            created = self.gate.submitted_at([placement.id for placement in admitted])
         except (sa.exc.SQLAlchemyError, StoreUnavailable):
             created = {}
-        self.metrics.record_admissions(admitted, created, self.gate.clock.now())
+        self.metrics.record_admissions(admitted, created, self.gate.now())
 
 
 def load_dispatcher(
     gate: Quotagate, worker_name: str | None = None, concurrency: int = 32
-) -> Worker | None:
-    """The delivery dispatcher, if this installation has it.
+) -> Worker:
+    """The delivery dispatcher ``serve`` runs beside the API.
 
     The default name is unique per process; a stable name (one per host, say)
     makes a restarted ``serve`` the same worker, with its lease's history.
     """
-    try:
-        from quotagate.delivery.dispatcher import Dispatcher  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        log.info("no delivery dispatcher installed; serving API and admission only")
-        return None
+    from quotagate.delivery.dispatcher import Dispatcher
+
     worker_name = worker_name or f"{socket.gethostname()}-{os.getpid()}"
     dispatcher: Worker = Dispatcher(gate, worker_name=worker_name, concurrency=concurrency)
     return dispatcher
@@ -126,17 +114,15 @@ def run(
         raise ModuleNotFoundError("serve needs uvicorn: pip install 'quotagate[server]'") from exc
     from quotagate.http.app import create_app
 
-    metrics = Metrics(gate.engine, clock=gate.clock)
+    metrics = gate.metrics
     app = create_app(gate, metrics=metrics)
     stop = threading.Event()
     threads: list[threading.Thread] = []
     if workers:
         loops: list[tuple[str, Worker]] = [
-            ("admission", AdmissionLoop(gate, metrics, batch=admit_batch, interval=admit_interval))
+            ("admission", AdmissionLoop(gate, metrics, batch=admit_batch, interval=admit_interval)),
+            ("dispatcher", load_dispatcher(gate, worker_name, concurrency)),
         ]
-        dispatcher = load_dispatcher(gate, worker_name, concurrency)
-        if dispatcher is not None:
-            loops.append(("dispatcher", dispatcher))
         if prune_older_than is not None:
             from quotagate.http.pruning import PruneLoop
 

@@ -35,10 +35,10 @@ from sqlalchemy.engine import Engine
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import RequestState
 from quotagate.errors import StoreUnavailable
-from quotagate.store import admission_stats, schema
-from quotagate.store.dashboard import UNCONFIRMED_STOP_STATES
-from quotagate.store.dialect import reading
-from quotagate.store.rows import all_usage
+from quotagate.store import admission_stats
+from quotagate.store.counters import Counters
+from quotagate.store.counters import delivery_counters as new_delivery_counters
+from quotagate.store.gauges import read_gauges
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Waits from seconds (an idle gate) to hours (a tenant at its cap).
@@ -74,46 +74,10 @@ class LedgerCollector(Collector):
         return [up, *families]
 
     def _families(self) -> list[Metric]:
-        with reading(self.engine) as connection:
-            tenants, pools = all_usage(connection)
-            waiting = connection.execute(
-                sa.select(
-                    schema.request.c.tenant, sa.func.count(), sa.func.min(schema.request.c.created)
-                )
-                .where(schema.request.c.state == RequestState.WAITING.value)
-                .group_by(schema.request.c.tenant)
-            ).all()
-            ended = connection.execute(
-                sa.select(schema.request.c.tenant, schema.request.c.state, sa.func.count())
-                .where(schema.request.c.state.in_(
-                    [RequestState.EXPIRED.value, RequestState.REJECTED.value]
-                ))
-                .group_by(schema.request.c.tenant, schema.request.c.state)
-            ).all()
-            outbox = schema.outbox
-            pending = sa.and_(outbox.c.delivered == sa.false(), outbox.c.stopping == sa.false())
-            deliveries = connection.execute(
-                sa.select(
-                    outbox.c.tenant,
-                    sa.func.sum(sa.case((pending, 1), else_=0)),
-                    sa.func.sum(outbox.c.attempts),
-                    sa.func.sum(sa.case((sa.and_(pending, outbox.c.last_error.is_not(None)), 1),
-                                        else_=0)),
-                    sa.func.sum(sa.case((outbox.c.stopping == sa.true(), 1), else_=0)),
-                ).group_by(outbox.c.tenant)
-            ).all()
-            leases = connection.execute(
-                sa.select(schema.lease.c.name, schema.lease.c.generation)
-            ).all()
-            stops = connection.execute(
-                sa.select(schema.request.c.tenant, schema.request.c.state, sa.func.count(),
-                          sa.func.min(schema.request.c.updated))
-                .where(schema.request.c.state.in_(UNCONFIRMED_STOP_STATES))
-                .group_by(schema.request.c.tenant, schema.request.c.state)
-            ).all()
+        gauges = read_gauges(self.engine)
         now = self.clock.now()
         families: list[Metric] = []
-        for holder, usage in (("tenant", tenants), ("pool", pools)):
+        for holder, usage in (("tenant", gauges.tenants), ("pool", gauges.pools)):
             used = GaugeMetricFamily(f"quotagate_{holder}_used", f"Charged amount per {holder} "
                                      "and resource", labels=[holder, "resource"])
             cap = GaugeMetricFamily(f"quotagate_{holder}_cap", f"Cap per {holder} and resource",
@@ -127,9 +91,9 @@ class LedgerCollector(Collector):
                                           "Requests waiting for admission", labels=["tenant"])
         oldest = GaugeMetricFamily("quotagate_oldest_waiting_seconds",
                                    "Age of the oldest waiting request", labels=["tenant"])
-        for tenant, count, first_created in waiting:
-            waiting_count.add_metric([tenant], int(count))
-            oldest.add_metric([tenant], max(0.0, now - float(first_created)))
+        for waiting in gauges.waiting:
+            waiting_count.add_metric([waiting.tenant], waiting.count)
+            oldest.add_metric([waiting.tenant], max(0.0, now - waiting.oldest_created))
         families += [waiting_count, oldest]
         expired = CounterMetricFamily("quotagate_expired_requests",
                                       "Requests that expired waiting (ledger-wide)",
@@ -137,9 +101,9 @@ class LedgerCollector(Collector):
         rejected = CounterMetricFamily("quotagate_rejected_requests",
                                        "Requests recorded as rejected (ledger-wide)",
                                        labels=["tenant"])
-        for tenant, state, count in ended:
+        for (tenant, state), count in gauges.ended.items():
             family = expired if state == RequestState.EXPIRED.value else rejected
-            family.add_metric([tenant], int(count))
+            family.add_metric([tenant], count)
         families += [expired, rejected]
         backlog = GaugeMetricFamily("quotagate_outbox_backlog", "Undelivered outbox rows",
                                     labels=["tenant"])
@@ -151,17 +115,17 @@ class LedgerCollector(Collector):
         stopping = GaugeMetricFamily("quotagate_stops_pending",
                                      "Cancelled requests still charged: their stop is not "
                                      "confirmed yet", labels=["tenant"])
-        for tenant, pending_count, attempt_count, failing_count, stop_count in deliveries:
-            backlog.add_metric([tenant], int(pending_count or 0))
-            attempts.add_metric([tenant], int(attempt_count or 0))
-            failing.add_metric([tenant], int(failing_count or 0))
-            stopping.add_metric([tenant], int(stop_count or 0))
+        for row in gauges.backlog:
+            backlog.add_metric([row.tenant], row.pending)
+            attempts.add_metric([row.tenant], row.attempts)
+            failing.add_metric([row.tenant], row.failing)
+            stopping.add_metric([row.tenant], row.stopping)
         families += [backlog, attempts, failing, stopping]
         generation = GaugeMetricFamily("quotagate_lease_generation",
                                        "Current generation (fencing token) of each lease",
                                        labels=["lease"])
-        for name, lease_generation in leases:
-            generation.add_metric([name], int(lease_generation))
+        for name, lease_generation in gauges.lease_generations.items():
+            generation.add_metric([name], lease_generation)
         families.append(generation)
         unconfirmed = GaugeMetricFamily(
             "quotagate_unconfirmed_stops",
@@ -170,9 +134,9 @@ class LedgerCollector(Collector):
         oldest_stop = GaugeMetricFamily(
             "quotagate_oldest_unconfirmed_stop_seconds",
             "Age of the oldest stop not confirmed yet", labels=["tenant", "state"])
-        for tenant, state, count, first_updated in stops:
-            unconfirmed.add_metric([tenant, state], int(count))
-            oldest_stop.add_metric([tenant, state], max(0.0, now - float(first_updated)))
+        for stop in gauges.stops:
+            unconfirmed.add_metric([stop.tenant, stop.state], stop.count)
+            oldest_stop.add_metric([stop.tenant, stop.state], max(0.0, now - stop.oldest_updated))
         families += [unconfirmed, oldest_stop]
         return families
 
@@ -199,8 +163,7 @@ class AdmissionStatsCollector(Collector):
         return [reruns, waits]
 
 
-# Delivery's own process-wide counters (quotagate.delivery.stats) and the
-# names they are exported under.
+# The delivery counters (quotagate.store.counters) and the names they are exported under.
 _DELIVERY_COUNTERS = {
     "claimed": ("quotagate_delivery_claims", "Outbox rows claimed for delivery"),
     "delivered": ("quotagate_deliveries", "Deliveries that reached their target"),
@@ -224,17 +187,16 @@ _DELIVERY_COUNTERS = {
 
 
 class DeliveryStatsCollector(Collector):
-    """Exports the dispatcher's process-wide counters, when delivery is installed."""
+    """Exports the delivery counters of the app's workers (``Quotagate.delivery_counters``)."""
+
+    def __init__(self, counters: Counters) -> None:
+        self.counters = counters
 
     def describe(self) -> Iterable[Metric]:
         return []
 
     def collect(self) -> Iterable[Metric]:
-        try:
-            from quotagate.delivery import stats  # type: ignore[attr-defined,unused-ignore]
-        except ImportError:
-            return []
-        values = stats.snapshot()
+        values = self.counters.snapshot()
         families: list[Metric] = []
         for key, (name, documentation) in _DELIVERY_COUNTERS.items():
             if key in values:
@@ -275,7 +237,9 @@ class StreamStatsCollector(Collector):
 class Metrics:
     """Everything one process exports on ``/metrics``."""
 
-    def __init__(self, engine: Engine, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self, engine: Engine, *, clock: Clock | None = None, delivery_counters: Counters | None = None
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.admissions = Counter(
             "quotagate_admissions", "Requests admitted by this process",
@@ -302,7 +266,9 @@ class Metrics:
             ["reason"], registry=self.registry,
         )
         self.registry.register(LedgerCollector(engine, clock or SystemClock()))
-        self.registry.register(DeliveryStatsCollector())
+        # Without the app's counters (a bare engine), delivery reports zeros.
+        self.registry.register(DeliveryStatsCollector(
+            delivery_counters if delivery_counters is not None else new_delivery_counters()))
         self.registry.register(StreamStatsCollector())
         self.registry.register(AdmissionStatsCollector())
 

@@ -27,10 +27,10 @@ from sqlalchemy.exc import IntegrityError
 
 from quotagate.domain.bucket import BucketConfig, Decision, validate_amount
 from quotagate.domain.clock import Clock, SystemClock
+from quotagate.domain.rate_refusal import format_tokens
 from quotagate.errors import Conflict, NotFound, QuotagateError
 from quotagate.rate import sql
 from quotagate.rate.backend import RateStore
-from quotagate.rate.gate import format_tokens
 from quotagate.rate.keys import BucketKey
 from quotagate.store import schema
 from quotagate.store.audit import AuditEntry, record

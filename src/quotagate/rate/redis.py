@@ -43,7 +43,7 @@ from sqlalchemy.engine import Engine
 
 from quotagate.domain.bucket import BucketConfig, Decision, decide
 from quotagate.errors import StoreUnavailable
-from quotagate.rate.backend import Take, register
+from quotagate.rate.backend import Take
 from quotagate.rate.keys import BucketKey, redis_key
 from quotagate.store.redis_client import import_redis, redis_client
 
@@ -267,6 +267,5 @@ class RedisRateStore:
         self.client.close()
 
 
-@register("redis", "rediss", "unix", "redis+cluster")
-def _redis_store(url: str, _ledger_engine: Engine | None) -> RedisRateStore:
+def open_redis_store(url: str, _ledger_engine: Engine | None) -> RedisRateStore:
     return RedisRateStore.from_url(url)

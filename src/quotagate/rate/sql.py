@@ -40,7 +40,7 @@ from sqlalchemy.exc import IntegrityError
 
 from quotagate.domain.bucket import BucketConfig, BucketState, Decision, decide, refill
 from quotagate.errors import Conflict, NotFound
-from quotagate.rate.backend import Take, register
+from quotagate.rate.backend import Take
 from quotagate.rate.keys import BucketKey
 from quotagate.store import schema
 from quotagate.store.dialect import database_now, dialect_now, reading, run_transaction
@@ -350,8 +350,7 @@ class SqlRateStore:
             self.engine.dispose()
 
 
-@register("sqlite", "postgresql", "postgres", "mysql", "mariadb")
-def _sql_store(url: str, ledger_engine: Engine | None) -> SqlRateStore:
+def open_sql_store(url: str, ledger_engine: Engine | None) -> SqlRateStore:
     if ledger_engine is not None and normalise_url(url) == ledger_engine.url:
         return SqlRateStore(ledger_engine)
     return SqlRateStore(create_engine(url), owns_engine=True)

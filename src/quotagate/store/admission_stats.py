@@ -2,7 +2,7 @@
 
 What production must record (docs/dashboard.md): how often an admission
 transaction was run again and why, and how long it waited for row locks.
-Plain numbers behind a lock, like quotagate.delivery.stats; the metrics
+Plain numbers behind a lock, like the delivery counters once were; the metrics
 endpoint of the same process exports them, Prometheus sums the processes.
 """
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -27,8 +27,12 @@ from quotagate.store import schema
 from quotagate.store.dialect import database_now, reading
 from quotagate.store.rows import all_usage, decode_cost, request_from_row
 
-if TYPE_CHECKING:
-    from quotagate.streams.overview import StreamsView
+
+class StreamsSection(Protocol):
+    """The Streams view, read from the stream Redis above the store (streams.overview)."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
 
 # States of a stop or preemption that the executor has not confirmed yet: the
 # cost is still charged and comes back only once it does (the delivery engine
@@ -130,7 +134,7 @@ class Snapshot:
     buckets: list[BucketEntry]
     history: list[MinuteEntry] = field(default_factory=list)
     # Read from the stream Redis by Quotagate.dashboard (quotagate.streams.overview).
-    streams: StreamsView | None = None
+    streams: StreamsSection | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -13,13 +13,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
-from quotagate.delivery import stats
 from quotagate.domain.lease import Lease, validate_lease_name, validate_owner, validate_ttl
 from quotagate.errors import NotFound, StaleGeneration
 from quotagate.store import schema
+from quotagate.store.counters import CounterSink, delivery_counters
 from quotagate.store.dialect import database_now, reading, run_transaction
 
-__all__ = ["LeaseStore", "stale"]
+__all__ = ["LeaseStore"]
 
 _lease = schema.lease
 
@@ -31,9 +31,7 @@ def _lease_from_row(row: Any) -> Lease:
     )
 
 
-def stale(lease: Lease, what: str) -> StaleGeneration:
-    """The error (counted) for a write refused because the lease moved on."""
-    stats.increment("stale_writes")
+def _stale_error(lease: Lease, what: str) -> StaleGeneration:
     return StaleGeneration(
         f"{what} refused: lease {lease.name!r} generation {lease.generation} of "
         f"{lease.owner!r} is no longer current; a newer generation holds it",
@@ -42,8 +40,15 @@ def stale(lease: Lease, what: str) -> StaleGeneration:
 
 
 class LeaseStore:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, counters: CounterSink | None = None) -> None:
         self.engine = engine
+        # Counted where the app exports them (Quotagate.delivery_counters), or privately.
+        self.counters: CounterSink = counters if counters is not None else delivery_counters()
+
+    def _stale(self, lease: Lease, what: str) -> StaleGeneration:
+        """The error (counted) for a write refused because the lease moved on."""
+        self.counters.increment("stale_writes")
+        return _stale_error(lease, what)
 
     def acquire(self, name: str, owner: str, ttl: float) -> Lease | None:
         """Take the lease if it is free or expired; ``None`` if someone holds it.
@@ -72,7 +77,7 @@ class LeaseStore:
 
         lease = run_transaction(self.engine, work)
         if lease is not None:
-            stats.increment("leases_acquired")
+            self.counters.increment("leases_acquired")
         return lease
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
@@ -92,13 +97,13 @@ class LeaseStore:
                 .values(expires_at=now + ttl)
             )
             if result.rowcount != 1:
-                raise stale(lease, "lease renewal")
+                raise self._stale(lease, "lease renewal")
             return self._read(connection, lease.name)
 
         try:
             return run_transaction(self.engine, work)
         except StaleGeneration:
-            stats.increment("leases_lost")
+            self.counters.increment("leases_lost")
             raise
 
     def release(self, lease: Lease) -> bool:
@@ -118,7 +123,7 @@ class LeaseStore:
 
         released = run_transaction(self.engine, work)
         if not released:
-            stale(lease, "lease release")
+            self._stale(lease, "lease release")
         return released
 
     def fence(self, connection: sa.Connection, lease: Lease) -> None:
@@ -137,7 +142,7 @@ class LeaseStore:
         ).with_for_update(read=True)
         row = connection.execute(query).first()
         if row is None or row.owner != lease.owner or int(row.generation) != lease.generation:
-            raise stale(lease, "fenced write")
+            raise self._stale(lease, "fenced write")
 
     def get(self, name: str) -> Lease:
         with reading(self.engine) as connection:

@@ -35,8 +35,8 @@ from quotagate.domain.model import (
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL, queue_key
 from quotagate.domain.placement import Candidate, Placement, plan_admissions
 from quotagate.domain.placement import charge as charge_usage
+from quotagate.domain.rate_refusal import rate_limited, rejection_reason
 from quotagate.errors import Conflict, InvalidInput, NotFound
-from quotagate.rate.gate import RateGate, rate_limited, rejection_reason
 from quotagate.store import admission_stats, schema, statements
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
@@ -47,6 +47,7 @@ from quotagate.store.dialect import (
     supports_skip_locked,
 )
 from quotagate.store.driver import DriverTransaction, run_driver_transaction
+from quotagate.store.rate_gate import RateGate
 from quotagate.store.rows import (
     adjust_usage,
     decode_cost,
@@ -77,7 +78,7 @@ class SubmitResult:
 
 
 @dataclass
-class _Token:
+class _HeldDecision:
     """The rate decision of one submit call, kept across reruns of its transaction.
 
     A token from a store outside the ledger database (Redis) is taken once per
@@ -160,14 +161,14 @@ class Ledger:
         queue (docs/rate-quotas.md). Without one it is recorded ``rejected`` with its
         reason, and :class:`RateLimited` is raised once that has committed.
         """
-        token = _Token()
+        held = _HeldDecision()
         try:
-            result = self._submit_with_retries(submission, actor, token)
+            result = self._submit_with_retries(submission, actor, held)
         except BaseException:
-            if token.decision is not None and token.decision.granted and self.rate_gate:
+            if held.decision is not None and held.decision.granted and self.rate_gate:
                 self.rate_gate.refund(submission.tenant)
             raise
-        decision = token.decision
+        decision = held.decision
         if decision is None:
             return result
         if not decision.granted and result.request.state == RequestState.REJECTED:
@@ -178,24 +179,24 @@ class Ledger:
         return result
 
     def _submit_with_retries(
-        self, submission: Submission, actor: str, token: _Token
+        self, submission: Submission, actor: str, held: _HeldDecision
     ) -> SubmitResult:
         for _ in range(4):
             try:
                 return run_transaction(
                     self.engine,
-                    lambda connection: self._submit(connection, submission, actor, token),
+                    lambda connection: self._submit(connection, submission, actor, held),
                 )
             except IntegrityError:
                 # Two submits of one new id raced; the loser reads the winner's row.
                 continue
             except _TokenNeeded:
                 assert self.rate_gate is not None
-                token.decision = self.rate_gate.take_outside(submission.tenant)
+                held.decision = self.rate_gate.take_outside(submission.tenant)
         raise Conflict(f"request {submission.id!r} is being submitted concurrently; retry")
 
     def _submit(
-        self, connection: sa.Connection, submission: Submission, actor: str, token: _Token
+        self, connection: sa.Connection, submission: Submission, actor: str, held: _HeldDecision
     ) -> SubmitResult:
         facts: dict[str, set[str]] = {}
         for fact, value in connection.execute(
@@ -246,7 +247,7 @@ class Ledger:
         # Everything is valid: only now may a token be spent on this request.
         # A tenant without a rate quota has no bucket row: no token to take.
         decision = (
-            self._take_token(connection, submission.tenant, token) if "bucket" in facts else None
+            self._take_token(connection, submission.tenant, held) if "bucket" in facts else None
         )
         refused = decision is not None and not decision.granted
         state = RequestState.REJECTED if refused else RequestState.WAITING
@@ -283,7 +284,7 @@ class Ledger:
         return SubmitResult(request_from_row(row), created=True)
 
     def _take_token(
-        self, connection: sa.Connection, tenant: str, token: _Token
+        self, connection: sa.Connection, tenant: str, held: _HeldDecision
     ) -> Decision | None:
         if self.rate_gate is None:
             return None
@@ -291,10 +292,10 @@ class Ledger:
         # in another store it happens once, for good, outside any transaction, and is
         # kept for the reruns.
         if self.rate_gate.in_transaction:
-            token.decision = self.rate_gate.take_for_submission(connection, tenant)
-        elif token.decision is None:
+            held.decision = self.rate_gate.take_for_submission(connection, tenant)
+        elif held.decision is None:
             raise _TokenNeeded
-        return token.decision
+        return held.decision
 
     @staticmethod
     def _replayed(existing: Any, submission: Submission) -> Request:

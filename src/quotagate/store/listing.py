@@ -12,7 +12,7 @@ import binascii
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypedDict, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -26,10 +26,36 @@ from quotagate.store.rows import request_from_row
 MAX_PAGE = 500
 
 
+Item = TypeVar("Item")
+
+
 @dataclass(frozen=True)
-class Page:
-    items: list[dict[str, Any]]
+class Page(Generic[Item]):
+    items: list[Item]
     next_cursor: str | None
+
+
+class AuditRecord(TypedDict):
+    """One audit log entry, as listed."""
+
+    id: int
+    at: float
+    actor: str
+    tenant: str | None
+    operation: str
+    target: str | None
+    outcome: str
+    reason: str | None
+
+
+class Binding(TypedDict):
+    """The external object a delivered request is bound to."""
+
+    target: str
+    external_name: str
+    uid: str | None
+    fencing_token: int
+    created: float
 
 
 def encode_cursor(key: list[Any]) -> str:
@@ -89,7 +115,7 @@ def list_requests(
     state: RequestState | None = None,
     cursor: str | None = None,
     limit: int = 50,
-) -> Page:
+) -> Page[Request]:
     """A tenant's requests, newest first (by created, then id)."""
     _check_limit(limit)
     request = schema.request
@@ -112,7 +138,7 @@ def list_requests(
     if len(rows) > limit:
         last = requests[-1]
         next_cursor = encode_cursor([float(last.created), last.id])
-    return Page([item.to_dict() for item in requests], next_cursor)
+    return Page(requests, next_cursor)
 
 
 def list_audit(
@@ -121,7 +147,7 @@ def list_audit(
     tenant: str | None = None,
     cursor: str | None = None,
     limit: int = 100,
-) -> Page:
+) -> Page[AuditRecord]:
     """Audit entries, newest first; only ``tenant``'s when given."""
     _check_limit(limit)
     audit = schema.audit
@@ -133,12 +159,19 @@ def list_audit(
         query = query.where(audit.c.id < before)
     query = query.order_by(audit.c.id.desc()).limit(limit + 1)
     with reading(engine) as connection:
-        rows = [dict(row) for row in connection.execute(query).mappings()]
-    next_cursor = encode_cursor([int(rows[limit - 1]["id"])]) if len(rows) > limit else None
+        rows = [_audit_record(row) for row in connection.execute(query).mappings()]
+    next_cursor = encode_cursor([rows[limit - 1]["id"]]) if len(rows) > limit else None
     return Page(rows[:limit], next_cursor)
 
 
-def read_binding(engine: Engine, request_id: str) -> dict[str, Any] | None:
+def _audit_record(row: Any) -> AuditRecord:
+    return AuditRecord(
+        id=int(row["id"]), at=float(row["at"]), actor=row["actor"], tenant=row["tenant"],
+        operation=row["operation"], target=row["target"], outcome=row["outcome"], reason=row["reason"],
+    )
+
+
+def read_binding(engine: Engine, request_id: str) -> Binding | None:
     """The external object a delivered request is bound to, if any."""
     binding = schema.binding
     with reading(engine) as connection:
@@ -147,7 +180,7 @@ def read_binding(engine: Engine, request_id: str) -> dict[str, Any] | None:
         ).mappings().first()
     if row is None:
         return None
-    return {
-        "target": row["target"], "external_name": row["external_name"], "uid": row["uid"],
-        "fencing_token": row["fencing_token"], "created": row["created"],
-    }
+    return Binding(
+        target=row["target"], external_name=row["external_name"], uid=row["uid"],
+        fencing_token=int(row["fencing_token"]), created=float(row["created"]),
+    )

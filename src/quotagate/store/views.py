@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -27,17 +27,81 @@ class LedgerCheck:
     over_cap: list[str]
 
 
-def _usage_rows(usage: dict[str, dict[str, tuple[int, int]]], holder: str) -> list[dict[str, Any]]:
-    return [
-        {holder: name, "resource": resource, "used": used, "cap": cap}
-        for name, resources in sorted(usage.items())
-        for resource, (used, cap) in sorted(resources.items())
-    ]
+class Explanation(TypedDict):
+    """Why a request is or is not admitted yet (``quotagate explain``, ``GET …/requests/{id}``).
+
+    Every explanation has the first four keys; a waiting request has its place
+    in the queue and what blocks it; a cancelled request still charged has its
+    stop attempts (and, for an operator, the target's last answer).
+    """
+
+    id: str
+    state: str
+    waiting: bool
+    reason: str
+    position: NotRequired[int]
+    tenant_position: NotRequired[int]
+    effective_priority: NotRequired[float]
+    waited_seconds: NotRequired[float]
+    tenant_blocked_by: NotRequired[list[dict[str, int | str]]]
+    pools_blocked: NotRequired[dict[str, list[str]]]
+    fitting_pools: NotRequired[list[str]]
+    stop_attempts: NotRequired[int]
+    last_answer: NotRequired[str | None]
 
 
-def _usage_view(connection: sa.Connection) -> dict[str, list[dict[str, Any]]]:
+class TenantUsage(TypedDict):
+    tenant: str
+    resource: str
+    used: int
+    cap: int
+
+
+class PoolUsage(TypedDict):
+    pool: str
+    resource: str
+    used: int
+    cap: int
+
+
+class Usage(TypedDict):
+    """Used and cap of every tenant's and every pool's resources."""
+
+    tenants: list[TenantUsage]
+    pools: list[PoolUsage]
+
+
+class InspectedRequest(TypedDict):
+    """One recent request with its outbox row and binding (``quotagate inspect``)."""
+
+    id: str
+    tenant: str
+    cost: dict[str, int]
+    state: str
+    pool: str | None
+    priority: int
+    created: float
+    outbox: str | None  # pending, delivered, stopping; None before admission
+    attempts: int | None
+    last_error: str | None
+    binding: str | None
+    uid: str | None
+
+
+class Inspection(Usage):
+    requests: list[InspectedRequest]
+
+
+def _usage_view(connection: sa.Connection) -> Usage:
     tenants, pools = all_usage(connection)
-    return {"tenants": _usage_rows(tenants, "tenant"), "pools": _usage_rows(pools, "pool")}
+    return Usage(
+        tenants=[TenantUsage(tenant=name, resource=resource, used=used, cap=cap)
+                 for name, resources in sorted(tenants.items())
+                 for resource, (used, cap) in sorted(resources.items())],
+        pools=[PoolUsage(pool=name, resource=resource, used=used, cap=cap)
+               for name, resources in sorted(pools.items())
+               for resource, (used, cap) in sorted(resources.items())],
+    )
 
 
 class LedgerViews:
@@ -63,11 +127,11 @@ class LedgerViews:
             raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
         return request_from_row(row)
 
-    def usage(self) -> dict[str, list[dict[str, Any]]]:
+    def usage(self) -> Usage:
         with reading(self.engine) as connection:
             return _usage_view(connection)
 
-    def inspect(self, limit: int = 20) -> dict[str, Any]:
+    def inspect(self, limit: int = 20) -> Inspection:
         """The troubleshooting query: recent requests with their outbox row and binding."""
         request, outbox, binding = schema.request, schema.outbox, schema.binding
         query = (
@@ -87,27 +151,27 @@ class LedgerViews:
         )
         with reading(self.engine) as connection:
             requests = [
-                {
-                    "id": row.id,
-                    "tenant": row.tenant,
-                    "cost": decode_cost(row.cost),
-                    "state": row.state,
-                    "pool": row.pool,
-                    "priority": row.priority,
-                    "created": row.created,
-                    "outbox": None if row.delivered is None else (
+                InspectedRequest(
+                    id=row.id,
+                    tenant=row.tenant,
+                    cost=decode_cost(row.cost),
+                    state=row.state,
+                    pool=row.pool,
+                    priority=row.priority,
+                    created=row.created,
+                    outbox=None if row.delivered is None else (
                         "stopping" if row.stopping else
                         "delivered" if row.delivered else "pending"
                     ),
-                    "attempts": row.attempts,
-                    "last_error": row.last_error,
-                    "binding": row.external_name,
-                    "uid": row.uid,
-                }
+                    attempts=row.attempts,
+                    last_error=row.last_error,
+                    binding=row.external_name,
+                    uid=row.uid,
+                )
                 for row in connection.execute(query)
             ]
             usage = _usage_view(connection)
-        return {**usage, "requests": requests}
+        return Inspection(tenants=usage["tenants"], pools=usage["pools"], requests=requests)
 
     def queue_position(self, connection: sa.Connection, row: Any, *, same_tenant: bool) -> int:
         """1-based place in the waiting queue (of everyone, or of the request's tenant)."""
@@ -130,25 +194,24 @@ class LedgerViews:
         return int(connection.execute(query).scalar_one()) + 1
 
     @staticmethod
-    def _explain_stop(connection: sa.Connection, row: Any, *, admin: bool) -> dict[str, Any]:
+    def _explain_stop(connection: sa.Connection, row: Any, *, admin: bool) -> Explanation:
         """A cancelled request still charged: its stop awaits the target's confirmation."""
         stop = connection.execute(
             sa.select(schema.outbox.c.attempts, schema.outbox.c.last_error)
             .where(schema.outbox.c.request_id == row["id"])
         ).first()
         attempts = 0 if stop is None else int(stop.attempts)
-        explained: dict[str, Any] = {
-            "id": row["id"], "state": row["state"], "waiting": False,
-            "stop_attempts": attempts,
-            "reason": "cancelled; still charged until its target confirms the work stopped "
-                      f"({attempts} unconfirmed stop attempts so far)",
-        }
+        explained = Explanation(
+            id=row["id"], state=row["state"], waiting=False, stop_attempts=attempts,
+            reason="cancelled; still charged until its target confirms the work stopped "
+                   f"({attempts} unconfirmed stop attempts so far)",
+        )
         if admin and stop is not None:
             # The target's own answer is for operators (docs/decisions/214).
             explained["last_answer"] = stop.last_error
         return explained
 
-    def explain(self, request_id: str, *, tenant: str | None = None) -> dict[str, Any]:
+    def explain(self, request_id: str, *, tenant: str | None = None) -> Explanation:
         """Why a waiting request is not admitted yet."""
         with reading(self.engine) as connection:
             row = connection.execute(
@@ -159,8 +222,8 @@ class LedgerViews:
             if row["state"] == RequestState.CANCELLING.value:
                 return self._explain_stop(connection, row, admin=tenant is None)
             if row["state"] != RequestState.WAITING.value:
-                return {"id": request_id, "state": row["state"], "waiting": False,
-                        "reason": f"request is {row['state']}, not waiting"}
+                return Explanation(id=request_id, state=row["state"], waiting=False,
+                                   reason=f"request is {row['state']}, not waiting")
             cost = decode_cost(row["cost"])
             tenants, pools = all_usage(connection)
             position = self.queue_position(connection, row, same_tenant=False)
@@ -168,21 +231,21 @@ class LedgerViews:
         why = explain_waiting(cost, tenants.get(row["tenant"], {}), pools, tenant_position,
                               self.admission_window)
         now = self.clock.now()
-        return {
-            "id": request_id,
-            "state": row["state"],
-            "waiting": True,
-            "position": position,
-            "tenant_position": tenant_position,
-            "effective_priority": round(
+        return Explanation(
+            id=request_id,
+            state=row["state"],
+            waiting=True,
+            position=position,
+            tenant_position=tenant_position,
+            effective_priority=round(
                 effective_priority(row["priority"], row["created"], now, self.aging_interval), 3
             ),
-            "waited_seconds": round(max(0.0, now - row["created"]), 3),
-            "tenant_blocked_by": why.tenant_blocked_by,
-            "pools_blocked": why.pools_blocked,
-            "fitting_pools": why.fitting_pools,
-            "reason": why.reason,
-        }
+            waited_seconds=round(max(0.0, now - row["created"]), 3),
+            tenant_blocked_by=why.tenant_blocked_by,
+            pools_blocked=why.pools_blocked,
+            fitting_pools=why.fitting_pools,
+            reason=why.reason,
+        )
 
     def check_invariants(self) -> list[str]:
         """Broken invariants plus usage over a cap, as one list: empty means all is well.

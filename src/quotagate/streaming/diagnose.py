@@ -21,11 +21,9 @@ from typing import Any
 
 from quotagate.app import Quotagate
 from quotagate.delivery.dispatcher import lease_name
-from quotagate.delivery.registry import TargetStore
 from quotagate.delivery.targets.spark_launcher import checkpoint_location
 from quotagate.domain.model import RequestState
 from quotagate.errors import NotFound, QuotagateError
-from quotagate.store.lease import LeaseStore
 from quotagate.streaming.checkpoint import CheckpointState, read_checkpoint
 from quotagate.streaming.sink_store import BatchMarker, SinkStore
 
@@ -72,7 +70,7 @@ def diagnose(gate: Quotagate, request_id: str, where: StreamingLocation | None =
             markers = sink.markers(location.query)
             for table in sorted({marker.business_table for marker in markers}):
                 rows_in_table[table] = sink.count_rows(table)
-            fence_token = sink.fence_token(request_id)
+            fence_token = sink.fencing_token(request_id)
     state = read_checkpoint(location.checkpoint) if location.checkpoint is not None else None
     layers.append(_checkpoint(state, markers, rows_in_table))
     layers.append(_idempotency(markers, fence_token, trail.binding))
@@ -85,7 +83,7 @@ def _spark_defaults(gate: Quotagate, tenant: str, binding: dict[str, Any] | None
     if binding is None:
         return given
     try:
-        target = TargetStore(gate.engine).resolve(binding["target"])
+        target = gate.target(binding["target"])
     except NotFound:
         return given
     if target.kind != "spark":
@@ -125,7 +123,7 @@ def _lease(gate: Quotagate, outbox: dict[str, Any] | None, binding: dict[str, An
     if outbox["claimed_by"] is None:
         return Layer("lease", "admitted, not claimed by any worker yet", facts)
     try:
-        lease = LeaseStore(gate.engine).get(lease_name(outbox["claimed_by"]))
+        lease = gate.lease(lease_name(outbox["claimed_by"]))
     except NotFound:
         lease = None
     facts["lease_generation_now"] = None if lease is None else lease.generation

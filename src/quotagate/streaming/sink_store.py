@@ -51,12 +51,12 @@ class Fencing:
     """What a quotagate delivery hands its executor: whose claim it is, and how new."""
 
     request_id: str
-    token: int
+    fencing_token: int
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not 0 < len(self.request_id) <= 128:
             raise InvalidInput("fencing needs the request id (1-128 characters)", code="invalid_fencing")
-        if isinstance(self.token, bool) or not isinstance(self.token, int) or self.token < 0:
+        if isinstance(self.fencing_token, bool) or not isinstance(self.fencing_token, int) or self.fencing_token < 0:
             raise InvalidInput("the fencing token must be a whole number >= 0", code="invalid_fencing")
 
 
@@ -242,7 +242,7 @@ class SinkStore:
                 return []
             return [BatchMarker(**row) for row in connection.execute(statement).mappings()]
 
-    def fence_token(self, request_id: str) -> int | None:
+    def fencing_token(self, request_id: str) -> int | None:
         fence = sink_schema.fence
         with reading(self.engine) as connection:
             if not sa.inspect(connection).has_table(fence.name):
@@ -312,23 +312,24 @@ def _create_racing(engine: Engine, create: Callable[[], None]) -> None:
 def _check_fence(connection: sa.Connection, fencing: Fencing, now: float) -> int:
     fence = sink_schema.fence
     insert_if_absent(connection, fence, ["request_id"],
-                     [{"request_id": fencing.request_id, "token": fencing.token, "updated": now}])
+                     [{"request_id": fencing.request_id, "token": fencing.fencing_token, "updated": now}])
     # The locking read orders concurrent writers of one request: a newer token
     # committed first is seen here; one committed later sees ours.
     stored = int(connection.execute(
         sa.select(fence.c.token).where(fence.c.request_id == fencing.request_id).with_for_update()
     ).scalar_one())
-    if stored > fencing.token:
+    if stored > fencing.fencing_token:
         raise StaleFencingToken(
-            f"request {fencing.request_id!r}: fencing token {fencing.token} is older than {stored}, "
+            f"request {fencing.request_id!r}: fencing token {fencing.fencing_token} is older than {stored}, "
             "which a newer delivery attempt holds; this writer is stale and wrote nothing",
-            request_id=fencing.request_id, token=fencing.token, current=stored,
+            request_id=fencing.request_id, token=fencing.fencing_token, current=stored,
         )
-    if stored < fencing.token:
+    if stored < fencing.fencing_token:
         connection.execute(
-            fence.update().where(fence.c.request_id == fencing.request_id).values(token=fencing.token, updated=now)
+            fence.update().where(fence.c.request_id == fencing.request_id)
+            .values(token=fencing.fencing_token, updated=now)
         )
-    return fencing.token
+    return fencing.fencing_token
 
 
 def _mark(
@@ -349,7 +350,7 @@ def _mark(
         conflicts=marker.c.conflicts + conflicts,
         last_conflicts=conflicts,
         request_id=None if fencing is None else fencing.request_id,
-        fencing_token=None if fencing is None else fencing.token,
+        fencing_token=None if fencing is None else fencing.fencing_token,
         last_written=now,
     ))
     return int(connection.execute(sa.select(marker.c.deliveries).where(*where)).scalar_one())

@@ -1,7 +1,8 @@
 """Process-wide stream counters with ``tenant`` and ``topic`` labels, and the lag gauge.
 
-Plain numbers behind a lock, like ``delivery.stats``: producers and consumers
-count here whatever process they run in, and ``/metrics`` exports them
+Plain numbers behind a lock, module-wide (the delivery counters are the app's
+instead, docs/decisions/903): producers and consumers count here whatever
+process they run in, and ``/metrics`` exports them
 (``observability.metrics.StreamStatsCollector``). Lag and trimmed entries
 are gauges: the last value a consumer or a status read saw.
 """

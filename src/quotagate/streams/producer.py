@@ -25,9 +25,9 @@ from typing import Any
 
 from quotagate.domain.bucket import BucketConfig, Decision, decide
 from quotagate.domain.model import check_unicode
+from quotagate.domain.rate_refusal import retry_after_seconds
 from quotagate.errors import InvalidInput, RateLimited
 from quotagate.rate.backend import RateStore
-from quotagate.rate.gate import retry_after_seconds
 from quotagate.rate.keys import BucketKey, redis_key
 from quotagate.rate.redis import RedisRateStore
 from quotagate.streams import metrics

@@ -1,11 +1,12 @@
 """The Lua scripts of the stream layer: every fenced step is one atomic script.
 
 Each script that writes on behalf of a partition's owner first checks the
-partition lease (``owner`` and ``generation`` both match, as in
-``domain.lease.is_current``), then does its work; a stale caller gets the
-error ``STALE`` and nothing changes. The lease follows the rules of
-``domain.lease``: acquisition only when free or expired, judged by the Redis
-server's clock (``TIME``), and every acquisition moves the generation on.
+partition lease (``owner`` and ``generation`` both match: after a takeover by
+a worker of the same name only the generation tells the old process from the
+new one), then does its work; a stale caller gets the error ``STALE`` and
+nothing changes. Acquisition happens only when the lease is free or expired,
+judged by the Redis server's clock (``TIME``), and every acquisition moves the
+generation on — the rules of ``store.lease``, here in Lua.
 
 Scripts are registered with redis-py (``register_script``): sent once,
 called by SHA, re-sent on NOSCRIPT. All keys of one call share a hash slot

@@ -145,6 +145,22 @@ class Streams:
     def status(self, tenant: str, topic: str) -> TopicStatus:
         return topic_status(self.handle(tenant, topic))
 
+    def topic(self, tenant: str, name: str) -> TopicSpec:
+        """One topic of ``tenant``; NotFound if it has none of that name."""
+        return self.topics.get(tenant, name)
+
+    def list_topics(self, tenant: str | None = None) -> list[TopicSpec]:
+        """The topics of ``tenant`` (None: every tenant's)."""
+        return self.topics.specs(tenant)
+
+    def settings(self, tenant: str) -> StreamSettings:
+        """A tenant's stream settings: max length, in-flight limit, its own Redis."""
+        return self.topics.settings(tenant)
+
+    def set_settings(self, tenant: str, *, actor: str = "admin", **changes: Any) -> StreamSettings:
+        """Change the settings given (None clears one); the others stay as they are."""
+        return self.topics.set_settings(tenant, actor=actor, **changes)
+
     def close(self) -> None:
         with self._lock:
             for connection in self._connections.values():

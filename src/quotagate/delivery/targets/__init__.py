@@ -1,8 +1,15 @@
-"""Delivery targets by kind, built from their stored configuration."""
+"""Delivery targets by kind, built from their stored configuration.
+
+Every kind is one entry of :data:`TARGET_KINDS` (the plugin scheme of
+``quotagate.plugins``): a :class:`TargetKind` that checks a stored
+configuration and builds the target. Built-in kinds are imported on demand:
+the kubernetes client is heavy, and a worker that only runs processes should
+not pay for it (or need it installed).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from quotagate.delivery.targets.base import (
@@ -13,13 +20,19 @@ from quotagate.delivery.targets.base import (
     Outcome,
     StopResult,
     Target,
+    TargetKind,
 )
 from quotagate.errors import InvalidInput
+from quotagate.plugins import Plugins
 
-KINDS = ("process", "webhook", "kubernetes", "spark")
+TARGET_KINDS: Plugins[TargetKind] = Plugins({
+    kind: f"quotagate.delivery.targets.{kind}:KIND" for kind in ("process", "webhook", "kubernetes", "spark")
+})
+KINDS = TARGET_KINDS.names()
 
 __all__ = [
     "KINDS",
+    "TARGET_KINDS",
     "DeliveryFailed",
     "DeliverySpec",
     "ExternalObject",
@@ -27,42 +40,26 @@ __all__ = [
     "Outcome",
     "StopResult",
     "Target",
+    "TargetKind",
     "build_target",
     "validate_config",
 ]
 
 
-def _module(kind: str) -> Any:
-    # Imported on demand: the kubernetes client is heavy, and a worker that
-    # only runs processes should not pay for it (or need it installed).
-    if kind == "process":
-        from quotagate.delivery.targets import process
-        return process
-    if kind == "webhook":
-        from quotagate.delivery.targets import webhook
-        return webhook
-    if kind == "kubernetes":
-        from quotagate.delivery.targets import kubernetes
-        return kubernetes
-    if kind == "spark":
-        from quotagate.delivery.targets import spark
-        return spark
-    raise InvalidInput(
-        f"target kind {kind!r} is not one of {', '.join(KINDS)}", code="invalid_target_kind"
-    )
+def target_kind(kind: str) -> TargetKind:
+    found = TARGET_KINDS.get(kind)
+    if found is None:
+        raise InvalidInput(
+            f"target kind {kind!r} is not one of {', '.join(TARGET_KINDS.names())}",
+            code="invalid_target_kind",
+        )
+    return found
 
 
 def validate_config(kind: str, config: Mapping[str, Any]) -> dict[str, Any]:
-    validate: Callable[[Mapping[str, Any]], dict[str, Any]] = _module(kind).validate_config
-    return validate(config)
+    return target_kind(kind).validate_config(config)
 
 
 def build_target(kind: str, config: Mapping[str, Any], *, ledger_id: str) -> Target:
     """A target of ``kind``; ``ledger_id`` goes into every object it creates."""
-    module = _module(kind)
-    classes: dict[str, Any] = {
-        "process": "ProcessTarget", "webhook": "WebhookTarget", "kubernetes": "KubernetesTarget",
-        "spark": "SparkTarget",
-    }
-    target: Target = getattr(module, classes[kind])(config, ledger_id=ledger_id)
-    return target
+    return target_kind(kind).build(config, ledger_id=ledger_id)

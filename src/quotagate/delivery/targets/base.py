@@ -13,7 +13,7 @@ and calls ``close`` when it shuts down or the target's configuration changes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -102,6 +102,18 @@ class Target(Protocol):
     def close(self) -> None:
         """Release clients and pools."""
         ...
+
+
+class TargetBuilder(Protocol):
+    def __call__(self, config: Mapping[str, Any], *, ledger_id: str) -> Target: ...
+
+
+@dataclass(frozen=True)
+class TargetKind:
+    """A target plugin (``delivery.targets.TARGET_KINDS``): check a stored config, build a target."""
+
+    validate_config: Callable[[Mapping[str, Any]], dict[str, Any]]
+    build: TargetBuilder
 
 
 def check_identity(found: ExternalObject, spec: DeliverySpec) -> ExternalObject:

@@ -33,6 +33,7 @@ from quotagate.delivery.targets.base import (
     ExternalObject,
     Outcome,
     StopResult,
+    TargetKind,
     check_identity,
 )
 from quotagate.delivery.targets.kubernetes_api import ObjectRejected
@@ -315,3 +316,7 @@ class KubernetesTarget:
     def _describe(self, error: Exception) -> str:
         return kubernetes_api.failure(error, verb="list", resource=self.resource,
                                       namespace=self.namespace, name=None).message
+
+
+# This module's entry in delivery.targets.TARGET_KINDS.
+KIND = TargetKind(validate_config, KubernetesTarget)

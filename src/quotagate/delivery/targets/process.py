@@ -34,6 +34,7 @@ from quotagate.delivery.targets.base import (
     ExternalObject,
     Outcome,
     StopResult,
+    TargetKind,
     check_identity,
 )
 from quotagate.errors import InvalidInput
@@ -245,3 +246,7 @@ class ProcessTarget:
         except (OSError, subprocess.SubprocessError) as error:
             raise DeliveryFailed(f"cannot launch the command runner: {error}",
                                  public="cannot start the command") from error
+
+
+# This module's entry in delivery.targets.TARGET_KINDS.
+KIND = TargetKind(validate_config, ProcessTarget)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from quotagate.delivery.targets import process, spark_launcher
-from quotagate.delivery.targets.base import DeliverySpec, ExternalObject, Outcome, StopResult
+from quotagate.delivery.targets.base import DeliverySpec, ExternalObject, Outcome, StopResult, TargetKind
 from quotagate.errors import InvalidInput
 
 _LAUNCHER = Path(spark_launcher.__file__)
@@ -119,3 +119,7 @@ class SparkTarget:
 
     def close(self) -> None:
         self.process.close()
+
+
+# This module's entry in delivery.targets.TARGET_KINDS.
+KIND = TargetKind(validate_config, SparkTarget)

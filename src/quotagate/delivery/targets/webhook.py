@@ -29,6 +29,7 @@ from quotagate.delivery.targets.base import (
     ExternalObject,
     Outcome,
     StopResult,
+    TargetKind,
     check_identity,
 )
 from quotagate.errors import InvalidInput
@@ -226,3 +227,7 @@ class WebhookTarget:
         except json.JSONDecodeError:
             return {}
         return answer if isinstance(answer, dict) else {}
+
+
+# This module's entry in delivery.targets.TARGET_KINDS.
+KIND = TargetKind(validate_config, WebhookTarget)

@@ -37,7 +37,7 @@ def get_tenant(tenant: str, context: Context, actor: CurrentActor) -> dict[str, 
 
 def _tenant(context: Context, tenant: str) -> dict[str, Any]:
     """A tenant's quotas and use, with its rate quota and the tokens left (or null)."""
-    described = context.gate.config.get_tenant(tenant)
+    described = context.gate.tenant(tenant)
     described["rate"] = rate_view(context.gate.rate_status(tenant))
     return described
 
@@ -46,21 +46,20 @@ def _tenant(context: Context, tenant: str) -> dict[str, Any]:
 def put_pool(pool: str, body: PoolBody, context: Context, actor: CurrentActor) -> dict[str, Any]:
     authorize(context, actor, None, operations.POOL_SET)
     context.gate.set_pool(pool, body.capacity, actor=actor.name)
-    return context.gate.config.get_pool(pool)
+    return context.gate.pool(pool)
 
 
 @router.get("/pools/{pool}", summary="A pool's capacity and use (admin)")
 def get_pool(pool: str, context: Context, actor: CurrentActor) -> dict[str, Any]:
     authorize(context, actor, None, operations.POOL_READ)
     validate_name(pool, "pool")
-    return context.gate.config.get_pool(pool)
+    return context.gate.pool(pool)
 
 
 @router.get("/usage", summary="Used and cap per tenant and pool resource")
 def get_usage(context: Context, actor: CurrentActor) -> dict[str, list[dict[str, Any]]]:
     authorize(context, actor, None, operations.USAGE_READ)
     usage = context.gate.usage()
-    if not actor.admin:
-        # A tenant sees its own quotas, and the pools everyone shares.
-        usage["tenants"] = [row for row in usage["tenants"] if row["tenant"] == actor.tenant]
-    return usage
+    # A tenant sees its own quotas, and the pools everyone shares.
+    tenants = [row for row in usage["tenants"] if actor.admin or row["tenant"] == actor.tenant]
+    return {"tenants": [dict(row) for row in tenants], "pools": [dict(row) for row in usage["pools"]]}

@@ -10,7 +10,7 @@ from quotagate.auth import authorizer as operations
 from quotagate.domain.model import validate_name
 from quotagate.http.context import Context
 from quotagate.http.security import CurrentActor, authorize
-from quotagate.store.listing import MAX_PAGE, list_audit
+from quotagate.store.listing import MAX_PAGE
 
 router = APIRouter(prefix="/v1", tags=["audit"])
 
@@ -27,5 +27,5 @@ def get_audit(
     authorize(context, actor, scope, operations.AUDIT_READ)
     if scope is not None:
         validate_name(scope, "tenant")
-    page = list_audit(context.gate.engine, tenant=scope, cursor=cursor, limit=limit)
+    page = context.gate.list_audit(tenant=scope, cursor=cursor, limit=limit)
     return {"entries": page.items, "next_cursor": page.next_cursor}

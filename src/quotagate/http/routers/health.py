@@ -8,7 +8,6 @@ from fastapi import APIRouter, Response
 from quotagate.errors import StoreUnavailable
 from quotagate.http.context import Context
 from quotagate.observability.metrics import CONTENT_TYPE
-from quotagate.store.dialect import reading
 
 router = APIRouter(tags=["health"])
 
@@ -21,8 +20,7 @@ def healthz() -> dict[str, str]:
 @router.get("/readyz", summary="The ledger database answers")
 def readyz(context: Context) -> dict[str, str]:
     try:
-        with reading(context.gate.engine) as connection:
-            connection.execute(sa.text("SELECT 1"))
+        context.gate.ping()
     except sa.exc.SQLAlchemyError as error:
         raise StoreUnavailable("the ledger database cannot be reached") from error
     return {"status": "ready"}

@@ -25,7 +25,7 @@ from quotagate.http.openapi import ErrorBody
 from quotagate.http.security import Credentials, CurrentActor, authenticate, authorize
 from quotagate.store.authority import ReleaseGuard, executor_guard, tenant_guard
 from quotagate.store.ledger import SubmitResult
-from quotagate.store.listing import MAX_PAGE, list_requests, read_binding
+from quotagate.store.listing import MAX_PAGE
 
 router = APIRouter(prefix="/v1/tenants/{tenant}/requests", tags=["requests"])
 # ``…/requests:batch`` is not below ``…/requests/``, so it needs its own prefix.
@@ -130,8 +130,8 @@ def list_tenant_requests(
 ) -> dict[str, Any]:
     authorize(context, actor, tenant, operations.REQUEST_LIST)
     validate_name(tenant, "tenant")
-    page = list_requests(context.gate.engine, tenant, state=state, cursor=cursor, limit=limit)
-    return {"requests": page.items, "next_cursor": page.next_cursor}
+    page = context.gate.list_requests(tenant, state=state, cursor=cursor, limit=limit)
+    return {"requests": [request.to_dict() for request in page.items], "next_cursor": page.next_cursor}
 
 
 @router.get("/{request_id}", summary="One request, its binding, and for a waiting one its queue")
@@ -141,12 +141,12 @@ def get_request(
     authorize(context, actor, tenant, operations.REQUEST_READ, request_id=request_id)
     _check(tenant, request_id)
     gate = context.gate
-    request = gate.views.show(request_id, tenant=tenant)
+    request = gate.show(request_id, tenant=tenant)
     data = request.to_dict()
-    data["binding"] = read_binding(gate.engine, request_id)
+    data["binding"] = gate.binding(request_id)
     data["queue"] = None
     if request.state == RequestState.WAITING:
-        explained = gate.views.explain(request_id, tenant=tenant)
+        explained = gate.explain(request_id, tenant=tenant)
         if explained.get("waiting"):
             data["queue"] = {
                 "position": explained["position"],
@@ -170,7 +170,7 @@ def _release(
     actor = authenticate(context, credentials)
     authorize(context, actor, tenant, operation, request_id=request_id)
     _check(tenant, request_id)
-    result = context.gate.ledger.release(
+    result = context.gate.release(
         request_id, to_state, reason=body.reason if body else None, actor=actor.name,
         tenant=tenant, guard=_guard(actor, body),
     )

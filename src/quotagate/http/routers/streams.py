@@ -60,7 +60,7 @@ def _view(spec: TopicSpec) -> dict[str, Any]:
 def list_topics(tenant: str, context: Context, actor: CurrentActor) -> dict[str, Any]:
     authorize(context, actor, tenant, operations.TOPIC_READ)
     validate_name(tenant, "tenant")
-    return {"topics": [_view(spec) for spec in context.gate.streams.topics.specs(tenant)]}
+    return {"topics": [_view(spec) for spec in context.gate.streams.list_topics(tenant)]}
 
 
 @router.put("/{topic}", summary="Create a topic, charged to the tenant's quota")
@@ -78,7 +78,7 @@ def put_topic(
 @router.get("/{topic}", summary="A topic's spec and producer rate quota")
 def get_topic(tenant: str, topic: str, context: Context, actor: CurrentActor) -> dict[str, Any]:
     authorize(context, actor, tenant, operations.TOPIC_READ, request_id=topic)
-    spec = context.gate.streams.topics.get(tenant, topic)
+    spec = context.gate.streams.topic(tenant, topic)
     return {**_view(spec), "rate": rate_view(context.gate.rate_status(tenant, topic=topic))}
 
 

@@ -1,4 +1,4 @@
-"""``quotagate token …`` (API tokens) and ``quotagate audit`` (the audit log)."""
+"""``quotagate api-token …`` (credentials for the HTTP API) and ``quotagate audit`` (the audit log)."""
 
 from __future__ import annotations
 
@@ -6,22 +6,21 @@ from datetime import UTC, datetime
 
 import click
 
-from quotagate.auth.tokens import TokenStore
 from quotagate.cli.common import db_option, echo_json, ensure_schema, open_gate, render_table, reports_errors
 from quotagate.errors import InvalidInput
-from quotagate.store.listing import MAX_PAGE, list_audit
+from quotagate.store.listing import MAX_PAGE
 
 
 def _when(epoch: float | None) -> str:
     return "" if epoch is None else datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-@click.group()
-def token() -> None:
-    """API tokens for the HTTP API (stored only as hashes)."""
+@click.group("api-token")
+def api_token() -> None:
+    """API tokens: credentials for the HTTP API (stored only as hashes)."""
 
 
-@token.command("create")
+@api_token.command("create")
 @click.option("--admin", is_flag=True, help="A token for every operation on every tenant.")
 @click.option("--tenant", default=None, help="A token that acts on this tenant only.")
 @click.option("--executor", is_flag=True,
@@ -43,7 +42,7 @@ def token_create(admin: bool, tenant: str | None, executor: bool, target: str | 
     with open_gate(db_url) as gate:
         # The first admin token usually comes before the first `serve`.
         ensure_schema(gate)
-        created = TokenStore(gate.engine, clock=gate.clock).create(
+        created = gate.create_api_token(
             admin=admin, tenant=tenant, executor_target=target, label=label, actor="cli"
         )
     scope = created.info.scope.replace("=", " ")
@@ -51,14 +50,14 @@ def token_create(admin: bool, tenant: str | None, executor: bool, target: str | 
     click.echo(created.token)
 
 
-@token.command("list")
+@api_token.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @db_option
 @reports_errors
 def token_list(as_json: bool, db_url: str | None) -> None:
     """List tokens (ids and scopes; never secrets)."""
     with open_gate(db_url) as gate:
-        tokens = TokenStore(gate.engine).list()
+        tokens = gate.list_api_tokens()
     if as_json:
         echo_json([info.to_dict() for info in tokens])
         return
@@ -69,14 +68,14 @@ def token_list(as_json: bool, db_url: str | None) -> None:
     ))
 
 
-@token.command("revoke")
+@api_token.command("revoke")
 @click.argument("token_id")
 @db_option
 @reports_errors
 def token_revoke(token_id: str, db_url: str | None) -> None:
     """Revoke a token: the API refuses it from the next request on."""
     with open_gate(db_url) as gate:
-        info = TokenStore(gate.engine, clock=gate.clock).revoke(token_id, actor="cli")
+        info = gate.revoke_api_token(token_id, actor="cli")
     click.echo(f"revoked token {info.id} at {_when(info.revoked)}")
 
 
@@ -89,7 +88,7 @@ def token_revoke(token_id: str, db_url: str | None) -> None:
 def audit(tenant: str | None, limit: int, as_json: bool, db_url: str | None) -> None:
     """The audit log, newest first: every decision and admin change."""
     with open_gate(db_url) as gate:
-        page = list_audit(gate.engine, tenant=tenant, limit=limit)
+        page = gate.list_audit(tenant=tenant, limit=limit)
     if as_json:
         echo_json(page.items)
         return
@@ -100,4 +99,4 @@ def audit(tenant: str | None, limit: int, as_json: bool, db_url: str | None) -> 
     ))
 
 
-COMMANDS = [token, audit]
+COMMANDS = [api_token, audit]
