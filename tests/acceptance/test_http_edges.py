@@ -18,11 +18,11 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-from test_http_support import bearer, make_token, running_server, start_server
 
 from quotagate import ManualClock, Quotagate
 from quotagate.store import schema
 from support.databases import BACKENDS, fresh_database
+from support.http_servers import bearer, make_token, running_server, start_server
 from support.redis_servers import RedisServer
 
 

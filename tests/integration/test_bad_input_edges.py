@@ -156,7 +156,7 @@ def test_a_cursor_this_api_returned_still_pages(ledger: Quotagate) -> None:
     first = list_requests(ledger.engine, "team-a", limit=2)
     assert first.next_cursor is not None
     rest = list_requests(ledger.engine, "team-a", cursor=first.next_cursor, limit=2)
-    seen = [item["id"] for item in first.items + rest.items]
+    seen = [item.id for item in first.items + rest.items]
     assert sorted(seen) == ["job-0", "job-1", "job-2"]
     assert rest.next_cursor is None
     # The encoder's own shape round-trips through the stricter decoder.
