@@ -69,14 +69,22 @@ def reports_errors(function: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def parse_assignments(values: tuple[str, ...], what: str) -> dict[str, object]:
-    """``("gpu=1", "cpu=4")`` → ``{"gpu": 1, "cpu": 4}``; the ledger validates the numbers."""
+def parse_assignments(
+    values: tuple[str, ...], what: str, *, allow_none: bool = False
+) -> dict[str, object]:
+    """``("gpu=1", "cpu=4")`` → ``{"gpu": 1, "cpu": 4}``; the ledger validates the numbers.
+
+    With ``allow_none``, ``gpu=none`` gives ``{"gpu": None}`` (a limit removed).
+    """
     parsed: dict[str, object] = {}
     for value in values:
         name, sep, amount = value.partition("=")
         if not sep or not name:
             raise InvalidInput(f"{what} must look like NAME=AMOUNT, got {value!r}",
                                code=f"invalid_{what}")
+        if allow_none and amount.strip() == "none":
+            parsed[name.strip()] = None
+            continue
         try:
             parsed[name.strip()] = int(amount)
         except ValueError:

@@ -174,10 +174,23 @@ def inspect(limit: int, as_json: bool, db_url: str | None) -> None:
 
 
 def print_usage(data: dict[str, Any]) -> None:
-    click.echo(render_table(
-        ["tenant", "resource", "used", "cap"],
-        [[r["tenant"], r["resource"], r["used"], r["cap"]] for r in data["tenants"]],
-    ))
+    if data.get("cohorts"):
+        # With cohorts a quota is a nominal share that may be exceeded by borrowing.
+        click.echo(render_table(
+            ["tenant", "cohort", "resource", "used", "nominal", "borrowed", "lent"],
+            [[r["tenant"], r.get("cohort"), r["resource"], r["used"], r["nominal"],
+              r["borrowed"], r["lent"]] for r in data["tenants"]],
+        ))
+        click.echo("")
+        click.echo(render_table(
+            ["cohort", "resource", "shared used", "shared cap"],
+            [[r["cohort"], r["resource"], r["used"], r["cap"]] for r in data["cohorts"]],
+        ))
+    else:
+        click.echo(render_table(
+            ["tenant", "resource", "used", "cap"],
+            [[r["tenant"], r["resource"], r["used"], r["cap"]] for r in data["tenants"]],
+        ))
     click.echo("")
     click.echo(render_table(
         ["pool", "resource", "used", "cap"],
@@ -214,7 +227,7 @@ def explain(request_id: str, as_json: bool, db_url: str | None) -> None:
 @db_option
 @reports_errors
 def check(db_url: str | None) -> None:
-    """Verify invariants 1-2 over the whole ledger; exit 1 on any violation."""
+    """Verify invariants 1-2 and the cohort invariants; exit 1 on any violation."""
     with open_gate(db_url) as gate:
         violations = gate.check_invariants()
     for violation in violations:

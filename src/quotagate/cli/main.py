@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import click
 
-from quotagate.cli import admin, demo, ledger, rate, server, streaming, streams, tokens, top, worker
+from quotagate.cli import (
+    admin,
+    cohorts,
+    demo,
+    ledger,
+    rate,
+    server,
+    simulate,
+    streaming,
+    streams,
+    tokens,
+    top,
+    worker,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -14,7 +27,8 @@ def cli() -> None:
 
 
 # Each module exposes a list COMMANDS of click commands/groups to register.
-for module in (admin, ledger, demo, rate, server, streaming, streams, tokens, worker, top):
+for module in (admin, cohorts, ledger, demo, rate, server, simulate, streaming, streams, tokens,
+               worker, top):
     for command in module.COMMANDS:
         cli.add_command(command)
 

@@ -13,6 +13,7 @@ from quotagate.errors import InvalidInput
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_AMOUNT = 10**12
+MAX_WEIGHT = 1000
 
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 # Tenant and pool names become parts of Kubernetes object names and Redis keys,
@@ -148,6 +149,30 @@ def validate_amounts(
             )
         checked[resource] = amount
     return dict(sorted(checked.items()))
+
+
+def validate_limits(
+    limits: Mapping[str, object], *, what: str
+) -> dict[str, int | None]:
+    """A resource→limit mapping where None (or "none") removes a limit."""
+    if not isinstance(limits, Mapping):
+        raise InvalidInput(f"{what} must map resources to amounts", code=f"invalid_{what}")
+    removed = {resource for resource, amount in limits.items()
+               if amount is None or amount == "none"}
+    for resource in removed:
+        validate_resource(resource)
+    kept = {resource: amount for resource, amount in limits.items() if resource not in removed}
+    checked: dict[str, int | None] = dict(
+        validate_amounts(kept, what=what, allow_zero=True) if kept else {})
+    checked.update(dict.fromkeys(removed))
+    return dict(sorted(checked.items()))
+
+
+def validate_weight(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WEIGHT:
+        raise InvalidInput(f"weight must be a whole number between 1 and {MAX_WEIGHT}",
+                           code="invalid_weight")
+    return value
 
 
 def validate_priority(value: object) -> int:

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from quotagate.domain.model import Cost
+from quotagate.domain.sharing import Sharing
 
 ResourceUsage = dict[str, tuple[int, int]]
 
@@ -69,12 +70,16 @@ def plan_admissions(
     tenants: Mapping[str, Mapping[str, tuple[int, int]]],
     pools: Mapping[str, Mapping[str, tuple[int, int]]],
     limit: int,
+    sharing: Sharing | None = None,
 ) -> list[Placement]:
     """Walk candidates in queue order and place each that fits, up to ``limit``.
 
     A candidate that does not fit is skipped, not waited for: smaller requests
-    behind a big one are not blocked by it.
+    behind a big one are not blocked by it. A member of a cohort (``sharing``)
+    fits by its nominal, borrowing limit and cohort room instead of its cap.
+    Like the usages, ``sharing`` is not changed: the plan charges a copy.
     """
+    sharing = sharing.copy() if sharing else None
     tenant_usage = {name: dict(usage) for name, usage in tenants.items()}
     pool_usage = {name: dict(usage) for name, usage in pools.items()}
     placements: list[Placement] = []
@@ -82,11 +87,21 @@ def plan_admissions(
         if len(placements) >= limit:
             break
         usage = tenant_usage.get(candidate.tenant)
-        if usage is None or not fits(candidate.cost, usage):
+        member = sharing is not None and sharing.is_member(candidate.tenant)
+        if usage is None:
+            continue
+        if member:
+            assert sharing is not None
+            if not sharing.fits(candidate.tenant, candidate.cost, usage):
+                continue
+        elif not fits(candidate.cost, usage):
             continue
         pool = best_fit_pool(candidate.cost, pool_usage)
         if pool is None:
             continue
+        if member:
+            assert sharing is not None
+            sharing.charge(candidate.tenant, candidate.cost, usage)
         charge(usage, candidate.cost)
         charge(pool_usage[pool], candidate.cost)
         placements.append(Placement(candidate.id, candidate.tenant, pool, candidate.cost))

@@ -39,6 +39,29 @@ class TenantBody(_Body):
         default=None, description="Rate quota (token bucket); null removes it, absent keeps it",
         examples=[{"capacity": 5, "refill_per_second": 0}],
     )
+    cohort: StrictStr | None = Field(
+        default=None, description="The cohort it lends to and borrows from; null leaves it, "
+        "absent keeps it (docs/fair-sharing.md)", examples=["research"],
+    )
+    borrowing_limit: dict[StrictStr, StrictInt | None] = Field(
+        default_factory=dict, description="How far above its quota it may borrow, per "
+        "resource; null removes the limit", examples=[{"gpu": 2}],
+    )
+    lending_limit: dict[StrictStr, StrictInt | None] = Field(
+        default_factory=dict, description="How much of its unused quota it lends, per "
+        "resource; null removes the limit (it lends all)", examples=[{"gpu": 1}],
+    )
+    weight: StrictInt | None = Field(
+        default=None, description="Its weight in fair sharing between tenants (1-1000)",
+        examples=[1],
+    )
+
+
+class CohortBody(_Body):
+    parent: StrictStr | None = Field(
+        default=None, description="The parent cohort; null makes it a root, absent keeps it "
+        "(a new cohort: a root)", examples=["org"],
+    )
 
 
 class PoolBody(_Body):

@@ -33,9 +33,10 @@ from quotagate.domain.model import (
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL, queue_key
 from quotagate.domain.placement import Candidate, Placement, plan_admissions
 from quotagate.domain.placement import charge as charge_usage
+from quotagate.domain.sharing import Sharing
 from quotagate.errors import Conflict, InvalidInput, NotFound
 from quotagate.rate.gate import RateGate, rate_limited, rejection_reason
-from quotagate.store import admission_stats, schema, statements
+from quotagate.store import admission_stats, cohorts, schema, statements
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
 from quotagate.store.dialect import (
@@ -50,8 +51,8 @@ from quotagate.store.rows import (
     decode_cost,
     encode_cost,
     request_from_row,
-    usage_from_rows,
 )
+from quotagate.store.submission_facts import require_submittable
 
 DEFAULT_TTL = 3600.0
 # How many waiting requests of each tenant one admission looks at. A request
@@ -200,26 +201,7 @@ class Ledger:
             if existing["state"] != RequestState.REJECTED.value:
                 return SubmitResult(request_from_row(dict(existing)), created=False)
         now = self.clock.now()
-        if "tenant" not in facts:
-            raise NotFound(
-                f"tenant {submission.tenant!r} does not exist; create it with "
-                "'quotagate tenant set'",
-                code="unknown_tenant",
-            )
-        unknown = sorted(set(submission.cost) - facts.get("resource", set()))
-        if unknown:
-            raise InvalidInput(
-                f"unknown resource {', '.join(map(repr, unknown))}: no pool offers it",
-                code="unknown_resource",
-            )
-        if submission.target is not None and "target" not in facts:
-            raise NotFound(f"target {submission.target!r} does not exist", code="unknown_target")
-        if "default_closed" in facts:
-            raise NotFound(
-                "the request names no target and the default target does not serve tenant "
-                f"{submission.tenant!r}; name a target",
-                code="no_default_target",
-            )
+        require_submittable(submission, facts)
         # Everything is valid: only now may a token be spent on this request.
         # A tenant without a rate quota has no bucket row: no token to take.
         decision = (
@@ -312,9 +294,12 @@ class Ledger:
         return []
 
     def _admit(self, transaction: DriverTransaction, limit: int, actor: str) -> list[Placement]:
-        tenants, pools = usage_from_rows(transaction.rows(statements.usage_query(), {}))
+        tenants, pools, sharing = cohorts.snapshot_from_rows(
+            transaction.rows(statements.admission_snapshot_query(), {}))
         open_tenants = sorted(
-            name for name, usage in tenants.items() if any(cap > used for used, cap in usage.values())
+            name for name, usage in tenants.items()
+            if (sharing.open(name, usage) if sharing.is_member(name)
+                else any(cap > used for used, cap in usage.values()))
         )
         if not open_tenants or not any(
             cap > used for usage in pools.values() for used, cap in usage.values()
@@ -330,7 +315,7 @@ class Ledger:
             candidates, window_targets = self._candidates(transaction, open_tenants, window)
             targets.update(window_targets)
             admitted += self._plan_and_reserve(
-                transaction, candidates, tenants, pools, limit - len(admitted), now
+                transaction, candidates, tenants, pools, sharing, limit - len(admitted), now
             )
             if len(admitted) == limit or window >= self.admission_window:
                 break
@@ -343,7 +328,7 @@ class Ledger:
         if not admitted:
             return []
         with admission_stats.lock_wait():
-            self._charge(transaction, admitted)
+            self._charge(transaction, admitted, sharing)
         self._record_admissions(transaction, admitted, targets, now, actor)
         return admitted
 
@@ -353,6 +338,7 @@ class Ledger:
         candidates: list[Candidate],
         tenants: dict[str, dict[str, tuple[int, int]]],
         pools: dict[str, dict[str, tuple[int, int]]],
+        sharing: Sharing,
         limit: int,
         now: float,
     ) -> list[Placement]:
@@ -367,7 +353,7 @@ class Ledger:
         skipped: set[str] = set()
         for _ in range(4):
             plan = plan_admissions(
-                (c for c in candidates if c.id not in skipped), tenants, pools, limit
+                (c for c in candidates if c.id not in skipped), tenants, pools, limit, sharing
             )
             if not plan:
                 return []
@@ -376,6 +362,8 @@ class Ledger:
             if got:
                 reserved = [placement for placement in plan if placement.id in got]
                 for placement in reserved:
+                    if sharing.is_member(placement.tenant):
+                        sharing.charge(placement.tenant, placement.cost, tenants[placement.tenant])
                     charge_usage(tenants[placement.tenant], placement.cost)
                     charge_usage(pools[placement.pool], placement.cost)
                 return reserved
@@ -430,20 +418,42 @@ class Ledger:
         return {placement.id for placement in chosen}
 
     @staticmethod
-    def _charge(transaction: DriverTransaction, placements: Sequence[Placement]) -> None:
-        """Charge tenants, then pools: one conditional UPDATE per table for the whole batch."""
+    def _charge(
+        transaction: DriverTransaction, placements: Sequence[Placement], sharing: Sharing
+    ) -> None:
+        """Charge tenants, then pools: one conditional UPDATE per table for the whole batch.
+
+        Cohort members are charged after the other tenants and before the pools,
+        with their cohorts' rooms (quotagate.store.cohorts; the lock order).
+        """
         tenant_amounts: Counter[tuple[str, str]] = Counter()
         pool_amounts: Counter[tuple[str, str]] = Counter()
+        members: list[Placement] = []
         for placement in placements:
+            member = sharing.is_member(placement.tenant)
+            if member:
+                members.append(placement)
             for resource, amount in placement.cost.items():
-                tenant_amounts[placement.tenant, resource] += amount
+                if not member:
+                    tenant_amounts[placement.tenant, resource] += amount
                 pool_amounts[placement.pool, resource] += amount
-        for table, holder, amounts in (
-            (schema.tenant_quota, "tenant", tenant_amounts),
-            (schema.pool_capacity, "pool", pool_amounts),
-        ):
+        lock_in_order = reserves_with_lock(transaction)
+        if tenant_amounts:
+            Ledger._charge_rows(transaction, schema.tenant_quota, "tenant", tenant_amounts,
+                                lock_in_order)
+        if members and not cohorts.charge_members(transaction, members, sharing.roots,
+                                                  lock_in_order=lock_in_order):
+            raise CapacityChanged("cohort")
+        Ledger._charge_rows(transaction, schema.pool_capacity, "pool", pool_amounts, lock_in_order)
+
+    @staticmethod
+    def _charge_rows(
+        transaction: DriverTransaction, table: sa.Table, holder: str,
+        amounts: Counter[tuple[str, str]], lock_in_order: bool,
+    ) -> None:
+        if amounts:
             statement = statements.charge_statement(
-                table, holder, len(amounts), lock_in_order=reserves_with_lock(transaction)
+                table, holder, len(amounts), lock_in_order=lock_in_order
             )
             count = transaction.rowcount(statement, statements.charge_parameters(dict(amounts)))
             if count != len(amounts):
@@ -622,12 +632,11 @@ class Ledger:
 
     @staticmethod
     def _uncharge(connection: sa.Connection, tenant: str, pool: str, cost: dict[str, int]) -> None:
-        for table, holder, name in (
-            (schema.tenant_quota, "tenant", tenant),
-            (schema.pool_capacity, "pool", pool),
-        ):
-            if not adjust_usage(connection, table, holder, name, cost, charge=False):
-                raise RuntimeError(f"ledger inconsistent: cannot return {cost} to {holder} {name}")
+        # A cohort member's return also returns its cohort's room (quotagate.store.cohorts).
+        if not cohorts.adjust_tenant(connection, tenant, cost, charge=False):
+            raise RuntimeError(f"ledger inconsistent: cannot return {cost} to tenant {tenant}")
+        if not adjust_usage(connection, schema.pool_capacity, "pool", pool, cost, charge=False):
+            raise RuntimeError(f"ledger inconsistent: cannot return {cost} to pool {pool}")
 
     # -- expire ----------------------------------------------------------------
 

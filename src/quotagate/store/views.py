@@ -8,14 +8,16 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from quotagate.domain.clock import Clock, SystemClock
+from quotagate.domain.dry_run import Verdict, describe_verdict, judge
 from quotagate.domain.explanation import explain_waiting
-from quotagate.domain.model import CHARGED_STATES, Request, RequestState
-from quotagate.domain.ordering import effective_priority
-from quotagate.domain.placement import total_cost
-from quotagate.errors import NotFound
-from quotagate.store import schema
+from quotagate.domain.model import CHARGED_STATES, Request, RequestState, Submission
+from quotagate.domain.ordering import effective_priority, queue_key
+from quotagate.domain.placement import Candidate, total_cost
+from quotagate.errors import Conflict, NotFound
+from quotagate.store import cohorts, schema, statements
 from quotagate.store.dialect import reading
 from quotagate.store.rows import all_usage, decode_cost, request_from_row
+from quotagate.store.submission_facts import require_submittable
 
 
 def _usage_rows(usage: dict[str, dict[str, tuple[int, int]]], holder: str) -> list[dict[str, Any]]:
@@ -27,8 +29,25 @@ def _usage_rows(usage: dict[str, dict[str, tuple[int, int]]], holder: str) -> li
 
 
 def _usage_view(connection: sa.Connection) -> dict[str, list[dict[str, Any]]]:
+    """Used and cap per tenant and pool resource; per tenant also nominal, borrowed, lent."""
     tenants, pools = all_usage(connection)
-    return {"tenants": _usage_rows(tenants, "tenant"), "pools": _usage_rows(pools, "pool")}
+    tenant_rows = _usage_rows(tenants, "tenant")
+    standing = cohorts.standing(connection)
+    for row in tenant_rows:
+        entry = standing.get((row["tenant"], row["resource"]))
+        row["nominal"] = row["cap"]
+        row["cohort"] = None if entry is None else entry.cohort
+        row["borrowed"] = 0 if entry is None else entry.borrowed
+        row["lent"] = 0 if entry is None else entry.lent
+    return {
+        "tenants": tenant_rows,
+        "pools": _usage_rows(pools, "pool"),
+        "cohorts": [
+            {"cohort": root, "resource": resource, "used": used, "cap": cap}
+            for root, room in sorted(cohorts.rooms(connection).items())
+            for resource, (used, cap) in sorted(room.items())
+        ],
+    }
 
 
 class LedgerViews:
@@ -156,8 +175,15 @@ class LedgerViews:
             tenants, pools = all_usage(connection)
             position = self.queue_position(connection, row, same_tenant=False)
             tenant_position = self.queue_position(connection, row, same_tenant=True)
+            verdict = self._verdict(connection, row["tenant"], cost,
+                                    (row["queue_key"], row["created"], row["id"]),
+                                    tenant_position, rate_tokens=None)
         why = explain_waiting(cost, tenants.get(row["tenant"], {}), pools, tenant_position,
                               self.admission_window)
+        reason = why.reason
+        if verdict.member:
+            # A member's quota is a nominal share: its limits and cohort decide.
+            reason = describe_verdict(verdict, self.admission_window)
         now = self.clock.now()
         return {
             "id": request_id,
@@ -172,7 +198,74 @@ class LedgerViews:
             "tenant_blocked_by": why.tenant_blocked_by,
             "pools_blocked": why.pools_blocked,
             "fitting_pools": why.fitting_pools,
-            "reason": why.reason,
+            "reason": reason,
+            # The dry run's verdict on the same snapshot (docs/fair-sharing.md#dry-run).
+            "admissible": verdict.admissible,
+            "reasons": [reason.to_dict() for reason in verdict.reasons],
+        }
+
+    def _verdict(
+        self, connection: sa.Connection, tenant: str, cost: dict[str, int],
+        key: tuple[float, float, str], tenant_position: int, *, rate_tokens: float | None,
+    ) -> Verdict:
+        """Judge a request of ``tenant``/``cost`` at queue place ``key`` on one snapshot:
+        the heads of every queue ahead of it are placed first, as admission would."""
+        tenants, pools, sharing = cohorts.snapshot_from_rows(
+            connection.execute(statements.admission_snapshot_query()))
+        names = sorted(tenants)
+        ahead: list[Candidate] = []
+        if names:
+            rows = sorted(
+                connection.execute(statements.head_query(len(names), self.admission_window),
+                                   statements.head_parameters(names)),
+                key=lambda head: (head.queue_key, head.created, head.id))
+            ahead = [Candidate(head.id, head.tenant, decode_cost(head.cost)) for head in rows
+                     if (head.queue_key, head.created, head.id) < key]
+        return judge(tenant, cost, ahead=ahead, tenants=tenants, pools=pools, sharing=sharing,
+                     tenant_position=tenant_position, admission_window=self.admission_window,
+                     rate_tokens=rate_tokens)
+
+    def simulate(
+        self, submission: Submission, *, rate_tokens: float | None = None,
+        named: bool = True,
+    ) -> dict[str, Any]:
+        """What submitting ``submission`` now would lead to, writing nothing.
+
+        Validated as submit validates (tenant, resources, target); a ``named``
+        id that exists already is refused, since a dry run judges new requests
+        only. ``rate_tokens``: the tokens left in the tenant's bucket (None: no
+        bucket). Only reads, in one read transaction.
+        """
+        now = self.clock.now()
+        with reading(self.engine) as connection:
+            facts: dict[str, set[str]] = {}
+            for fact, value in connection.execute(
+                statements.submission_facts_query(submission.target is not None),
+                {"id": submission.id, "tenant": submission.tenant,
+                 "resources": list(submission.cost), "target": submission.target},
+            ):
+                facts.setdefault(fact, set()).add(value)
+            require_submittable(submission, facts)
+            if named and "request" in facts:
+                raise Conflict(
+                    f"request {submission.id!r} exists already; a dry run judges a new "
+                    "request ('quotagate explain' says why a waiting one waits)",
+                    code="request_exists")
+            key = queue_key(submission.priority, now, self.aging_interval)
+            row = {"id": submission.id, "tenant": submission.tenant, "created": now,
+                   "queue_key": key}
+            position = self.queue_position(connection, row, same_tenant=False)
+            tenant_position = self.queue_position(connection, row, same_tenant=True)
+            verdict = self._verdict(connection, submission.tenant, dict(submission.cost),
+                                    (key, now, submission.id), tenant_position,
+                                    rate_tokens=rate_tokens)
+        return {
+            "admissible": verdict.admissible,
+            "position": position,
+            "tenant_position": tenant_position,
+            "reasons": [reason.to_dict() for reason in verdict.reasons],
+            # Preemption is not built yet: nothing is ever preempted.
+            "would_preempt": [],
         }
 
     def check_invariants(self) -> list[str]:
@@ -210,6 +303,8 @@ class LedgerViews:
                     ),
                 )
             ).scalars().all()
+            connection_rows = cohorts.read_for_check(connection)
+        members = connection_rows.member_names
         tenant_costs: dict[str, list[dict[str, int]]] = {}
         pool_costs: dict[str, list[dict[str, int]]] = {}
         # A topic charges its tenant's quota in partitions and parallelism (docs/streams.md).
@@ -236,6 +331,7 @@ class LedgerViews:
                             f"{holder} {name} {resource}: used {used} but reserved requests "
                             f"cost {expected.get(resource, 0)}"
                         )
-                    if used > cap:
+                    if used > cap and (holder == "pool" or name not in members):
                         violations.append(f"{holder} {name} {resource}: used {used} > cap {cap}")
+        violations += cohorts.check(connection_rows)
         return violations
