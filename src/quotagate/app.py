@@ -17,6 +17,7 @@ from quotagate.domain.model import (
     build_submission,
     validate_limits,
     validate_name,
+    validate_priority,
     validate_weight,
 )
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL
@@ -131,9 +132,11 @@ class Quotagate:
         borrowing_limit: Mapping[str, object] | None = None,
         lending_limit: Mapping[str, object] | None = None,
         weight: object = None,
+        max_priority: object = KEEP,
     ) -> dict[str, dict[str, int]]:
         """Create or change a tenant. ``cohort`` (None: leave it), limits per resource
-        (a None amount removes a limit) and ``weight``: docs/fair-sharing.md."""
+        (a None amount removes a limit), ``weight`` and ``max_priority`` (None: no cap):
+        docs/fair-sharing.md."""
         sharing = TenantSharing(
             cohort=cohort,
             borrowing_limit=validate_limits(borrowing_limit, what="borrowing_limit")
@@ -141,6 +144,8 @@ class Quotagate:
             lending_limit=validate_limits(lending_limit, what="lending_limit")
             if lending_limit else {},
             weight=None if weight is None else validate_weight(weight),
+            max_priority=max_priority if max_priority is KEEP or max_priority is None
+            else validate_priority(max_priority),
         )
         return self.config.set_tenant(name, quota, actor=actor, sharing=sharing)
 

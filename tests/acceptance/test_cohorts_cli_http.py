@@ -65,6 +65,13 @@ def test_cohorts_from_the_cli(db_url: str, tmp_path: Path) -> None:
     assert json.loads(quotagate("show", "a-7", "--json"))["state"] == "waiting"
     missing = run("show", "b-0", db=db_url, cwd=tmp_path, expect=4)  # the dry run wrote nothing
     assert "unknown_request" in missing.stderr
+    # A cap on priority.
+    quotagate("tenant", "set", "team-b", "--max-priority", "5")
+    greedy = run("submit", "--id", "b-9", "--tenant", "team-b", "--cost", "gpu=1",
+                 "--priority", "6", db=db_url, cwd=tmp_path, expect=2)
+    assert "priority_above_max" in greedy.stderr
+    assert "maximum priority 5" in quotagate("tenant", "show", "team-b")
+    quotagate("tenant", "set", "team-b", "--max-priority", "none")
     quotagate("tenant", "set", "team-b", "--lending-limit", "gpu=none")
     assert json.loads(quotagate("cohort", "show", "org", "--json"))["room"]["gpu"] == {
         "used": 6, "cap": 8}
@@ -89,8 +96,8 @@ def test_cohorts_over_http(db_url: str, tmp_path: Path) -> None:
         lender = admin.put("/v1/tenants/team-b", json={"quota": {"gpu": 2}, "cohort": "research"})
         assert lender.status_code == 200, lender.text
         # A tenant set without "cohort" keeps it.
-        kept = admin.put("/v1/tenants/team-a", json={"quota": {"gpu": 2}})
-        assert kept.json()["cohort"] == "research"
+        kept = admin.put("/v1/tenants/team-a", json={"quota": {"gpu": 2}, "max_priority": 7})
+        assert kept.json()["cohort"] == "research" and kept.json()["max_priority"] == 7
         refused = admin.put("/v1/tenants/team-a", json={"lending_limit": {"gpu": 5}})
         assert refused.status_code == 400 and refused.json()["code"] == "invalid_lending_limit"
         missing = admin.put("/v1/tenants/team-c", json={"cohort": "nowhere"})
@@ -100,6 +107,9 @@ def test_cohorts_over_http(db_url: str, tmp_path: Path) -> None:
         tenant_token = make_token(db_url, tenant="team-a")
         with httpx.Client(base_url=server.url, headers=bearer(tenant_token),
                           timeout=30) as client:
+            greedy = client.post("/v1/tenants/team-a/requests",
+                                 json={"id": "a-greedy", "cost": {"gpu": 1}, "priority": 8})
+            assert greedy.status_code == 400 and greedy.json()["code"] == "priority_above_max"
             dry = client.post("/v1/tenants/team-a/requests", params={"dry_run": "true"},
                               json={"id": "a-dry", "cost": {"gpu": 4}})
             assert dry.status_code == 200, dry.text

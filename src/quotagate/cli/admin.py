@@ -9,6 +9,7 @@ from quotagate.cli.common import (
     echo_json,
     open_gate,
     parse_assignments,
+    parse_whole,
     render_table,
     reports_errors,
 )
@@ -54,6 +55,8 @@ def tenant() -> None:
               help="How much of its unused quota it lends ('RESOURCE=none': all of it).")
 @click.option("--weight", type=int, default=None,
               help="Its weight in fair sharing between tenants (1-1000, default 1).")
+@click.option("--max-priority", default=None, metavar="N",
+              help="The highest priority its requests may ask for ('none': no cap).")
 @stream_settings_options
 @db_option
 @rate_store_option
@@ -61,7 +64,8 @@ def tenant() -> None:
 def tenant_set(
     name: str, quotas: tuple[str, ...], rate: str | None, cohort: str | None,
     borrowing: tuple[str, ...], lending: tuple[str, ...], weight: int | None,
-    db_url: str | None, rate_store: str | None, **stream_options: str | None,
+    max_priority: str | None, db_url: str | None, rate_store: str | None,
+    **stream_options: str | None,
 ) -> None:
     """Create a tenant or change its quotas; its quota is its nominal share in a cohort."""
     # Parse everything before changing anything: a bad --rate leaves the tenant untouched.
@@ -69,12 +73,14 @@ def tenant_set(
     bucket = parse_rate(rate) if rate is not None else None
     stream_settings = parse_stream_settings(**stream_options)
     chosen: str | Keep | None = KEEP if cohort is None else (None if cohort == "none" else cohort)
+    cap: object = KEEP if max_priority is None else (
+        None if max_priority == "none" else parse_whole(max_priority, "max_priority"))
     with open_gate(db_url, rate_store=rate_store) as gate:
         result = gate.set_tenant(
             name, caps, actor="cli", cohort=chosen,
             borrowing_limit=parse_assignments(borrowing, "borrowing_limit", allow_none=True),
             lending_limit=parse_assignments(lending, "lending_limit", allow_none=True),
-            weight=weight,
+            weight=weight, max_priority=cap,
         )
         status = gate.set_rate(name, bucket, actor="cli") if rate is not None else None
         settings = (gate.streams.topics.set_settings(name, **stream_settings, actor="cli")
@@ -105,8 +111,9 @@ def tenant_show(name: str, as_json: bool, db_url: str | None, rate_store: str | 
     else:
         _print_caps("tenant", name, described["quota"])
         if described["cohort"] is not None:
-            click.echo(f"cohort {described['cohort']} (root {described['cohort_root']}), "
-                       f"weight {described['weight']}")
+            click.echo(f"cohort {described['cohort']} (root {described['cohort_root']})")
+        click.echo(f"weight {described['weight']}, maximum priority "
+                   f"{'none' if described['max_priority'] is None else described['max_priority']}")
         click.echo(describe_rate(described["rate"]))
         click.echo(describe_stream_settings(settings))
 

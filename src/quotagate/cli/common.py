@@ -95,6 +95,15 @@ def parse_assignments(
     return parsed
 
 
+def parse_whole(text: str, what: str) -> int:
+    """A whole number from the command line, or the error a user can act on."""
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidInput(f"{what} must be a whole number, got {text!r}",
+                           code=f"invalid_{what}") from None
+
+
 def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
 

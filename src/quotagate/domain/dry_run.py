@@ -1,9 +1,9 @@
 """Would a request be admitted now, and if not, why: the verdict of a dry run, pure.
 
 ``simulate`` and ``explain`` both ask it (docs/fair-sharing.md#dry-run). The
-answer is that of the next admission pass: the requests ahead of this one in
-queue order are placed first (as admission would place them, on the same
-snapshot), then this one is judged on what they leave. Each reason names a
+answer is that of the next admission pass: what admission's planner would place
+before this request (fair share between tenants, queue order within each) is
+placed first, on the same snapshot, then this one is judged on what is left. Each reason names a
 code, the resource, what the request needs and what is available to it.
 """
 
@@ -25,13 +25,14 @@ from quotagate.domain.sharing import Sharing
 
 Usage = Mapping[str, tuple[int, int]]
 
-# The codes of docs/fair-sharing.md. budget_exhausted and priority_above_max
-# belong to features not built yet and are never given today.
+# The codes of docs/fair-sharing.md. budget_exhausted belongs to budgets, not
+# built yet, and is never given today.
 TENANT_QUOTA = "tenant_quota"
 BORROWING_LIMIT = "borrowing_limit"
 COHORT_CAPACITY = "cohort_capacity"
 POOL_CAPACITY = "pool_capacity"
 RATE_LIMITED = "rate_limited"
+PRIORITY_ABOVE_MAX = "priority_above_max"
 # Not in the issue's list: the request fits, but admission reads only the
 # first ``admission_window`` waiting requests of each tenant and this one is
 # further back (docs/admission.md, "The window").
@@ -72,19 +73,22 @@ def describe_verdict(verdict: Verdict, admission_window: int) -> str:
     return "; ".join(parts)
 
 
-def _after(
-    ahead: Iterable[Candidate],
+def _before(
+    request: Candidate,
+    queue: Iterable[Candidate],
     tenants: Mapping[str, Usage],
     pools: Mapping[str, Usage],
     sharing: Sharing,
+    weights: Mapping[str, int] | None,
 ) -> tuple[dict[str, dict[str, tuple[int, int]]], dict[str, dict[str, tuple[int, int]]], Sharing]:
-    """The usage left once the requests ahead are placed, as admission would place them."""
+    """The usage left when the request's turn comes, placing what comes before it
+    exactly as admission's planner would (fair share between tenants with ``weights``)."""
     tenant_usage = {name: dict(usage) for name, usage in tenants.items()}
     pool_usage = {name: dict(usage) for name, usage in pools.items()}
     left = sharing.copy()
-    candidates = list(ahead)
-    for placement in plan_admissions(candidates, tenant_usage, pool_usage, len(candidates) or 1,
-                                     left):
+    candidates = list(queue)
+    for placement in plan_admissions(candidates, tenant_usage, pool_usage, len(candidates),
+                                     left, weights, stop_before=request.id):
         if left.is_member(placement.tenant):
             left.charge(placement.tenant, placement.cost, tenant_usage[placement.tenant])
         charge(tenant_usage[placement.tenant], placement.cost)
@@ -114,28 +118,33 @@ def pool_reasons(cost: Cost, pools: Mapping[str, Usage]) -> list[Reason]:
 
 
 def judge(
-    tenant: str,
-    cost: Cost,
+    request: Candidate,
     *,
-    ahead: Iterable[Candidate],
+    queue: Iterable[Candidate],
     tenants: Mapping[str, Usage],
     pools: Mapping[str, Usage],
     sharing: Sharing,
+    weights: Mapping[str, int] | None = None,
     tenant_position: int,
     admission_window: int,
     rate_tokens: float | None = None,
+    max_priority: tuple[int, int] | None = None,
 ) -> Verdict:
-    """The verdict for a request of ``tenant`` and ``cost`` behind the ``ahead`` candidates.
+    """The verdict for ``request``, a candidate among ``queue`` (heads in queue order).
 
     ``rate_tokens``: the tokens left in the tenant's bucket, for a request not
     submitted yet (None: no bucket, or the request has passed the gate already).
+    ``max_priority``: (the request's priority, the tenant's maximum) when above it.
     """
     reasons: list[Reason] = []
+    if max_priority is not None:
+        reasons.append(Reason(PRIORITY_ABOVE_MAX, "priority", *max_priority))
     if rate_tokens is not None and rate_tokens < 1:
         reasons.append(Reason(RATE_LIMITED, "tokens", 1, round(max(rate_tokens, 0.0), 3)))
-    tenant_usage, pool_usage, left = _after(ahead, tenants, pools, sharing)
-    reasons += tenant_reasons(tenant, cost, tenant_usage.get(tenant, {}), left)
-    reasons += pool_reasons(cost, pool_usage)
+    tenant_usage, pool_usage, left = _before(request, queue, tenants, pools, sharing, weights)
+    reasons += tenant_reasons(request.tenant, request.cost, tenant_usage.get(request.tenant, {}),
+                              left)
+    reasons += pool_reasons(request.cost, pool_usage)
     if not reasons and tenant_position > admission_window:
         reasons.append(Reason(QUEUE_WINDOW, "queue", tenant_position, admission_window))
-    return Verdict(not reasons, reasons, sharing.is_member(tenant))
+    return Verdict(not reasons, reasons, sharing.is_member(request.tenant))

@@ -238,7 +238,8 @@ KEEP = Keep()
 
 @dataclass(frozen=True)
 class TenantSharing:
-    """A change of a tenant's cohort settings; what it does not name stays as it is.
+    """A change of a tenant's sharing settings (cohort, limits, weight, maximum
+    priority); what it does not name stays as it is.
 
     ``cohort``: a cohort name, None to leave the cohort, or KEEP. Limits map a
     resource to an amount, or to None to remove that limit.
@@ -248,10 +249,13 @@ class TenantSharing:
     borrowing_limit: Mapping[str, int | None] = field(default_factory=dict)
     lending_limit: Mapping[str, int | None] = field(default_factory=dict)
     weight: int | None = None
+    # The highest priority its requests may ask for; None removes the cap.
+    max_priority: int | Keep | None = KEEP
 
     def __bool__(self) -> bool:
         return (self.cohort is not KEEP or bool(self.borrowing_limit)
-                or bool(self.lending_limit) or self.weight is not None)
+                or bool(self.lending_limit) or self.weight is not None
+                or self.max_priority is not KEEP)
 
     def describe(self) -> str:
         """The change, for the audit log."""
@@ -264,4 +268,6 @@ class TenantSharing:
                       for resource, amount in sorted(limits.items())]
         if self.weight is not None:
             parts.append(f"weight={self.weight}")
+        if self.max_priority is not KEEP:
+            parts.append(f"max_priority={'none' if self.max_priority is None else self.max_priority}")
         return ",".join(parts)

@@ -55,6 +55,10 @@ class TenantBody(_Body):
         default=None, description="Its weight in fair sharing between tenants (1-1000)",
         examples=[1],
     )
+    max_priority: StrictInt | None = Field(
+        default=None, description="The highest priority its requests may ask for; null "
+        "removes the cap, absent keeps it", examples=[100],
+    )
 
 
 class CohortBody(_Body):

@@ -59,11 +59,21 @@ def _limits(cap: Any, borrowing_limit: Any, lending_limit: Any) -> MemberLimits:
     )
 
 
-def snapshot_from_rows(rows: Iterable[Sequence[Any]]) -> tuple[Usage, Usage, Sharing]:
-    """Tenants, pools and cohorts from :func:`statements.admission_snapshot_query`'s rows."""
-    tenants: Usage = {}
-    pools: Usage = {}
-    sharing = Sharing()
+@dataclass
+class Snapshot:
+    """What admission plans on, from one read (:func:`statements.admission_snapshot_query`)."""
+
+    tenants: Usage
+    pools: Usage
+    sharing: Sharing
+    # Tenants' weights in fair sharing; absent: 1.
+    weights: dict[str, int]
+
+
+def snapshot_from_rows(rows: Iterable[Sequence[Any]]) -> Snapshot:
+    """Tenants, pools, cohorts and weights from the admission snapshot's rows."""
+    snapshot = Snapshot({}, {}, Sharing(), {})
+    tenants, pools, sharing = snapshot.tenants, snapshot.pools, snapshot.sharing
     for kind, holder, resource, used, cap, borrowing_limit, lending_limit, root in rows:
         if kind == "t":
             tenants.setdefault(holder, {})[resource] = (int(used), int(cap))
@@ -72,9 +82,11 @@ def snapshot_from_rows(rows: Iterable[Sequence[Any]]) -> tuple[Usage, Usage, Sha
                 sharing.limits[holder, resource] = _limits(cap, borrowing_limit, lending_limit)
         elif kind == "p":
             pools.setdefault(holder, {})[resource] = (int(used), int(cap))
-        else:
+        elif kind == "c":
             sharing.cohorts.setdefault(holder, {})[resource] = (int(used), int(cap))
-    return tenants, pools, sharing
+        else:
+            snapshot.weights[holder] = int(used)
+    return snapshot
 
 
 def charge_members(
@@ -391,6 +403,9 @@ def apply_tenant_sharing(
     if change.weight is not None:
         connection.execute(tenant.update().where(tenant.c.name == name)
                            .values(weight=change.weight))
+    if change.max_priority is not KEEP:
+        connection.execute(tenant.update().where(tenant.c.name == name)
+                           .values(max_priority=change.max_priority))
     if change.borrowing_limit or change.lending_limit:
         if new_root is None:
             raise InvalidInput(
@@ -443,9 +458,10 @@ def describe_cohort(connection: sa.Connection, name: str) -> dict[str, Any]:
 def describe_member(
     connection: sa.Connection, name: str, quota: dict[str, dict[str, int]]
 ) -> dict[str, Any]:
-    """A tenant's cohort, root and weight; a member's limits are added to ``quota``."""
+    """A tenant's cohort, root, weight and maximum priority; a member's limits are
+    added to ``quota``."""
     tenant, table = schema.tenant, schema.tenant_quota
-    row = connection.execute(sa.select(tenant.c.cohort, tenant.c.weight)
+    row = connection.execute(sa.select(tenant.c.cohort, tenant.c.weight, tenant.c.max_priority)
                              .where(tenant.c.name == name)).one()
     root = None if row.cohort is None else root_of(row.cohort, cohort_parents(connection))
     if row.cohort is not None:
@@ -456,7 +472,8 @@ def describe_member(
             if resource in quota:
                 quota[resource]["borrowing_limit"] = borrowing_limit
                 quota[resource]["lending_limit"] = lending_limit
-    return {"cohort": row.cohort, "cohort_root": root, "weight": int(row.weight)}
+    return {"cohort": row.cohort, "cohort_root": root, "weight": int(row.weight),
+            "max_priority": row.max_priority}
 
 
 # -- views and the invariant check ----------------------------------------------------

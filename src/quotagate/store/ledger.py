@@ -294,8 +294,9 @@ class Ledger:
         return []
 
     def _admit(self, transaction: DriverTransaction, limit: int, actor: str) -> list[Placement]:
-        tenants, pools, sharing = cohorts.snapshot_from_rows(
+        snapshot = cohorts.snapshot_from_rows(
             transaction.rows(statements.admission_snapshot_query(), {}))
+        tenants, pools, sharing = snapshot.tenants, snapshot.pools, snapshot.sharing
         open_tenants = sorted(
             name for name, usage in tenants.items()
             if (sharing.open(name, usage) if sharing.is_member(name)
@@ -315,7 +316,7 @@ class Ledger:
             candidates, window_targets = self._candidates(transaction, open_tenants, window)
             targets.update(window_targets)
             admitted += self._plan_and_reserve(
-                transaction, candidates, tenants, pools, sharing, limit - len(admitted), now
+                transaction, candidates, snapshot, limit - len(admitted), now
             )
             if len(admitted) == limit or window >= self.admission_window:
                 break
@@ -336,9 +337,7 @@ class Ledger:
         self,
         transaction: DriverTransaction,
         candidates: list[Candidate],
-        tenants: dict[str, dict[str, tuple[int, int]]],
-        pools: dict[str, dict[str, tuple[int, int]]],
-        sharing: Sharing,
+        snapshot: cohorts.Snapshot,
         limit: int,
         now: float,
     ) -> list[Placement]:
@@ -350,10 +349,13 @@ class Ledger:
         still fit (the skipped ones would only have used more room), and the
         next call takes the rest.
         """
+        tenants, pools, sharing = snapshot.tenants, snapshot.pools, snapshot.sharing
         skipped: set[str] = set()
         for _ in range(4):
+            # Fair sharing between tenants, queue order within each (docs/fair-sharing.md).
             plan = plan_admissions(
-                (c for c in candidates if c.id not in skipped), tenants, pools, limit, sharing
+                [c for c in candidates if c.id not in skipped] if skipped else candidates,
+                tenants, pools, limit, sharing, snapshot.weights,
             )
             if not plan:
                 return []

@@ -34,6 +34,8 @@ tenant = sa.Table(
     sa.Column("cohort", NAME, nullable=True),
     # Its weight in fair sharing between tenants.
     sa.Column("weight", sa.Integer, nullable=False, server_default="1"),
+    # The highest priority its requests may ask for (NULL: no cap).
+    sa.Column("max_priority", sa.Integer, nullable=True),
 )
 
 # Cohorts form trees (parent NULL: a root). Each tree is one sharing domain.

@@ -231,7 +231,8 @@ def submission_facts_query(with_target: bool) -> sa.CompoundSelect[Any]:
     tenant exists, one ``resource`` per cost resource some pool offers,
     ``target`` if the named target exists and serves the tenant,
     ``default_closed`` if no target is named and the default target serves only
-    other tenants, ``bucket`` if the tenant has a rate quota. Parameters: ``id``,
+    other tenants, ``bucket`` if the tenant has a rate quota, ``max_priority``
+    (as text) if the tenant has a maximum priority. Parameters: ``id``,
     ``tenant``, ``resources`` (a list), ``target``.
     """
     request, capacity = schema.request, schema.pool_capacity
@@ -245,6 +246,10 @@ def submission_facts_query(with_target: bool) -> sa.CompoundSelect[Any]:
         .distinct(),
         sa.select(sa.literal("bucket").label("fact"), schema.rate_bucket.c.key.label("value"))
         .where(schema.rate_bucket.c.key == sa.bindparam("tenant")),
+        sa.select(sa.literal("max_priority").label("fact"),
+                  sa.cast(schema.tenant.c.max_priority, sa.String(16)).label("value"))
+        .where(schema.tenant.c.name == sa.bindparam("tenant"),
+               schema.tenant.c.max_priority.is_not(None)),
     ]
     target, allowed = schema.delivery_target, schema.target_tenant
     limited = sa.exists().where(allowed.c.target == target.c.name)
@@ -274,10 +279,12 @@ def admission_snapshot_query() -> sa.CompoundSelect[Any]:
 
     Rows ``(kind, holder, resource, used, cap, borrowing_limit, lending_limit,
     cohort_root)``: ``t`` tenant quota rows (with their limits and root cohort),
-    ``p`` pool rows, ``c`` the shared room of each root cohort. Without cohorts
-    the last part reads nothing, and admission plans exactly as before.
+    ``p`` pool rows, ``c`` the shared room of each root cohort, ``w`` the
+    weight (in ``used``) of each tenant whose weight is not 1. Without cohorts
+    and weights the last two parts read nothing.
     """
     quota, capacity, shared = schema.tenant_quota, schema.pool_capacity, schema.cohort_usage
+    tenant = schema.tenant
     none = sa.cast(sa.null(), sa.BigInteger)
     no_root = sa.cast(sa.null(), schema.NAME)
     return sa.union_all(
@@ -288,6 +295,9 @@ def admission_snapshot_query() -> sa.CompoundSelect[Any]:
                   capacity.c.cap, none, none, no_root),
         sa.select(sa.literal("c"), shared.c.cohort, shared.c.resource, shared.c.used,
                   shared.c.cap, none, none, no_root),
+        sa.select(sa.literal("w"), tenant.c.name, sa.cast(sa.null(), schema.RESOURCE),
+                  sa.cast(tenant.c.weight, sa.BigInteger), none, none, none, no_root)
+        .where(tenant.c.weight != 1),
     )
 
 

@@ -12,8 +12,11 @@ from quotagate.domain.model import Submission
 from quotagate.errors import InvalidInput, NotFound
 
 
-def require_submittable(submission: Submission, facts: Mapping[str, set[str]]) -> None:
-    """Raise what submit raises for an unknown tenant, resource or target.
+def require_submittable(
+    submission: Submission, facts: Mapping[str, set[str]], *, check_priority: bool = True
+) -> None:
+    """Raise what submit raises for an unknown tenant, resource or target, or a priority
+    above the tenant's maximum (the dry run reports that one as a reason instead).
 
     ``facts`` are the rows of :func:`quotagate.store.statements.submission_facts_query`.
     """
@@ -36,4 +39,11 @@ def require_submittable(submission: Submission, facts: Mapping[str, set[str]]) -
             "the request names no target and the default target does not serve tenant "
             f"{submission.tenant!r}; name a target",
             code="no_default_target",
+        )
+    maximum = facts.get("max_priority")
+    if check_priority and maximum and submission.priority > int(next(iter(maximum))):
+        raise InvalidInput(
+            f"priority {submission.priority} is above tenant {submission.tenant!r}'s maximum "
+            f"{next(iter(maximum))}; nothing was submitted",
+            code="priority_above_max",
         )

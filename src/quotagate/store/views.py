@@ -175,7 +175,7 @@ class LedgerViews:
             tenants, pools = all_usage(connection)
             position = self.queue_position(connection, row, same_tenant=False)
             tenant_position = self.queue_position(connection, row, same_tenant=True)
-            verdict = self._verdict(connection, row["tenant"], cost,
+            verdict = self._verdict(connection, Candidate(row["id"], row["tenant"], cost),
                                     (row["queue_key"], row["created"], row["id"]),
                                     tenant_position, rate_tokens=None)
         why = explain_waiting(cost, tenants.get(row["tenant"], {}), pools, tenant_position,
@@ -205,25 +205,31 @@ class LedgerViews:
         }
 
     def _verdict(
-        self, connection: sa.Connection, tenant: str, cost: dict[str, int],
+        self, connection: sa.Connection, request: Candidate,
         key: tuple[float, float, str], tenant_position: int, *, rate_tokens: float | None,
+        max_priority: tuple[int, int] | None = None,
     ) -> Verdict:
-        """Judge a request of ``tenant``/``cost`` at queue place ``key`` on one snapshot:
-        the heads of every queue ahead of it are placed first, as admission would."""
-        tenants, pools, sharing = cohorts.snapshot_from_rows(
+        """Judge ``request`` (at queue place ``key``) on one snapshot, behind whatever the
+        next admission pass would place before it (quotagate.domain.dry_run)."""
+        snapshot = cohorts.snapshot_from_rows(
             connection.execute(statements.admission_snapshot_query()))
-        names = sorted(tenants)
-        ahead: list[Candidate] = []
+        names = sorted(snapshot.tenants)
+        heads: list[tuple[tuple[float, float, str], Candidate]] = [(key, request)]
         if names:
-            rows = sorted(
-                connection.execute(statements.head_query(len(names), self.admission_window),
-                                   statements.head_parameters(names)),
-                key=lambda head: (head.queue_key, head.created, head.id))
-            ahead = [Candidate(head.id, head.tenant, decode_cost(head.cost)) for head in rows
-                     if (head.queue_key, head.created, head.id) < key]
-        return judge(tenant, cost, ahead=ahead, tenants=tenants, pools=pools, sharing=sharing,
-                     tenant_position=tenant_position, admission_window=self.admission_window,
-                     rate_tokens=rate_tokens)
+            heads += [
+                ((head.queue_key, head.created, head.id),
+                 Candidate(head.id, head.tenant, decode_cost(head.cost)))
+                for head in connection.execute(
+                    statements.head_query(len(names), self.admission_window),
+                    statements.head_parameters(names))
+                if head.id != request.id
+            ]
+        heads.sort(key=lambda entry: entry[0])
+        return judge(request, queue=[candidate for _key, candidate in heads],
+                     tenants=snapshot.tenants, pools=snapshot.pools, sharing=snapshot.sharing,
+                     weights=snapshot.weights, tenant_position=tenant_position,
+                     admission_window=self.admission_window, rate_tokens=rate_tokens,
+                     max_priority=max_priority)
 
     def simulate(
         self, submission: Submission, *, rate_tokens: float | None = None,
@@ -245,7 +251,7 @@ class LedgerViews:
                  "resources": list(submission.cost), "target": submission.target},
             ):
                 facts.setdefault(fact, set()).add(value)
-            require_submittable(submission, facts)
+            require_submittable(submission, facts, check_priority=False)
             if named and "request" in facts:
                 raise Conflict(
                     f"request {submission.id!r} exists already; a dry run judges a new "
@@ -256,9 +262,15 @@ class LedgerViews:
                    "queue_key": key}
             position = self.queue_position(connection, row, same_tenant=False)
             tenant_position = self.queue_position(connection, row, same_tenant=True)
-            verdict = self._verdict(connection, submission.tenant, dict(submission.cost),
+            maximum = facts.get("max_priority")
+            above = None
+            if maximum and submission.priority > int(next(iter(maximum))):
+                above = (submission.priority, int(next(iter(maximum))))
+            verdict = self._verdict(connection,
+                                    Candidate(submission.id, submission.tenant,
+                                              dict(submission.cost)),
                                     (key, now, submission.id), tenant_position,
-                                    rate_tokens=rate_tokens)
+                                    rate_tokens=rate_tokens, max_priority=above)
         return {
             "admissible": verdict.admissible,
             "position": position,

@@ -28,6 +28,7 @@ def put_tenant(
         cohort=body.cohort if "cohort" in body.model_fields_set else KEEP,
         borrowing_limit=body.borrowing_limit, lending_limit=body.lending_limit,
         weight=body.weight,
+        max_priority=body.max_priority if "max_priority" in body.model_fields_set else KEEP,
     )
     if "rate" in body.model_fields_set:
         context.gate.set_rate(tenant, rate, actor=actor.name)
