@@ -580,11 +580,13 @@ def fill_queue(url: str, settings: Settings, waiting: int, *, capped_head: bool)
         bulk_insert(engine, waiting_rows(waiting - waiting // 100, ["hog"], prefix="hog",
                                          start=now - 900, span=300, priority=5,
                                          costs=(HOG_COST,)))
+        # Fill the hog to its cap while only its requests wait: with fair share
+        # between tenants, the others (using nothing) would be admitted first.
+        filler = Ledger(engine)
+        for _ in range(HOG_GPU_CAP):
+            filler.admit(1)
         bulk_insert(engine, waiting_rows(waiting // 100 + extra, TENANTS, prefix="lat",
                                          start=now - 600, span=300, priority=0))
-        filler = Ledger(engine)
-        for _ in range(HOG_GPU_CAP):  # the hog's requests come first: fill it to its cap
-            filler.admit(1)
         with engine.connect() as connection:
             hog_used = connection.execute(
                 sa.select(schema.tenant_quota.c.used).where(

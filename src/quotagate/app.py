@@ -12,11 +12,14 @@ from sqlalchemy.engine import Engine
 from quotagate.domain.bucket import BucketConfig, config_from_mapping, parse_rate
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import (
+    RECLAIM_POLICIES,
+    WITHIN_TENANT_POLICIES,
     Request,
     RequestState,
     build_submission,
     validate_limits,
     validate_name,
+    validate_policy,
     validate_priority,
     validate_weight,
 )
@@ -133,6 +136,8 @@ class Quotagate:
         lending_limit: Mapping[str, object] | None = None,
         weight: object = None,
         max_priority: object = KEEP,
+        reclaim: str | None = None,
+        within_tenant: str | None = None,
     ) -> dict[str, dict[str, int]]:
         """Create or change a tenant. ``cohort`` (None: leave it), limits per resource
         (a None amount removes a limit), ``weight`` and ``max_priority`` (None: no cap):
@@ -146,6 +151,10 @@ class Quotagate:
             weight=None if weight is None else validate_weight(weight),
             max_priority=max_priority if max_priority is KEEP or max_priority is None
             else validate_priority(max_priority),
+            reclaim=None if reclaim is None
+            else validate_policy(reclaim, RECLAIM_POLICIES, "reclaim"),
+            within_tenant=None if within_tenant is None
+            else validate_policy(within_tenant, WITHIN_TENANT_POLICIES, "within_tenant"),
         )
         return self.config.set_tenant(name, quota, actor=actor, sharing=sharing)
 

@@ -71,6 +71,13 @@ def test_cohorts_from_the_cli(db_url: str, tmp_path: Path) -> None:
                  "--priority", "6", db=db_url, cwd=tmp_path, expect=2)
     assert "priority_above_max" in greedy.stderr
     assert "maximum priority 5" in quotagate("tenant", "show", "team-b")
+    quotagate("tenant", "set", "team-b", "--reclaim", "lower-priority",
+              "--within-tenant", "lower-priority")
+    assert "reclaim lower-priority, within tenant lower-priority" in quotagate(
+        "tenant", "show", "team-b")
+    bad = run("tenant", "set", "team-b", "--reclaim", "always", db=db_url, cwd=tmp_path,
+              expect=2)
+    assert "invalid_reclaim" in bad.stderr
     quotagate("tenant", "set", "team-b", "--max-priority", "none")
     quotagate("tenant", "set", "team-b", "--lending-limit", "gpu=none")
     assert json.loads(quotagate("cohort", "show", "org", "--json"))["room"]["gpu"] == {
@@ -96,8 +103,10 @@ def test_cohorts_over_http(db_url: str, tmp_path: Path) -> None:
         lender = admin.put("/v1/tenants/team-b", json={"quota": {"gpu": 2}, "cohort": "research"})
         assert lender.status_code == 200, lender.text
         # A tenant set without "cohort" keeps it.
-        kept = admin.put("/v1/tenants/team-a", json={"quota": {"gpu": 2}, "max_priority": 7})
+        kept = admin.put("/v1/tenants/team-a", json={"quota": {"gpu": 2}, "max_priority": 7,
+                                                      "reclaim": "any"})
         assert kept.json()["cohort"] == "research" and kept.json()["max_priority"] == 7
+        assert kept.json()["reclaim"] == "any" and kept.json()["within_tenant"] == "never"
         refused = admin.put("/v1/tenants/team-a", json={"lending_limit": {"gpu": 5}})
         assert refused.status_code == 400 and refused.json()["code"] == "invalid_lending_limit"
         missing = admin.put("/v1/tenants/team-c", json={"cohort": "nowhere"})

@@ -46,3 +46,40 @@ def release_some(url: str, count: int, seed: int, done: Any) -> None:
             result = gate.complete(generator.choice(reserved))
             released += bool(result.released)
     done.put(released)
+
+
+def confirm_stop(url: str, request_id: str, barrier: Any, results: Any) -> None:
+    """What a worker does when the target confirmed a stop — raced by several processes."""
+    from quotagate.domain.model import RequestState
+
+    with Quotagate.connect(url) as gate:
+        gate.engine.connect().close()
+        barrier.wait(timeout=120)
+        result = gate.ledger.release(request_id, RequestState.CANCELLED, stopped=True)
+    results.put(result.released)
+
+
+def confirm_stops_until(url: str, finished: Any, results: Any) -> None:
+    """A stand-in worker: confirms every preempting request's stop until told to finish."""
+    from quotagate.domain.model import RequestState
+
+    confirmed = 0
+    with Quotagate.connect(url) as gate:
+        while not finished.is_set():
+            with gate.engine.connect() as connection:
+                stopping = list(connection.execute(
+                    sa.select(schema.request.c.id)
+                    .where(schema.request.c.state == "preempting")).scalars())
+            for request_id in stopping:
+                confirmed += bool(gate.ledger.release(request_id, RequestState.CANCELLED,
+                                                      stopped=True).released)
+            finished.wait(0.01)
+    results.put(confirmed)
+
+
+def admit_until(url: str, finished: Any, batch: int, results: Any) -> None:
+    admitted = 0
+    with Quotagate.connect(url) as gate:
+        while not finished.is_set():
+            admitted += len(gate.admit(batch))
+    results.put(admitted)

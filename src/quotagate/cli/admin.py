@@ -57,6 +57,10 @@ def tenant() -> None:
               help="Its weight in fair sharing between tenants (1-1000, default 1).")
 @click.option("--max-priority", default=None, metavar="N",
               help="The highest priority its requests may ask for ('none': no cap).")
+@click.option("--reclaim", default=None, metavar="never|lower-priority|any",
+              help="Preempt other members' borrowed work to get back to its nominal share.")
+@click.option("--within-tenant", default=None, metavar="never|lower-priority",
+              help="Preempt its own lower-priority running work for a waiting request.")
 @stream_settings_options
 @db_option
 @rate_store_option
@@ -64,7 +68,8 @@ def tenant() -> None:
 def tenant_set(
     name: str, quotas: tuple[str, ...], rate: str | None, cohort: str | None,
     borrowing: tuple[str, ...], lending: tuple[str, ...], weight: int | None,
-    max_priority: str | None, db_url: str | None, rate_store: str | None,
+    max_priority: str | None, reclaim: str | None, within_tenant: str | None,
+    db_url: str | None, rate_store: str | None,
     **stream_options: str | None,
 ) -> None:
     """Create a tenant or change its quotas; its quota is its nominal share in a cohort."""
@@ -80,7 +85,7 @@ def tenant_set(
             name, caps, actor="cli", cohort=chosen,
             borrowing_limit=parse_assignments(borrowing, "borrowing_limit", allow_none=True),
             lending_limit=parse_assignments(lending, "lending_limit", allow_none=True),
-            weight=weight, max_priority=cap,
+            weight=weight, max_priority=cap, reclaim=reclaim, within_tenant=within_tenant,
         )
         status = gate.set_rate(name, bucket, actor="cli") if rate is not None else None
         settings = (gate.streams.topics.set_settings(name, **stream_settings, actor="cli")
@@ -113,7 +118,8 @@ def tenant_show(name: str, as_json: bool, db_url: str | None, rate_store: str | 
         if described["cohort"] is not None:
             click.echo(f"cohort {described['cohort']} (root {described['cohort_root']})")
         click.echo(f"weight {described['weight']}, maximum priority "
-                   f"{'none' if described['max_priority'] is None else described['max_priority']}")
+                   f"{'none' if described['max_priority'] is None else described['max_priority']}"
+                   f", reclaim {described['reclaim']}, within tenant {described['within_tenant']}")
         click.echo(describe_rate(described["rate"]))
         click.echo(describe_stream_settings(settings))
 

@@ -14,6 +14,8 @@ from quotagate.errors import InvalidInput
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_AMOUNT = 10**12
 MAX_WEIGHT = 1000
+RECLAIM_POLICIES = ("never", "lower-priority", "any")
+WITHIN_TENANT_POLICIES = ("never", "lower-priority")
 
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 # Tenant and pool names become parts of Kubernetes object names and Redis keys,
@@ -31,6 +33,10 @@ class RequestState(enum.StrEnum):
     # Cancelled while reserved or delivered: still charged until the target
     # confirms the work stopped (docs/decisions/211).
     CANCELLING = "cancelling"
+    # Chosen as a preemption victim while reserved or delivered: still charged
+    # until the target confirms the stop, then ``preempted`` (docs/fair-sharing.md).
+    PREEMPTING = "preempting"
+    PREEMPTED = "preempted"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -39,8 +45,11 @@ class RequestState(enum.StrEnum):
 
 
 CHARGED_STATES = frozenset(
-    {RequestState.RESERVED, RequestState.DELIVERED, RequestState.CANCELLING}
+    {RequestState.RESERVED, RequestState.DELIVERED, RequestState.CANCELLING,
+     RequestState.PREEMPTING}
 )
+# Charged, stopping: only the target's confirmed stop ends them.
+STOPPING_STATES = frozenset({RequestState.CANCELLING, RequestState.PREEMPTING})
 FINAL_STATES = frozenset(
     {
         RequestState.COMPLETED,
@@ -48,6 +57,7 @@ FINAL_STATES = frozenset(
         RequestState.CANCELLED,
         RequestState.EXPIRED,
         RequestState.REJECTED,
+        RequestState.PREEMPTED,
     }
 )
 
@@ -172,6 +182,13 @@ def validate_weight(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WEIGHT:
         raise InvalidInput(f"weight must be a whole number between 1 and {MAX_WEIGHT}",
                            code="invalid_weight")
+    return value
+
+
+def validate_policy(value: object, allowed: tuple[str, ...], what: str) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise InvalidInput(f"{what} must be one of {', '.join(allowed)}, got {value!r}",
+                           code=f"invalid_{what}")
     return value
 
 

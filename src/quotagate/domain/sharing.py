@@ -251,11 +251,15 @@ class TenantSharing:
     weight: int | None = None
     # The highest priority its requests may ask for; None removes the cap.
     max_priority: int | Keep | None = KEEP
+    # Preemption policies; None: unchanged.
+    reclaim: str | None = None
+    within_tenant: str | None = None
 
     def __bool__(self) -> bool:
         return (self.cohort is not KEEP or bool(self.borrowing_limit)
                 or bool(self.lending_limit) or self.weight is not None
-                or self.max_priority is not KEEP)
+                or self.max_priority is not KEEP or self.reclaim is not None
+                or self.within_tenant is not None)
 
     def describe(self) -> str:
         """The change, for the audit log."""
@@ -268,6 +272,9 @@ class TenantSharing:
                       for resource, amount in sorted(limits.items())]
         if self.weight is not None:
             parts.append(f"weight={self.weight}")
+        for name, policy in (("reclaim", self.reclaim), ("within_tenant", self.within_tenant)):
+            if policy is not None:
+                parts.append(f"{name}={policy}")
         if self.max_priority is not KEEP:
             parts.append(f"max_priority={'none' if self.max_priority is None else self.max_priority}")
         return ",".join(parts)

@@ -59,6 +59,14 @@ class TenantBody(_Body):
         default=None, description="The highest priority its requests may ask for; null "
         "removes the cap, absent keeps it", examples=[100],
     )
+    reclaim: StrictStr | None = Field(
+        default=None, description="Preempt borrowed work to get back to its nominal share: "
+        "never, lower-priority or any", examples=["any"],
+    )
+    within_tenant: StrictStr | None = Field(
+        default=None, description="Preempt its own lower-priority work: never or "
+        "lower-priority", examples=["lower-priority"],
+    )
 
 
 class CohortBody(_Body):

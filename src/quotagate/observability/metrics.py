@@ -86,7 +86,8 @@ class LedgerCollector(Collector):
             ended = connection.execute(
                 sa.select(schema.request.c.tenant, schema.request.c.state, sa.func.count())
                 .where(schema.request.c.state.in_(
-                    [RequestState.EXPIRED.value, RequestState.REJECTED.value]
+                    [RequestState.EXPIRED.value, RequestState.REJECTED.value,
+                     RequestState.PREEMPTED.value]
                 ))
                 .group_by(schema.request.c.tenant, schema.request.c.state)
             ).all()
@@ -137,10 +138,17 @@ class LedgerCollector(Collector):
         rejected = CounterMetricFamily("quotagate_rejected_requests",
                                        "Requests recorded as rejected (ledger-wide)",
                                        labels=["tenant"])
+        # Victims of preemption (docs/fair-sharing.md#preemption); the audit log names
+        # each one's preemptor.
+        preempted = CounterMetricFamily("quotagate_preempted_requests",
+                                        "Requests ended by preemption (ledger-wide)",
+                                        labels=["tenant"])
+        families_by_state = {RequestState.EXPIRED.value: expired,
+                             RequestState.REJECTED.value: rejected,
+                             RequestState.PREEMPTED.value: preempted}
         for tenant, state, count in ended:
-            family = expired if state == RequestState.EXPIRED.value else rejected
-            family.add_metric([tenant], int(count))
-        families += [expired, rejected]
+            families_by_state[state].add_metric([tenant], int(count))
+        families += [expired, rejected, preempted]
         backlog = GaugeMetricFamily("quotagate_outbox_backlog", "Undelivered outbox rows",
                                     labels=["tenant"])
         attempts = GaugeMetricFamily("quotagate_outbox_delivery_attempts",

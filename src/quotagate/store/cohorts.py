@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -68,6 +68,8 @@ class Snapshot:
     sharing: Sharing
     # Tenants' weights in fair sharing; absent: 1.
     weights: dict[str, int]
+    # Tenants' preemption policies (reclaim, within-tenant); absent: never, never.
+    policies: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def snapshot_from_rows(rows: Iterable[Sequence[Any]]) -> Snapshot:
@@ -84,8 +86,10 @@ def snapshot_from_rows(rows: Iterable[Sequence[Any]]) -> Snapshot:
             pools.setdefault(holder, {})[resource] = (int(used), int(cap))
         elif kind == "c":
             sharing.cohorts.setdefault(holder, {})[resource] = (int(used), int(cap))
-        else:
+        elif kind == "w":
             snapshot.weights[holder] = int(used)
+        else:
+            snapshot.policies[holder] = (resource, root)
     return snapshot
 
 
@@ -406,6 +410,12 @@ def apply_tenant_sharing(
     if change.max_priority is not KEEP:
         connection.execute(tenant.update().where(tenant.c.name == name)
                            .values(max_priority=change.max_priority))
+    if change.reclaim is not None:
+        connection.execute(tenant.update().where(tenant.c.name == name)
+                           .values(reclaim=change.reclaim))
+    if change.within_tenant is not None:
+        connection.execute(tenant.update().where(tenant.c.name == name)
+                           .values(within_tenant=change.within_tenant))
     if change.borrowing_limit or change.lending_limit:
         if new_root is None:
             raise InvalidInput(
@@ -461,7 +471,8 @@ def describe_member(
     """A tenant's cohort, root, weight and maximum priority; a member's limits are
     added to ``quota``."""
     tenant, table = schema.tenant, schema.tenant_quota
-    row = connection.execute(sa.select(tenant.c.cohort, tenant.c.weight, tenant.c.max_priority)
+    row = connection.execute(sa.select(tenant.c.cohort, tenant.c.weight, tenant.c.max_priority,
+                                       tenant.c.reclaim, tenant.c.within_tenant)
                              .where(tenant.c.name == name)).one()
     root = None if row.cohort is None else root_of(row.cohort, cohort_parents(connection))
     if row.cohort is not None:
@@ -473,7 +484,8 @@ def describe_member(
                 quota[resource]["borrowing_limit"] = borrowing_limit
                 quota[resource]["lending_limit"] = lending_limit
     return {"cohort": row.cohort, "cohort_root": root, "weight": int(row.weight),
-            "max_priority": row.max_priority}
+            "max_priority": row.max_priority, "reclaim": row.reclaim,
+            "within_tenant": row.within_tenant}
 
 
 # -- views and the invariant check ----------------------------------------------------

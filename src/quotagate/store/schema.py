@@ -36,6 +36,11 @@ tenant = sa.Table(
     sa.Column("weight", sa.Integer, nullable=False, server_default="1"),
     # The highest priority its requests may ask for (NULL: no cap).
     sa.Column("max_priority", sa.Integer, nullable=True),
+    # Preemption policies (docs/fair-sharing.md#preemption): take borrowed work
+    # back from other members (never | lower-priority | any), and stop its own
+    # lower-priority work for a waiting request (never | lower-priority).
+    sa.Column("reclaim", sa.String(16), nullable=False, server_default="never"),
+    sa.Column("within_tenant", sa.String(16), nullable=False, server_default="never"),
 )
 
 # Cohorts form trees (parent NULL: a root). Each tree is one sharing domain.

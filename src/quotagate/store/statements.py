@@ -280,8 +280,10 @@ def admission_snapshot_query() -> sa.CompoundSelect[Any]:
     Rows ``(kind, holder, resource, used, cap, borrowing_limit, lending_limit,
     cohort_root)``: ``t`` tenant quota rows (with their limits and root cohort),
     ``p`` pool rows, ``c`` the shared room of each root cohort, ``w`` the
-    weight (in ``used``) of each tenant whose weight is not 1. Without cohorts
-    and weights the last two parts read nothing.
+    weight (in ``used``) of each tenant whose weight is not 1, ``x`` the
+    preemption policies (reclaim in ``resource``, within-tenant in the last
+    column) of each tenant that has one. Without cohorts, weights and policies
+    the last three parts read nothing.
     """
     quota, capacity, shared = schema.tenant_quota, schema.pool_capacity, schema.cohort_usage
     tenant = schema.tenant
@@ -298,6 +300,9 @@ def admission_snapshot_query() -> sa.CompoundSelect[Any]:
         sa.select(sa.literal("w"), tenant.c.name, sa.cast(sa.null(), schema.RESOURCE),
                   sa.cast(tenant.c.weight, sa.BigInteger), none, none, none, no_root)
         .where(tenant.c.weight != 1),
+        sa.select(sa.literal("x"), tenant.c.name, sa.cast(tenant.c.reclaim, schema.RESOURCE),
+                  none, none, none, none, sa.cast(tenant.c.within_tenant, schema.NAME))
+        .where(sa.or_(tenant.c.reclaim != "never", tenant.c.within_tenant != "never")),
     )
 
 

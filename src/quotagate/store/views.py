@@ -13,9 +13,11 @@ from quotagate.domain.explanation import explain_waiting
 from quotagate.domain.model import CHARGED_STATES, Request, RequestState, Submission
 from quotagate.domain.ordering import effective_priority, queue_key
 from quotagate.domain.placement import Candidate, total_cost
+from quotagate.domain.preemption import choose_preemption
 from quotagate.errors import Conflict, NotFound
 from quotagate.store import cohorts, schema, statements
 from quotagate.store.dialect import reading
+from quotagate.store.preemption import running_work
 from quotagate.store.rows import all_usage, decode_cost, request_from_row
 from quotagate.store.submission_facts import require_submittable
 
@@ -166,7 +168,7 @@ class LedgerViews:
             ).mappings().first()
             if row is None or (tenant is not None and row["tenant"] != tenant):
                 raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
-            if row["state"] == RequestState.CANCELLING.value:
+            if row["state"] in (RequestState.CANCELLING.value, RequestState.PREEMPTING.value):
                 return self._explain_stop(connection, row, admin=tenant is None)
             if row["state"] != RequestState.WAITING.value:
                 return {"id": request_id, "state": row["state"], "waiting": False,
@@ -271,14 +273,35 @@ class LedgerViews:
                                               dict(submission.cost)),
                                     (key, now, submission.id), tenant_position,
                                     rate_tokens=rate_tokens, max_priority=above)
+            would_preempt = [] if verdict.admissible else self._would_preempt(
+                connection, Candidate(submission.id, submission.tenant, dict(submission.cost)),
+                submission.priority)
         return {
             "admissible": verdict.admissible,
             "position": position,
             "tenant_position": tenant_position,
             "reasons": [reason.to_dict() for reason in verdict.reasons],
-            # Preemption is not built yet: nothing is ever preempted.
-            "would_preempt": [],
+            "would_preempt": would_preempt,
         }
+
+    @staticmethod
+    def _would_preempt(
+        connection: sa.Connection, request: Candidate, priority: int
+    ) -> list[dict[str, Any]]:
+        """The victims a preemption would stop for ``request`` if it waited now."""
+        snapshot = cohorts.snapshot_from_rows(
+            connection.execute(statements.admission_snapshot_query()))
+        if request.tenant not in snapshot.policies:
+            return []
+        chosen = choose_preemption(
+            [request], {request.id: priority}, tenants=snapshot.tenants, pools=snapshot.pools,
+            sharing=snapshot.sharing, policies=snapshot.policies,
+            running=running_work(connection, {request.tenant}))
+        if chosen is None:
+            return []
+        return [{"id": victim.id, "tenant": victim.tenant, "kind": chosen.kind,
+                 "cost": dict(victim.cost), "priority": victim.priority}
+                for victim in chosen.victims]
 
     def check_invariants(self) -> list[str]:
         """Invariants 1 and 2 over the whole ledger; an empty list means they hold."""
@@ -311,7 +334,8 @@ class LedgerViews:
                 .where(
                     schema.outbox.c.delivered == sa.false(),
                     schema.request.c.state.not_in(
-                        [RequestState.RESERVED.value, RequestState.CANCELLING.value]
+                        [RequestState.RESERVED.value, RequestState.CANCELLING.value,
+                         RequestState.PREEMPTING.value]
                     ),
                 )
             ).scalars().all()

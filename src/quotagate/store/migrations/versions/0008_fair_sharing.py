@@ -1,4 +1,4 @@
-"""fair sharing: cohorts, borrowing and lending limits, tenant weights and maximum priority
+"""fair sharing: cohorts, borrowing and lending limits, tenant weights, maximum priority, preemption policies
 
 Revision ID: 0008
 Revises: 0007
@@ -34,6 +34,10 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column('cohort', sa.String(length=63), nullable=True))
         batch_op.add_column(sa.Column('weight', sa.Integer(), server_default='1', nullable=False))
         batch_op.add_column(sa.Column('max_priority', sa.Integer(), nullable=True))
+        batch_op.add_column(sa.Column('reclaim', sa.String(length=16), server_default='never',
+                                      nullable=False))
+        batch_op.add_column(sa.Column('within_tenant', sa.String(length=16),
+                                      server_default='never', nullable=False))
     with op.batch_alter_table('qg_tenant_quota', schema=None) as batch_op:
         batch_op.add_column(sa.Column('borrowing_limit', sa.BigInteger(), nullable=True))
         batch_op.add_column(sa.Column('lending_limit', sa.BigInteger(), nullable=True))
@@ -46,6 +50,8 @@ def downgrade() -> None:
         batch_op.drop_column('lending_limit')
         batch_op.drop_column('borrowing_limit')
     with op.batch_alter_table('qg_tenant', schema=None) as batch_op:
+        batch_op.drop_column('within_tenant')
+        batch_op.drop_column('reclaim')
         batch_op.drop_column('max_priority')
         batch_op.drop_column('weight')
         batch_op.drop_column('cohort')
