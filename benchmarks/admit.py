@@ -13,6 +13,11 @@ For each backend, in its own throwaway database:
    waiting requests, and with 100,000 where the head of the queue belongs to a
    tenant at its cap (its requests fill the index range admission reads first).
 
+3. (part ``cohorts``) the same admissions over 20 tenants, once plain and once in
+   4 cohorts of 5 where every admission borrows (each tenant's nominal is 1, one
+   lender per cohort holds the room), in the same run: the cost of charging the
+   cohort rooms, as a ratio to the plain rate (docs/fair-sharing.md).
+
 Throughput runs for a fixed time; every run starts from the same queue (the
 requests are put back to waiting and the usage to zero between runs).
 """
@@ -39,6 +44,7 @@ from _databases import BACKENDS, ServerUnavailable, throwaway_database
 from _raw_admission import RawAdmission
 from quotagate.cli.common import render_table
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL, queue_key
+from quotagate.domain.sharing import TenantSharing
 from quotagate.store import schema
 from quotagate.store.config import Configuration
 from quotagate.store.engine import create_engine
@@ -164,6 +170,7 @@ def reset(engine: Engine) -> None:
         )
         connection.execute(schema.tenant_quota.update().values(used=0))
         connection.execute(schema.pool_capacity.update().values(used=0))
+        connection.execute(schema.cohort_usage.update().values(used=0))
         connection.execute(schema.outbox.delete())
         connection.execute(schema.audit.delete())
     analyze(engine)
@@ -370,6 +377,71 @@ def measure_throughput(
     return rows
 
 
+# -- cohorts -----------------------------------------------------------------
+
+COHORT_TENANTS = tuple(f"member-{index:02d}" for index in range(20))
+COHORTS = ("cohort-a", "cohort-b", "cohort-c", "cohort-d")
+
+
+def configure_cohorts(engine: Engine) -> None:
+    """20 tenants in 4 cohorts of 5 (two of them under a parent): every admission borrows.
+
+    Each cohort's first tenant lends a roomy nominal; the others have a nominal
+    of 1, so almost all they are admitted is borrowed, and every admission
+    charges its cohort's room row.
+    """
+    configuration = Configuration(engine)
+    configuration.set_cohort("cohort-a")
+    configuration.set_cohort("cohort-b", parent="cohort-a")
+    configuration.set_cohort("cohort-c")
+    configuration.set_cohort("cohort-d")
+    for index, tenant in enumerate(COHORT_TENANTS):
+        nominal = ROOMY if index % 5 == 0 else 1
+        configuration.set_tenant(tenant, {"gpu": nominal, "cpu": nominal},
+                                 sharing=TenantSharing(cohort=COHORTS[index // 5]))
+    for pool, capacity in POOLS.items():
+        configuration.set_pool(pool, capacity)
+
+
+def measure_cohorts(
+    backend: str, settings: Settings, pool: WorkerPool, log: Callable[[str], None]
+) -> list[list[str]]:
+    """Plain against cohort admissions, same tenants and queue, alternating round by round."""
+    kinds = {"admit(1)": 1, f"admit({BATCH})": BATCH}
+    best: dict[tuple[str, str, int], float] = {}
+    with throwaway_database(backend) as plain_url, throwaway_database(backend) as cohort_url:
+        engines = {"plain": create_engine(plain_url), "cohorts": create_engine(cohort_url)}
+        urls = {"plain": plain_url, "cohorts": cohort_url}
+        try:
+            configure(engines["plain"], {tenant: {"gpu": ROOMY, "cpu": ROOMY}
+                                         for tenant in COHORT_TENANTS})
+            configure_cohorts(engines["cohorts"])
+            for engine in engines.values():
+                bulk_insert(engine, waiting_rows(settings.queue, COHORT_TENANTS, prefix="co",
+                                                 start=time.time() - 600, span=300, priority=0))
+            for processes in (1, 4):
+                for _round in range(settings.rounds):
+                    for kind, batch in kinds.items():
+                        for scenario, engine in engines.items():
+                            reset(engine)
+                            rate = pool.throughput(
+                                Run(urls[scenario], False, batch, settings.seconds), processes)
+                            check_balanced(engine)
+                            log(f"  {backend}: {scenario} {kind}, {processes} process(es): "
+                                f"{rate:,.0f}/s")
+                            key = (scenario, kind, processes)
+                            best[key] = max(rate, best.get(key, 0.0))
+        finally:
+            for engine in engines.values():
+                engine.dispose()
+    return [
+        [backend, kind, str(processes), f"{best['plain', kind, processes]:,.0f}",
+         f"{best['cohorts', kind, processes]:,.0f}",
+         _ratio(best["cohorts", kind, processes], best["plain", kind, processes])]
+        for kind in kinds for processes in (1, 4)
+    ]
+
+
 # -- sustained drain ---------------------------------------------------------
 
 
@@ -508,11 +580,13 @@ def fill_queue(url: str, settings: Settings, waiting: int, *, capped_head: bool)
         bulk_insert(engine, waiting_rows(waiting - waiting // 100, ["hog"], prefix="hog",
                                          start=now - 900, span=300, priority=5,
                                          costs=(HOG_COST,)))
+        # Fill the hog to its cap while only its requests wait: with fair share
+        # between tenants, the others (using nothing) would be admitted first.
+        filler = Ledger(engine)
+        for _ in range(HOG_GPU_CAP):
+            filler.admit(1)
         bulk_insert(engine, waiting_rows(waiting // 100 + extra, TENANTS, prefix="lat",
                                          start=now - 600, span=300, priority=0))
-        filler = Ledger(engine)
-        for _ in range(HOG_GPU_CAP):  # the hog's requests come first: fill it to its cap
-            filler.admit(1)
         with engine.connect() as connection:
             hog_used = connection.execute(
                 sa.select(schema.tenant_quota.c.used).where(
@@ -576,8 +650,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="latency with 1,000,000 waiting too (builds 2 million rows; minutes)")
     parser.add_argument("--drain", type=int, default=None,
                         help="waiting requests of the sustained drain (default 40,000; quick 10,000)")
-    parser.add_argument("--parts", default="throughput,drain,latency",
-                        help="comma-separated: throughput,drain,latency (default: all)")
+    parser.add_argument("--parts", default="throughput,drain,latency,cohorts",
+                        help="comma-separated: throughput,drain,latency,cohorts (default: all)")
     arguments = parser.parse_args(argv)
     backends = [name.strip() for name in arguments.backends.split(",") if name.strip()]
     unknown = sorted(set(backends) - set(BACKENDS))
@@ -598,6 +672,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     throughput_rows: list[list[str]] = []
     drain_rows: list[list[str]] = []
     latency_rows: list[list[str]] = []
+    cohort_rows: list[list[str]] = []
     skipped: list[str] = []
     pool = WorkerPool(4)
     try:
@@ -610,6 +685,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     drain_rows += measure_drain(backend, settings, pool, log)
                 if "latency" in parts:
                     latency_rows += measure_latency(backend, settings, log)
+                if "cohorts" in parts:
+                    cohort_rows += measure_cohorts(backend, settings, pool, log)
             except ServerUnavailable as error:
                 log(f"  skipped: {error}")
                 skipped.append(f"{backend} skipped: {error}")
@@ -638,6 +715,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(render_table(
         ["backend", "queue", "median", "p95", "raw median", "raw p95"], latency_rows,
     ))
+    if cohort_rows:
+        print()
+        print(f"Cohorts: {len(COHORT_TENANTS)} tenants plain, and in {len(COHORTS)} cohorts "
+              f"where every admission borrows ({settings.queue:,} waiting at start, same run)")
+        print(render_table(
+            ["backend", "scenario", "processes", "plain/s", "cohorts/s", "cohorts/plain"],
+            cohort_rows,
+        ))
     for line in skipped:
         print(line)
     print(f"\ntotal time {time.monotonic() - began:.0f} s")

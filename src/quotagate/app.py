@@ -16,10 +16,22 @@ from quotagate.delivery.registry import TargetConfig, TargetStore
 from quotagate.domain.bucket import BucketConfig, config_from_mapping, parse_rate
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.lease import Lease
-from quotagate.domain.model import Request, RequestState, build_submission, validate_name
+from quotagate.domain.model import (
+    RECLAIM_POLICIES,
+    WITHIN_TENANT_POLICIES,
+    Request,
+    RequestState,
+    build_submission,
+    validate_limits,
+    validate_name,
+    validate_policy,
+    validate_priority,
+    validate_weight,
+)
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL
 from quotagate.domain.placement import Placement
-from quotagate.errors import InvalidInput
+from quotagate.domain.sharing import KEEP, Keep, TenantSharing
+from quotagate.errors import InvalidInput, NotFound
 from quotagate.rate.backend import RateStore
 from quotagate.rate.keys import BucketKey
 from quotagate.rate.quotas import RateQuotas
@@ -50,6 +62,9 @@ from quotagate.streams.service import Streams
 
 if TYPE_CHECKING:
     from quotagate.observability.metrics import Metrics
+
+# The id a dry run without one is judged under (it is never written).
+DRY_RUN_ID = "dry-run"
 
 
 class Quotagate:
@@ -156,8 +171,40 @@ class Quotagate:
         self.close()
 
     # admin
-    def set_tenant(self, name: str, quota: Mapping[str, object], *, actor: str = "admin") -> dict[str, dict[str, int]]:
-        return self.config.set_tenant(name, quota, actor=actor)
+    def set_tenant(
+        self, name: str, quota: Mapping[str, object], *, actor: str = "admin",
+        cohort: str | Keep | None = KEEP,
+        borrowing_limit: Mapping[str, object] | None = None,
+        lending_limit: Mapping[str, object] | None = None,
+        weight: object = None,
+        max_priority: object = KEEP,
+        reclaim: str | None = None,
+        within_tenant: str | None = None,
+    ) -> dict[str, dict[str, int]]:
+        """Create or change a tenant. ``cohort`` (None: leave it), limits per resource
+        (a None amount removes a limit), ``weight`` and ``max_priority`` (None: no cap):
+        docs/fair-sharing.md."""
+        sharing = TenantSharing(
+            cohort=cohort,
+            borrowing_limit=validate_limits(borrowing_limit, what="borrowing_limit")
+            if borrowing_limit else {},
+            lending_limit=validate_limits(lending_limit, what="lending_limit")
+            if lending_limit else {},
+            weight=None if weight is None else validate_weight(weight),
+            max_priority=max_priority if max_priority is KEEP or max_priority is None
+            else validate_priority(max_priority),
+            reclaim=None if reclaim is None
+            else validate_policy(reclaim, RECLAIM_POLICIES, "reclaim"),
+            within_tenant=None if within_tenant is None
+            else validate_policy(within_tenant, WITHIN_TENANT_POLICIES, "within_tenant"),
+        )
+        return self.config.set_tenant(name, quota, actor=actor, sharing=sharing)
+
+    def set_cohort(
+        self, name: str, *, parent: str | Keep | None = KEEP, actor: str = "admin"
+    ) -> dict[str, Any]:
+        """Create a cohort, or move it under ``parent`` (None: make it a root)."""
+        return self.config.set_cohort(name, parent=parent, actor=actor)
 
     def set_pool(self, name: str, capacity: Mapping[str, object], *, actor: str = "admin") -> dict[str, dict[str, int]]:
         return self.config.set_pool(name, capacity, actor=actor)
@@ -258,6 +305,31 @@ class Quotagate:
             payload=payload, target=target,
         )
         return self.ledger.submit(submission, actor=actor)
+
+    def simulate(
+        self,
+        tenant: str,
+        cost: Mapping[str, object],
+        *,
+        priority: int = 0,
+        payload: Any = None,
+        target: str | None = None,
+        request_id: str | None = None,
+    ) -> dict[str, Any]:
+        """A dry run of :meth:`submit`: would it be admitted now, at which queue position,
+        and if not, why (docs/fair-sharing.md#dry-run). Writes nothing, takes no token."""
+        submission = build_submission(
+            request_id=request_id or DRY_RUN_ID, tenant=tenant, cost=cost, priority=priority,
+            payload=payload, target=target,
+        )
+        tokens: float | None = None
+        try:
+            status = self.rates.status(submission.tenant)
+        except NotFound:
+            status = None  # an unknown tenant: simulate says so with submit's error
+        if status is not None:
+            tokens = float(status["tokens"])
+        return self.views.simulate(submission, rate_tokens=tokens, named=request_id is not None)
 
     def admit(self, limit: int = 1) -> list[Placement]:
         return self.ledger.admit(limit)

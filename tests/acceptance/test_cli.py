@@ -37,7 +37,8 @@ def test_the_ledger_tour(empty_db_url: str, tmp_path: Path) -> None:
     assert {"id", "tenant", "state", "cost", "priority", "pool", "created"} <= set(shown)
     assert shown["state"] == "reserved" and shown["pool"] == "pool-1"
     inspected = json.loads(run("inspect", "--json", db=db_url, cwd=tmp_path).stdout)
-    assert {"tenant": "team-a", "resource": "gpu", "used": 1, "cap": 2} in inspected["tenants"]
+    assert {"tenant": "team-a", "resource": "gpu", "used": 1, "cap": 2,
+            "nominal": 2, "cohort": None, "borrowed": 0, "lent": 0} in inspected["tenants"]
     assert {"pool": "pool-1", "resource": "gpu", "used": 1, "cap": 4} in inspected["pools"]
     assert [r["id"] for r in inspected["requests"]] == ["job-1", "job-0"]
     table = run("inspect", db=db_url, cwd=tmp_path).stdout

@@ -75,7 +75,8 @@ def test_admin_sets_and_reads_tenants_pools_and_usage(api: Api) -> None:
     pool = api.admin.get("/v1/pools/shared").json()
     assert pool["capacity"]["gpu"]["cap"] == 1000
     usage = api.admin.get("/v1/usage").json()
-    assert {"tenant": name, "resource": "gpu", "used": 0, "cap": 2} in usage["tenants"]
+    assert {"tenant": name, "resource": "gpu", "used": 0, "cap": 2,
+            "nominal": 2, "cohort": None, "borrowed": 0, "lent": 0} in usage["tenants"]
     assert any(row["pool"] == "shared" for row in usage["pools"])
     missing = api.admin.get("/v1/tenants/no-such-tenant")
     assert missing.status_code == 404

@@ -85,7 +85,8 @@ def test_admission_charges_both_sides_and_writes_the_outbox(ledger: Quotagate) -
     request = ledger.show("job-0")
     assert request.state is RequestState.RESERVED and request.pool == placement.pool
     usage = ledger.usage()
-    assert {"tenant": "team-a", "resource": "gpu", "used": 1, "cap": 2} in usage["tenants"]
+    assert {"tenant": "team-a", "resource": "gpu", "used": 1, "cap": 2,
+            "nominal": 2, "cohort": None, "borrowed": 0, "lent": 0} in usage["tenants"]
     assert {"pool": placement.pool, "resource": "cpu", "used": 4,
             "cap": 32 if placement.pool == "pool-1" else 8} in usage["pools"]
     assert count(ledger, schema.outbox) == 1
@@ -266,7 +267,8 @@ def test_inspect_joins_requests_with_outbox(ledger: Quotagate) -> None:
     rows = {row["id"]: row for row in data["requests"]}
     assert rows["a"]["outbox"] == "pending" and rows["a"]["state"] == "reserved"
     assert rows["b"]["outbox"] is None and rows["b"]["state"] == "waiting"
-    assert {"tenant", "resource", "used", "cap"} == set(data["tenants"][0])
+    assert {"tenant", "resource", "used", "cap", "nominal", "cohort", "borrowed",
+            "lent"} == set(data["tenants"][0])
     assert {"pool", "resource", "used", "cap"} == set(data["pools"][0])
 
 

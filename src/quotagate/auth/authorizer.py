@@ -17,6 +17,8 @@ TENANT_SET = "tenant.set"
 TENANT_READ = "tenant.read"
 POOL_SET = "pool.set"
 POOL_READ = "pool.read"
+COHORT_SET = "cohort.set"
+COHORT_READ = "cohort.read"
 USAGE_READ = "usage.read"
 REQUEST_SUBMIT = "request.submit"
 REQUEST_READ = "request.read"
@@ -31,12 +33,13 @@ TOPIC_DELETE = "topic.delete"
 STREAM_PRODUCE = "stream.produce"
 STREAM_READ = "stream.read"
 
-ADMIN_OPERATIONS = frozenset({TENANT_SET, POOL_SET, POOL_READ})
+ADMIN_OPERATIONS = frozenset({TENANT_SET, POOL_SET, POOL_READ, COHORT_SET, COHORT_READ})
 OPERATIONS = frozenset(
     {
         TENANT_SET, TENANT_READ, POOL_SET, POOL_READ, USAGE_READ, REQUEST_SUBMIT, REQUEST_READ,
         REQUEST_LIST, REQUEST_CANCEL, REQUEST_COMPLETE, REQUEST_FAIL, AUDIT_READ,
         TOPIC_CREATE, TOPIC_READ, TOPIC_DELETE, STREAM_PRODUCE, STREAM_READ,
+        COHORT_SET, COHORT_READ,
     }
 )
 # Operations on one request: refusing them says "not found", so a tenant cannot

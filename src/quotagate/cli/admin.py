@@ -9,6 +9,7 @@ from quotagate.cli.common import (
     echo_json,
     open_gate,
     parse_assignments,
+    parse_whole,
     render_table,
     reports_errors,
 )
@@ -19,6 +20,7 @@ from quotagate.cli.stream_settings import (
     stream_settings_options,
 )
 from quotagate.domain.bucket import parse_rate
+from quotagate.domain.sharing import KEEP, Keep
 from quotagate.store.engine import database_url, redact
 
 
@@ -44,21 +46,47 @@ def tenant() -> None:
 @click.option("--rate", default=None, metavar="capacity=N,refill=R",
               help="Rate quota: a token bucket of N tokens gaining R per second "
               "(refill=0: only 'quotagate rate add' refills it); 'none' removes it.")
+@click.option("--cohort", default=None, metavar="COHORT",
+              help="The cohort it lends to and borrows from ('none': leave it).")
+@click.option("--borrowing-limit", "borrowing", multiple=True, metavar="RESOURCE=N",
+              help="How far above its quota it may borrow ('RESOURCE=none': as far as the "
+              "cohort has room); repeat for several.")
+@click.option("--lending-limit", "lending", multiple=True, metavar="RESOURCE=N",
+              help="How much of its unused quota it lends ('RESOURCE=none': all of it).")
+@click.option("--weight", type=int, default=None,
+              help="Its weight in fair sharing between tenants (1-1000, default 1).")
+@click.option("--max-priority", default=None, metavar="N",
+              help="The highest priority its requests may ask for ('none': no cap).")
+@click.option("--reclaim", default=None, metavar="never|lower-priority|any",
+              help="Preempt other members' borrowed work to get back to its nominal share.")
+@click.option("--within-tenant", default=None, metavar="never|lower-priority",
+              help="Preempt its own lower-priority running work for a waiting request.")
 @stream_settings_options
 @db_option
 @rate_store_option
 @reports_errors
 def tenant_set(
-    name: str, quotas: tuple[str, ...], rate: str | None, db_url: str | None,
-    rate_store: str | None, **stream_options: str | None,
+    name: str, quotas: tuple[str, ...], rate: str | None, cohort: str | None,
+    borrowing: tuple[str, ...], lending: tuple[str, ...], weight: int | None,
+    max_priority: str | None, reclaim: str | None, within_tenant: str | None,
+    db_url: str | None, rate_store: str | None,
+    **stream_options: str | None,
 ) -> None:
-    """Create a tenant or change its quotas."""
+    """Create a tenant or change its quotas; its quota is its nominal share in a cohort."""
     # Parse everything before changing anything: a bad --rate leaves the tenant untouched.
     caps = parse_assignments(quotas, "quota")
     bucket = parse_rate(rate) if rate is not None else None
     stream_settings = parse_stream_settings(**stream_options)
+    chosen: str | Keep | None = KEEP if cohort is None else (None if cohort == "none" else cohort)
+    cap: object = KEEP if max_priority is None else (
+        None if max_priority == "none" else parse_whole(max_priority, "max_priority"))
     with open_gate(db_url, rate_store=rate_store) as gate:
-        result = gate.set_tenant(name, caps, actor="cli")
+        result = gate.set_tenant(
+            name, caps, actor="cli", cohort=chosen,
+            borrowing_limit=parse_assignments(borrowing, "borrowing_limit", allow_none=True),
+            lending_limit=parse_assignments(lending, "lending_limit", allow_none=True),
+            weight=weight, max_priority=cap, reclaim=reclaim, within_tenant=within_tenant,
+        )
         status = gate.set_rate(name, bucket, actor="cli") if rate is not None else None
         settings = (gate.streams.set_settings(name, **stream_settings, actor="cli")
                     if stream_settings else None)
@@ -87,6 +115,11 @@ def tenant_show(name: str, as_json: bool, db_url: str | None, rate_store: str | 
         echo_json(described)
     else:
         _print_caps("tenant", name, described["quota"])
+        if described["cohort"] is not None:
+            click.echo(f"cohort {described['cohort']} (root {described['cohort_root']})")
+        click.echo(f"weight {described['weight']}, maximum priority "
+                   f"{'none' if described['max_priority'] is None else described['max_priority']}"
+                   f", reclaim {described['reclaim']}, within tenant {described['within_tenant']}")
         click.echo(describe_rate(described["rate"]))
         click.echo(describe_stream_settings(settings))
 
@@ -147,8 +180,17 @@ def pool_list(db_url: str | None) -> None:
 def _print_caps(kind: str, name: str, caps: dict[str, dict[str, int]]) -> None:
     click.echo(f"{kind} {name}")
     rows = [[resource, values["used"], values["cap"]] for resource, values in sorted(caps.items())]
+    headers = ["resource", "used", "cap"]
+    if any("borrowing_limit" in values for values in caps.values()):
+        headers += ["borrowing limit", "lending limit"]
+        for row, values in zip(rows, (caps[resource] for resource in sorted(caps)), strict=True):
+            row += [_limit(values.get("borrowing_limit")), _limit(values.get("lending_limit"))]
     if rows:
-        click.echo(render_table(["resource", "used", "cap"], rows))
+        click.echo(render_table(headers, rows))
+
+
+def _limit(amount: int | None) -> str:
+    return "none" if amount is None else str(amount)
 
 
 COMMANDS = [init, tenant, pool]

@@ -68,14 +68,22 @@ def reports_errors(function: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def parse_assignments(values: tuple[str, ...], what: str) -> dict[str, object]:
-    """``("gpu=1", "cpu=4")`` → ``{"gpu": 1, "cpu": 4}``; the ledger validates the numbers."""
+def parse_assignments(
+    values: tuple[str, ...], what: str, *, allow_none: bool = False
+) -> dict[str, object]:
+    """``("gpu=1", "cpu=4")`` → ``{"gpu": 1, "cpu": 4}``; the ledger validates the numbers.
+
+    With ``allow_none``, ``gpu=none`` gives ``{"gpu": None}`` (a limit removed).
+    """
     parsed: dict[str, object] = {}
     for value in values:
         name, sep, amount = value.partition("=")
         if not sep or not name:
             raise InvalidInput(f"{what} must look like NAME=AMOUNT, got {value!r}",
                                code=f"invalid_{what}")
+        if allow_none and amount.strip() == "none":
+            parsed[name.strip()] = None
+            continue
         try:
             parsed[name.strip()] = int(amount)
         except ValueError:
@@ -84,6 +92,15 @@ def parse_assignments(values: tuple[str, ...], what: str) -> dict[str, object]:
                 code=f"invalid_{what}",
             ) from None
     return parsed
+
+
+def parse_whole(text: str, what: str) -> int:
+    """A whole number from the command line, or the error a user can act on."""
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidInput(f"{what} must be a whole number, got {text!r}",
+                           code=f"invalid_{what}") from None
 
 
 def echo_json(data: Any) -> None:

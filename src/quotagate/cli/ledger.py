@@ -175,10 +175,23 @@ def inspect(limit: int, as_json: bool, db_url: str | None) -> None:
 
 
 def print_usage(data: Mapping[str, Any]) -> None:
-    click.echo(render_table(
-        ["tenant", "resource", "used", "cap"],
-        [[r["tenant"], r["resource"], r["used"], r["cap"]] for r in data["tenants"]],
-    ))
+    if data.get("cohorts"):
+        # With cohorts a quota is a nominal share that may be exceeded by borrowing.
+        click.echo(render_table(
+            ["tenant", "cohort", "resource", "used", "nominal", "borrowed", "lent"],
+            [[r["tenant"], r.get("cohort"), r["resource"], r["used"], r["nominal"],
+              r["borrowed"], r["lent"]] for r in data["tenants"]],
+        ))
+        click.echo("")
+        click.echo(render_table(
+            ["cohort", "resource", "shared used", "shared cap"],
+            [[r["cohort"], r["resource"], r["used"], r["cap"]] for r in data["cohorts"]],
+        ))
+    else:
+        click.echo(render_table(
+            ["tenant", "resource", "used", "cap"],
+            [[r["tenant"], r["resource"], r["used"], r["cap"]] for r in data["tenants"]],
+        ))
     click.echo("")
     click.echo(render_table(
         ["pool", "resource", "used", "cap"],
@@ -215,7 +228,8 @@ def explain(request_id: str, as_json: bool, db_url: str | None) -> None:
 @db_option
 @reports_errors
 def check(db_url: str | None) -> None:
-    """Verify the ledger's accounting (docs/invariants.md, 1-2); exit 1 on any violation.
+    """Verify the ledger's accounting (docs/invariants.md, 1-2) and the cohort invariants;
+    exit 1 on any violation.
 
     Usage above a cap that was lowered below it is reported as over-cap, not as a
     violation: lowering a cap is allowed, and admission waits until usage drops.

@@ -7,11 +7,13 @@ import click
 from quotagate.cli import (
     admin,
     api_tokens,
+    cohorts,
     demo,
     ledger,
     rate,
     retention,
     server,
+    simulate,
     streaming,
     streams,
     top,
@@ -26,8 +28,8 @@ def cli() -> None:
 
 
 # Each module exposes a list COMMANDS of click commands/groups to register.
-for module in (admin, ledger, demo, rate, retention, server, streaming, streams, api_tokens, worker,
-               top):
+for module in (admin, cohorts, ledger, demo, rate, retention, server, simulate, streaming, streams,
+               api_tokens, worker, top):
     for command in module.COMMANDS:
         cli.add_command(command)
 

@@ -14,6 +14,9 @@ from quotagate.errors import InvalidInput
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_AMOUNT = 10**12
+MAX_WEIGHT = 1000
+RECLAIM_POLICIES = ("never", "lower-priority", "any")
+WITHIN_TENANT_POLICIES = ("never", "lower-priority")
 
 # The patterns are matched whole (fullmatch: "$" would also match before a
 # trailing newline); the HTTP API's OpenAPI document states the same ones.
@@ -40,6 +43,10 @@ class RequestState(enum.StrEnum):
     # Cancelled while reserved or delivered: still charged until the target
     # confirms the work stopped (docs/decisions/211).
     CANCELLING = "cancelling"
+    # Chosen as a preemption victim while reserved or delivered: still charged
+    # until the target confirms the stop, then ``preempted`` (docs/fair-sharing.md).
+    PREEMPTING = "preempting"
+    PREEMPTED = "preempted"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -48,8 +55,11 @@ class RequestState(enum.StrEnum):
 
 
 CHARGED_STATES = frozenset(
-    {RequestState.RESERVED, RequestState.DELIVERED, RequestState.CANCELLING}
+    {RequestState.RESERVED, RequestState.DELIVERED, RequestState.CANCELLING,
+     RequestState.PREEMPTING}
 )
+# Charged, stopping: only the target's confirmed stop ends them.
+STOPPING_STATES = frozenset({RequestState.CANCELLING, RequestState.PREEMPTING})
 FINAL_STATES = frozenset(
     {
         RequestState.COMPLETED,
@@ -57,6 +67,7 @@ FINAL_STATES = frozenset(
         RequestState.CANCELLED,
         RequestState.EXPIRED,
         RequestState.REJECTED,
+        RequestState.PREEMPTED,
     }
 )
 
@@ -158,6 +169,37 @@ def validate_amounts(
             )
         checked[resource] = amount
     return dict(sorted(checked.items()))
+
+
+def validate_limits(
+    limits: Mapping[str, object], *, what: str
+) -> dict[str, int | None]:
+    """A resource→limit mapping where None (or "none") removes a limit."""
+    if not isinstance(limits, Mapping):
+        raise InvalidInput(f"{what} must map resources to amounts", code=f"invalid_{what}")
+    removed = {resource for resource, amount in limits.items()
+               if amount is None or amount == "none"}
+    for resource in removed:
+        validate_resource(resource)
+    kept = {resource: amount for resource, amount in limits.items() if resource not in removed}
+    checked: dict[str, int | None] = dict(
+        validate_amounts(kept, what=what, allow_zero=True) if kept else {})
+    checked.update(dict.fromkeys(removed))
+    return dict(sorted(checked.items()))
+
+
+def validate_weight(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WEIGHT:
+        raise InvalidInput(f"weight must be a whole number between 1 and {MAX_WEIGHT}",
+                           code="invalid_weight")
+    return value
+
+
+def validate_policy(value: object, allowed: tuple[str, ...], what: str) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise InvalidInput(f"{what} must be one of {', '.join(allowed)}, got {value!r}",
+                           code=f"invalid_{what}")
+    return value
 
 
 def validate_priority(value: object) -> int:

@@ -6,10 +6,12 @@ resource the holder does not list has a cap of zero.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+from quotagate.domain.fairness import FairOrder
 from quotagate.domain.model import Cost
+from quotagate.domain.sharing import Sharing
 
 ResourceUsage = dict[str, tuple[int, int]]
 
@@ -69,28 +71,71 @@ def plan_admissions(
     tenants: Mapping[str, Mapping[str, tuple[int, int]]],
     pools: Mapping[str, Mapping[str, tuple[int, int]]],
     limit: int,
+    sharing: Sharing | None = None,
+    weights: Mapping[str, int] | None = None,
+    *,
+    stop_before: str | None = None,
 ) -> list[Placement]:
-    """Walk candidates in queue order and place each that fits, up to ``limit``.
+    """Walk candidates and place each that fits, up to ``limit``.
+
+    ``candidates`` come in queue order (priority with aging). With ``weights``
+    (fair sharing, the admission default) they are taken tenant by tenant,
+    lowest weighted dominant share first (quotagate.domain.fairness), each
+    tenant's own in queue order; without, in plain queue order.
 
     A candidate that does not fit is skipped, not waited for: smaller requests
-    behind a big one are not blocked by it.
+    behind a big one are not blocked by it. A member of a cohort (``sharing``)
+    fits by its nominal, borrowing limit and cohort room instead of its cap.
+    Like the usages, ``sharing`` is not changed: the plan charges a copy.
+    ``stop_before``: stop when that candidate's turn comes (the dry run: what is
+    placed before it).
     """
+    sharing = sharing.copy() if sharing else None
     tenant_usage = {name: dict(usage) for name, usage in tenants.items()}
     pool_usage = {name: dict(usage) for name, usage in pools.items()}
     placements: list[Placement] = []
-    for candidate in candidates:
-        if len(placements) >= limit:
+    order: Iterator[Candidate]
+    fair: FairOrder[Candidate] | None = None
+    if weights is not None:
+        fair = FairOrder(candidates, tenant_usage, weights)
+        order = iter(fair)
+    else:
+        order = iter(candidates)
+    for candidate in order:
+        if len(placements) >= limit or candidate.id == stop_before:
             break
         usage = tenant_usage.get(candidate.tenant)
-        if usage is None or not fits(candidate.cost, usage):
-            continue
-        pool = best_fit_pool(candidate.cost, pool_usage)
-        if pool is None:
-            continue
-        charge(usage, candidate.cost)
-        charge(pool_usage[pool], candidate.cost)
-        placements.append(Placement(candidate.id, candidate.tenant, pool, candidate.cost))
+        if usage is not None:
+            _place(candidate, usage, pool_usage, sharing, placements)
+        if fair is not None:
+            fair.considered(usage or {})
     return placements
+
+
+def _place(
+    candidate: Candidate,
+    usage: dict[str, tuple[int, int]],
+    pool_usage: dict[str, dict[str, tuple[int, int]]],
+    sharing: Sharing | None,
+    placements: list[Placement],
+) -> bool:
+    member = sharing is not None and sharing.is_member(candidate.tenant)
+    if member:
+        assert sharing is not None
+        if not sharing.fits(candidate.tenant, candidate.cost, usage):
+            return False
+    elif not fits(candidate.cost, usage):
+        return False
+    pool = best_fit_pool(candidate.cost, pool_usage)
+    if pool is None:
+        return False
+    if member:
+        assert sharing is not None
+        sharing.charge(candidate.tenant, candidate.cost, usage)
+    charge(usage, candidate.cost)
+    charge(pool_usage[pool], candidate.cost)
+    placements.append(Placement(candidate.id, candidate.tenant, pool, candidate.cost))
+    return True
 
 
 def total_cost(costs: Iterable[Cost]) -> Cost:

@@ -75,6 +75,41 @@ class TenantBody(_Body):
         default=None, description="Rate quota (token bucket); null removes it, absent keeps it",
         examples=[{"capacity": 5, "refill_per_second": 0}],
     )
+    cohort: StrictStr | None = Field(
+        default=None, description="The cohort it lends to and borrows from; null leaves it, "
+        "absent keeps it (docs/fair-sharing.md)", examples=["research"],
+    )
+    borrowing_limit: dict[StrictStr, WholeNumber | None] = Field(
+        default_factory=dict, description="How far above its quota it may borrow, per "
+        "resource; null removes the limit", examples=[{"gpu": 2}],
+    )
+    lending_limit: dict[StrictStr, WholeNumber | None] = Field(
+        default_factory=dict, description="How much of its unused quota it lends, per "
+        "resource; null removes the limit (it lends all)", examples=[{"gpu": 1}],
+    )
+    weight: WholeNumber | None = Field(
+        default=None, description="Its weight in fair sharing between tenants (1-1000)",
+        examples=[1],
+    )
+    max_priority: WholeNumber | None = Field(
+        default=None, description="The highest priority its requests may ask for; null "
+        "removes the cap, absent keeps it", examples=[100],
+    )
+    reclaim: StrictStr | None = Field(
+        default=None, description="Preempt borrowed work to get back to its nominal share: "
+        "never, lower-priority or any", examples=["any"],
+    )
+    within_tenant: StrictStr | None = Field(
+        default=None, description="Preempt its own lower-priority work: never or "
+        "lower-priority", examples=["lower-priority"],
+    )
+
+
+class CohortBody(_Body):
+    parent: StrictStr | None = Field(
+        default=None, description="The parent cohort; null makes it a root, absent keeps it "
+        "(a new cohort: a root)", examples=["org"],
+    )
 
 
 class PoolBody(_Body):

@@ -101,10 +101,17 @@ class LedgerCollector(Collector):
         rejected = CounterMetricFamily("quotagate_rejected_requests",
                                        "Requests recorded as rejected (ledger-wide)",
                                        labels=["tenant"])
+        # Victims of preemption (docs/fair-sharing.md#preemption); the audit log names
+        # each one's preemptor.
+        preempted = CounterMetricFamily("quotagate_preempted_requests",
+                                        "Requests ended by preemption (ledger-wide)",
+                                        labels=["tenant"])
+        families_by_state = {RequestState.EXPIRED.value: expired,
+                             RequestState.REJECTED.value: rejected,
+                             RequestState.PREEMPTED.value: preempted}
         for (tenant, state), count in gauges.ended.items():
-            family = expired if state == RequestState.EXPIRED.value else rejected
-            family.add_metric([tenant], count)
-        families += [expired, rejected]
+            families_by_state[state].add_metric([tenant], count)
+        families += [expired, rejected, preempted]
         backlog = GaugeMetricFamily("quotagate_outbox_backlog", "Undelivered outbox rows",
                                     labels=["tenant"])
         attempts = GaugeMetricFamily("quotagate_outbox_delivery_attempts",

@@ -11,8 +11,9 @@ from sqlalchemy.exc import IntegrityError
 
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import validate_amounts, validate_name
+from quotagate.domain.sharing import KEEP, Keep, TenantSharing
 from quotagate.errors import Conflict, NotFound
-from quotagate.store import schema
+from quotagate.store import cohorts, schema
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.dialect import reading, run_transaction
 from quotagate.store.rows import holder_usage
@@ -26,15 +27,48 @@ class Configuration:
         self.clock: Clock = clock or SystemClock()
 
     def set_tenant(
-        self, name: str, quota: Mapping[str, object], *, actor: str = "admin"
+        self, name: str, quota: Mapping[str, object], *, actor: str = "admin",
+        sharing: TenantSharing | None = None,
     ) -> dict[str, dict[str, int]]:
         """Create the tenant if needed and set the caps it names; others stay as they are.
 
         A cap below current use is allowed: it blocks new admissions until use falls.
+        ``sharing`` changes its cohort, limits and weight (docs/fair-sharing.md).
         """
         validate_name(name, "tenant")
         caps = validate_amounts(quota, what="quota", allow_zero=True) if quota else {}
-        return self._set(schema.tenant, schema.tenant_quota, "tenant", name, caps, actor)
+        change = sharing or TenantSharing()
+        if isinstance(change.cohort, str):
+            validate_name(change.cohort, "cohort")
+        return self._set(schema.tenant, schema.tenant_quota, "tenant", name, caps, actor,
+                         change)
+
+    def set_cohort(
+        self, name: str, *, parent: str | Keep | None = KEEP, actor: str = "admin"
+    ) -> dict[str, Any]:
+        """Create a cohort or move it under another (None: make it a root)."""
+        validate_name(name, "cohort")
+        if isinstance(parent, str):
+            validate_name(parent, "cohort")
+
+        def work(connection: sa.Connection) -> dict[str, Any]:
+            now = self.clock.now()
+            chosen, created = cohorts.set_cohort(connection, name, parent, now)
+            record(connection, now, AuditEntry(
+                actor, "cohort.set", "created" if created else "ok", None, f"cohort/{name}",
+                f"parent={chosen or 'none'}"))
+            return cohorts.describe_cohort(connection, name)
+
+        for _ in range(3):
+            try:
+                return run_transaction(self.engine, work)
+            except IntegrityError:
+                continue
+        raise Conflict(f"cohort {name!r} is being changed concurrently; retry")
+
+    def get_cohort(self, name: str) -> dict[str, Any]:
+        with reading(self.engine) as connection:
+            return cohorts.describe_cohort(connection, name)
 
     def set_pool(
         self, name: str, capacity: Mapping[str, object], *, actor: str = "admin"
@@ -51,11 +85,15 @@ class Configuration:
         name: str,
         caps: dict[str, int],
         actor: str,
+        sharing: TenantSharing | None = None,
     ) -> dict[str, dict[str, int]]:
         def work(connection: sa.Connection) -> dict[str, dict[str, int]]:
             now = self.clock.now()
+            columns = [holder_table.c.name]
+            if sharing is not None:
+                columns.append(holder_table.c.cohort)
             exists = connection.execute(
-                sa.select(holder_table.c.name).where(holder_table.c.name == name).with_for_update()
+                sa.select(*columns).where(holder_table.c.name == name).with_for_update()
             ).first()
             if exists is None:
                 connection.execute(holder_table.insert().values(name=name, created=now))
@@ -72,6 +110,11 @@ class Configuration:
                         )
                     )
             change = ",".join(f"{resource}={cap}" for resource, cap in caps.items())
+            if sharing is not None:
+                old_cohort = None if exists is None else exists[1]
+                if sharing or old_cohort is not None:
+                    cohorts.apply_tenant_sharing(connection, name, sharing, old_cohort)
+                change = ",".join(part for part in (change, sharing.describe()) if part)
             record(
                 connection,
                 now,
@@ -95,7 +138,10 @@ class Configuration:
         return {resource: {"used": used, "cap": cap} for resource, (used, cap) in usage.items()}
 
     def get_tenant(self, name: str) -> dict[str, Any]:
-        return self._get(schema.tenant, schema.tenant_quota, "tenant", name)
+        described = self._get(schema.tenant, schema.tenant_quota, "tenant", name)
+        with reading(self.engine) as connection:
+            described.update(cohorts.describe_member(connection, name, described["quota"]))
+        return described
 
     def get_pool(self, name: str) -> dict[str, Any]:
         return self._get(schema.pool, schema.pool_capacity, "pool", name)
@@ -116,6 +162,11 @@ class Configuration:
     def list_tenants(self) -> list[str]:
         with reading(self.engine) as connection:
             return list(connection.execute(sa.select(schema.tenant.c.name).order_by("name")).scalars())
+
+    def list_cohorts(self) -> list[tuple[str, str | None]]:
+        """Every cohort with its parent, by name."""
+        with reading(self.engine) as connection:
+            return sorted(cohorts.cohort_parents(connection).items())
 
     def list_pools(self) -> list[str]:
         with reading(self.engine) as connection:

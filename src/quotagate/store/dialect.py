@@ -54,6 +54,11 @@ def reserves_with_lock(engine: HasDialect) -> bool:
     return engine.dialect.name == "postgresql"
 
 
+def update_returns_rows(engine: HasDialect) -> bool:
+    """Can an UPDATE return the rows it changed (RETURNING)? Not MySQL/MariaDB."""
+    return engine.dialect.name in ("postgresql", "sqlite")
+
+
 def supports_dml_cte(engine: HasDialect) -> bool:
     """Can an INSERT carry another INSERT in a WITH clause (one round trip for both)?"""
     return engine.dialect.name == "postgresql"

@@ -74,7 +74,8 @@ def read_gauges(engine: Engine) -> LedgerGauges:
         ).all()
         ended = connection.execute(
             sa.select(request.c.tenant, request.c.state, sa.func.count())
-            .where(request.c.state.in_([RequestState.EXPIRED.value, RequestState.REJECTED.value]))
+            .where(request.c.state.in_([RequestState.EXPIRED.value, RequestState.REJECTED.value,
+                                        RequestState.PREEMPTED.value]))
             .group_by(request.c.tenant, request.c.state)
         ).all()
         pending = sa.and_(outbox.c.delivered == sa.false(), outbox.c.stopping == sa.false())

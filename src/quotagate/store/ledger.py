@@ -26,6 +26,7 @@ from quotagate.domain.bucket import Decision
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import (
     CHARGED_STATES,
+    STOPPING_STATES,
     Request,
     RequestState,
     Submission,
@@ -35,9 +36,12 @@ from quotagate.domain.model import (
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL, queue_key
 from quotagate.domain.placement import Candidate, Placement, plan_admissions
 from quotagate.domain.placement import charge as charge_usage
+from quotagate.domain.preemption import Preemption, choose_preemption
 from quotagate.domain.rate_refusal import rate_limited, rejection_reason
+from quotagate.domain.sharing import Sharing
 from quotagate.errors import Conflict, InvalidInput, NotFound
-from quotagate.store import admission_stats, schema, statements
+from quotagate.store import admission_stats, cohorts, identity, schema, statements
+from quotagate.store import preemption as preemption_reads
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
 from quotagate.store.dialect import (
@@ -53,8 +57,8 @@ from quotagate.store.rows import (
     decode_cost,
     encode_cost,
     request_from_row,
-    usage_from_rows,
 )
+from quotagate.store.submission_facts import require_submittable
 
 DEFAULT_TTL = 3600.0
 # How many waiting requests of each tenant one admission looks at. A request
@@ -150,6 +154,9 @@ class Ledger:
         self.rate_gate = rate_gate
         self._last_expiry = float("-inf")
         self._expiry_lock = threading.Lock()
+        # Set by each admission from its snapshot: does any tenant have a preemption policy?
+        self._policies_seen = False
+        self._lock_row_ready = False
 
     # -- submit ----------------------------------------------------------------
 
@@ -224,26 +231,7 @@ class Ledger:
             if existing["state"] != RequestState.REJECTED.value:
                 return SubmitResult(request_from_row(dict(existing)), created=False)
         now = self.clock.now()
-        if "tenant" not in facts:
-            raise NotFound(
-                f"tenant {submission.tenant!r} does not exist; create it with "
-                "'quotagate tenant set'",
-                code="unknown_tenant",
-            )
-        unknown = sorted(set(submission.cost) - facts.get("resource", set()))
-        if unknown:
-            raise InvalidInput(
-                f"unknown resource {', '.join(map(repr, unknown))}: no pool offers it",
-                code="unknown_resource",
-            )
-        if submission.target is not None and "target" not in facts:
-            raise NotFound(f"target {submission.target!r} does not exist", code="unknown_target")
-        if "default_closed" in facts:
-            raise NotFound(
-                "the request names no target and the default target does not serve tenant "
-                f"{submission.tenant!r}; name a target",
-                code="no_default_target",
-            )
+        require_submittable(submission, facts)
         # Everything is valid: only now may a token be spent on this request.
         # A tenant without a rate quota has no bucket row: no token to take.
         decision = (
@@ -329,19 +317,115 @@ class Ledger:
             try:
                 # On the driver connection: SQLAlchemy's Connection would cost more
                 # than the database does here (quotagate.store.driver).
-                return run_driver_transaction(
+                admitted = run_driver_transaction(
                     self.engine, lambda transaction: self._admit(transaction, limit, actor),
                     on_retry=admission_stats.count_database_rerun,
                 )
             except CapacityChanged:
                 admission_stats.count_rerun("stale_snapshot")
                 continue
+            if not admitted and self._policies_seen:
+                # Nothing fits and some tenant may preempt: choose, in a transaction of
+                # its own; the preemptor is admitted by a later pass, once the cost is back.
+                self.preempt(actor=actor)
+            return admitted
         return []
 
+    # -- preempt ---------------------------------------------------------------
+
+    def preempt(self, *, actor: str = "admission") -> Preemption | None:
+        """Stop running work so the first waiting request that may preempt fits.
+
+        Victims go ``reserved``/``delivered`` → ``preempting``: still charged, their
+        outbox rows stops for a worker, exactly as a cancel (docs/decisions/211);
+        the confirmed stop makes them ``preempted`` and returns their cost once.
+        Chosen from one snapshot in one transaction; each victim's change is
+        conditional on its state, so two admitters never stop one twice.
+        """
+        if not self._lock_row_ready:
+            identity.ledger_id(self.engine)  # the row preemption decisions lock exists
+            self._lock_row_ready = True
+        try:
+            return run_transaction(self.engine,
+                                   lambda connection: self._preempt(connection, actor))
+        except CapacityChanged:
+            return None  # a victim moved meanwhile: the next pass chooses again
+
+    @staticmethod
+    def _lock_decisions(connection: sa.Connection) -> None:
+        """The ledger-wide lock of preemption decisions (the ledger's identity row)."""
+        meta = schema.ledger_meta
+        connection.execute(sa.select(meta.c.value).where(meta.c.key == identity.LEDGER_ID_KEY)
+                           .with_for_update()).all()
+
+    def _preempt(self, connection: sa.Connection, actor: str) -> Preemption | None:
+        # One decision at a time, ledger-wide: two admitters deciding from
+        # snapshots taken side by side would each stop victims for the same
+        # preemptor. Under the lock, the snapshot sees every earlier decision's
+        # victims as preempting (counted as coming back). Decisions are rare
+        # (after a pass that admitted nothing), so the lock costs little.
+        self._lock_decisions(connection)
+        policies = {name: (reclaim, within) for name, reclaim, within in connection.execute(
+            sa.select(schema.tenant.c.name, schema.tenant.c.reclaim, schema.tenant.c.within_tenant)
+            .where(sa.or_(schema.tenant.c.reclaim != "never",
+                          schema.tenant.c.within_tenant != "never")))}
+        if not policies:
+            return None
+        # The reads are separate statements (each its own snapshot under READ
+        # COMMITTED), ordered so that whatever commits between them makes the
+        # choice take too little, never too much: running work first, then
+        # usage, then the heads. A victim's confirmed stop, which would make it
+        # vanish from the running work while its cost still shows in usage,
+        # waits for the decision lock (Ledger._release).
+        running = preemption_reads.running_work(connection, set(policies))
+        snapshot = cohorts.snapshot_from_rows(
+            connection.execute(statements.admission_snapshot_query()))
+        request, outbox = schema.request, schema.outbox
+        heads = sorted(
+            connection.execute(statements.head_query(len(policies), self.admission_window),
+                               statements.head_parameters(sorted(policies))),
+            key=lambda head: (head.queue_key, head.created, head.id))
+        if not heads:
+            return None
+        priorities = {row.id: int(row.priority) for row in connection.execute(
+            sa.select(request.c.id, request.c.priority)
+            .where(request.c.id.in_([head.id for head in heads])))}
+        chosen = choose_preemption(
+            [Candidate(head.id, head.tenant, dict(_cost_items(head.cost))) for head in heads],
+            priorities, tenants=snapshot.tenants, pools=snapshot.pools,
+            sharing=snapshot.sharing, policies=policies, running=running)
+        if chosen is None:
+            return None
+        now = self.clock.now()
+        for victim in chosen.victims:
+            reason = f"preempted ({chosen.kind}) by {chosen.preemptor}"
+            moved = connection.execute(
+                request.update()
+                .where(request.c.id == victim.id,
+                       request.c.state.in_([RequestState.RESERVED.value,
+                                            RequestState.DELIVERED.value]))
+                .values(state=RequestState.PREEMPTING.value, updated=now, reason=reason))
+            if moved.rowcount != 1:
+                raise CapacityChanged(victim.id)
+            # The stop, due at once; a delivered row's claim is spent (as _begin_stop).
+            connection.execute(
+                outbox.update().where(outbox.c.request_id == victim.id)
+                .values(stopping=True, attempts=0, last_error=None,
+                        claimed_by=sa.case((outbox.c.delivered == sa.true(), sa.null()),
+                                           else_=outbox.c.claimed_by)))
+            record(connection, now, AuditEntry(actor, "preempt", "stopping", victim.tenant,
+                                               victim.id, f"{chosen.kind} for {chosen.preemptor}"))
+        return chosen
+
     def _admit(self, transaction: DriverTransaction, limit: int, actor: str) -> list[Placement]:
-        tenants, pools = usage_from_rows(transaction.rows(statements.usage_query(), {}))
+        snapshot = cohorts.snapshot_from_rows(
+            transaction.rows(statements.admission_snapshot_query(), {}))
+        tenants, pools, sharing = snapshot.tenants, snapshot.pools, snapshot.sharing
+        self._policies_seen = bool(snapshot.policies)
         open_tenants = sorted(
-            name for name, usage in tenants.items() if any(cap > used for used, cap in usage.values())
+            name for name, usage in tenants.items()
+            if (sharing.open(name, usage) if sharing.is_member(name)
+                else any(cap > used for used, cap in usage.values()))
         )
         if not open_tenants or not any(
             cap > used for usage in pools.values() for used, cap in usage.values()
@@ -357,7 +441,7 @@ class Ledger:
             candidates, window_targets = self._candidates(transaction, open_tenants, window)
             targets.update(window_targets)
             admitted += self._plan_and_reserve(
-                transaction, candidates, tenants, pools, limit - len(admitted), now
+                transaction, candidates, snapshot, limit - len(admitted), now
             )
             if len(admitted) == limit or window >= self.admission_window:
                 break
@@ -370,7 +454,7 @@ class Ledger:
         if not admitted:
             return []
         with admission_stats.lock_wait():
-            self._charge(transaction, admitted)
+            self._charge(transaction, admitted, sharing)
         self._record_admissions(transaction, admitted, targets, now, actor)
         return admitted
 
@@ -378,8 +462,7 @@ class Ledger:
         self,
         transaction: DriverTransaction,
         candidates: list[Candidate],
-        tenants: dict[str, dict[str, tuple[int, int]]],
-        pools: dict[str, dict[str, tuple[int, int]]],
+        snapshot: cohorts.Snapshot,
         limit: int,
         now: float,
     ) -> list[Placement]:
@@ -391,10 +474,13 @@ class Ledger:
         still fit (the skipped ones would only have used more room), and the
         next call takes the rest.
         """
+        tenants, pools, sharing = snapshot.tenants, snapshot.pools, snapshot.sharing
         skipped: set[str] = set()
         for _ in range(4):
+            # Fair sharing between tenants, queue order within each (docs/fair-sharing.md).
             plan = plan_admissions(
-                (c for c in candidates if c.id not in skipped), tenants, pools, limit
+                [c for c in candidates if c.id not in skipped] if skipped else candidates,
+                tenants, pools, limit, sharing, snapshot.weights,
             )
             if not plan:
                 return []
@@ -403,6 +489,8 @@ class Ledger:
             if got:
                 reserved = [placement for placement in plan if placement.id in got]
                 for placement in reserved:
+                    if sharing.is_member(placement.tenant):
+                        sharing.charge(placement.tenant, placement.cost, tenants[placement.tenant])
                     charge_usage(tenants[placement.tenant], placement.cost)
                     charge_usage(pools[placement.pool], placement.cost)
                 return reserved
@@ -457,20 +545,42 @@ class Ledger:
         return {placement.id for placement in chosen}
 
     @staticmethod
-    def _charge(transaction: DriverTransaction, placements: Sequence[Placement]) -> None:
-        """Charge tenants, then pools: one conditional UPDATE per table for the whole batch."""
+    def _charge(
+        transaction: DriverTransaction, placements: Sequence[Placement], sharing: Sharing
+    ) -> None:
+        """Charge tenants, then pools: one conditional UPDATE per table for the whole batch.
+
+        Cohort members are charged after the other tenants and before the pools,
+        with their cohorts' rooms (quotagate.store.cohorts; the lock order).
+        """
         tenant_amounts: Counter[tuple[str, str]] = Counter()
         pool_amounts: Counter[tuple[str, str]] = Counter()
+        members: list[Placement] = []
         for placement in placements:
+            member = sharing.is_member(placement.tenant)
+            if member:
+                members.append(placement)
             for resource, amount in placement.cost.items():
-                tenant_amounts[placement.tenant, resource] += amount
+                if not member:
+                    tenant_amounts[placement.tenant, resource] += amount
                 pool_amounts[placement.pool, resource] += amount
-        for table, holder, amounts in (
-            (schema.tenant_quota, "tenant", tenant_amounts),
-            (schema.pool_capacity, "pool", pool_amounts),
-        ):
+        lock_in_order = reserves_with_lock(transaction)
+        if tenant_amounts:
+            Ledger._charge_rows(transaction, schema.tenant_quota, "tenant", tenant_amounts,
+                                lock_in_order)
+        if members and not cohorts.charge_members(transaction, members, sharing.roots,
+                                                  lock_in_order=lock_in_order):
+            raise CapacityChanged("cohort")
+        Ledger._charge_rows(transaction, schema.pool_capacity, "pool", pool_amounts, lock_in_order)
+
+    @staticmethod
+    def _charge_rows(
+        transaction: DriverTransaction, table: sa.Table, holder: str,
+        amounts: Counter[tuple[str, str]], lock_in_order: bool,
+    ) -> None:
+        if amounts:
             statement = statements.charge_statement(
-                table, holder, len(amounts), lock_in_order=reserves_with_lock(transaction)
+                table, holder, len(amounts), lock_in_order=lock_in_order
             )
             count = transaction.rowcount(statement, statements.charge_parameters(dict(amounts)))
             if count != len(amounts):
@@ -568,18 +678,28 @@ class Ledger:
         if guard is not None:
             guard(connection, row, to_state)
         current = RequestState(row["state"])
-        if current == to_state:
+        if current == to_state or (
+            current == RequestState.PREEMPTED and to_state == RequestState.CANCELLED and stopped
+        ):
+            # Done already (a preemption's stop confirmed twice ends it once).
             return ReleaseResult(request_from_row(row), released={})
         if to_state == RequestState.CANCELLED and current in _STOPPABLE and not stopped:
             return self._begin_stop(connection, row, reason, actor)
-        if current == RequestState.CANCELLING:
+        if current in STOPPING_STATES:
             if to_state == RequestState.CANCELLED and stopped:
-                pass  # the confirmed stop: fall through to the release
+                # The confirmed stop: fall through to the release. A preemption's
+                # victim ends preempted (docs/fair-sharing.md#preemption).
+                if current == RequestState.PREEMPTING:
+                    to_state = RequestState.PREEMPTED
+                    reason = row["reason"]
+                    # Not while a preemption decision reads (Ledger._preempt).
+                    self._lock_decisions(connection)
             elif to_state == RequestState.CANCELLED:
                 return ReleaseResult(request_from_row(row), released={})  # already stopping
             else:
                 raise Conflict(
-                    f"request {request_id!r} is cancelling; only the confirmed stop ends it",
+                    f"request {request_id!r} is {current.value}; only the confirmed stop "
+                    "ends it",
                     code="invalid_transition",
                 )
         allowed = current in CHARGED_STATES or (
@@ -650,12 +770,11 @@ class Ledger:
 
     @staticmethod
     def _uncharge(connection: sa.Connection, tenant: str, pool: str, cost: dict[str, int]) -> None:
-        for table, holder, name in (
-            (schema.tenant_quota, "tenant", tenant),
-            (schema.pool_capacity, "pool", pool),
-        ):
-            if not adjust_usage(connection, table, holder, name, cost, charge=False):
-                raise RuntimeError(f"ledger inconsistent: cannot return {cost} to {holder} {name}")
+        # A cohort member's return also returns its cohort's room (quotagate.store.cohorts).
+        if not cohorts.adjust_tenant(connection, tenant, cost, charge=False):
+            raise RuntimeError(f"ledger inconsistent: cannot return {cost} to tenant {tenant}")
+        if not adjust_usage(connection, schema.pool_capacity, "pool", pool, cost, charge=False):
+            raise RuntimeError(f"ledger inconsistent: cannot return {cost} to pool {pool}")
 
     # -- expire ----------------------------------------------------------------
 

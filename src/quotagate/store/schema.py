@@ -30,6 +30,38 @@ tenant = sa.Table(
     metadata,
     sa.Column("name", NAME, primary_key=True),
     sa.Column("created", TIME, nullable=False),
+    # The cohort the tenant lends to and borrows from (docs/fair-sharing.md); NULL: none.
+    sa.Column("cohort", NAME, nullable=True),
+    # Its weight in fair sharing between tenants.
+    sa.Column("weight", sa.Integer, nullable=False, server_default="1"),
+    # The highest priority its requests may ask for (NULL: no cap).
+    sa.Column("max_priority", sa.Integer, nullable=True),
+    # Preemption policies (docs/fair-sharing.md#preemption): take borrowed work
+    # back from other members (never | lower-priority | any), and stop its own
+    # lower-priority work for a waiting request (never | lower-priority).
+    sa.Column("reclaim", sa.String(16), nullable=False, server_default="never"),
+    sa.Column("within_tenant", sa.String(16), nullable=False, server_default="never"),
+)
+
+# Cohorts form trees (parent NULL: a root). Each tree is one sharing domain.
+cohort = sa.Table(
+    "qg_cohort",
+    metadata,
+    sa.Column("name", NAME, primary_key=True),
+    sa.Column("parent", NAME, nullable=True),
+    sa.Column("created", TIME, nullable=False),
+)
+
+# The shared room of a root cohort per resource: ``cap`` is the sum of its
+# members' lendable nominal, ``used`` the sum of what each uses above its own
+# guaranteed part (quotagate.domain.sharing). Charged by admission like a pool row.
+cohort_usage = sa.Table(
+    "qg_cohort_usage",
+    metadata,
+    sa.Column("cohort", NAME, primary_key=True),
+    sa.Column("resource", RESOURCE, primary_key=True),
+    sa.Column("cap", sa.BigInteger, nullable=False),
+    sa.Column("used", sa.BigInteger, nullable=False, server_default="0"),
 )
 
 tenant_quota = sa.Table(
@@ -39,6 +71,16 @@ tenant_quota = sa.Table(
     sa.Column("resource", RESOURCE, primary_key=True),
     sa.Column("cap", sa.BigInteger, nullable=False),
     sa.Column("used", sa.BigInteger, nullable=False, server_default="0"),
+    # For a cohort member: how far above ``cap`` (its nominal) it may borrow
+    # (NULL: as far as the cohort has room), and how much of its nominal it lends
+    # (NULL: all of it). Ignored for a tenant without a cohort.
+    sa.Column("borrowing_limit", sa.BigInteger, nullable=True),
+    sa.Column("lending_limit", sa.BigInteger, nullable=True),
+    # The root cohort whose room this row shares (NULL: the tenant is in none), kept
+    # with every change of the tenant's cohort or of the tree. Admission and release
+    # read it from the very row they charge, so a concurrent move in the tree (which
+    # rewrites these rows) cannot slip between reading the root and charging its room.
+    sa.Column("cohort_root", NAME, nullable=True),
 )
 
 pool = sa.Table(

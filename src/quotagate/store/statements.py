@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 from quotagate.domain.model import RequestState
 from quotagate.domain.placement import Placement
+from quotagate.domain.sharing import UNBOUNDED
 from quotagate.store import schema
 
 _WAITING = RequestState.WAITING.value
@@ -136,27 +137,7 @@ def charge_statement(
     with ``lock_in_order`` the rows are first locked by a sorted ``SELECT … FOR
     UPDATE`` in the same statement.
     """
-    holder, resource = table.c[holder_column], table.c.resource
-    rows = [
-        sa.and_(holder == sa.bindparam(f"holder_{i}"), resource == sa.bindparam(f"resource_{i}"))
-        for i in range(count)
-    ]
-    amount = sa.case(
-        *((row, sa.bindparam(f"amount_{i}", type_=sa.BigInteger)) for i, row in enumerate(rows))
-    )
-    statement = table.update().where(table.c.used + amount <= table.c.cap)
-    if lock_in_order:
-        locked = (
-            sa.select(holder.label("holder"), resource.label("resource"))
-            .where(sa.or_(*rows))
-            .order_by(holder, resource)
-            .with_for_update()
-            .subquery("locked")
-        )
-        statement = statement.where(holder == locked.c.holder, resource == locked.c.resource)
-    else:
-        statement = statement.where(sa.or_(*rows))
-    return statement.values(used=table.c.used + amount)
+    return _charge_rows(table, holder_column, count, table.c.cap, lock_in_order=lock_in_order)
 
 
 def charge_parameters(amounts: dict[tuple[str, str], int]) -> dict[str, Any]:
@@ -218,23 +199,28 @@ def admission_audit_insert() -> sa.Insert:
 
 @lru_cache(maxsize=256)
 def adjust_statement(table: sa.Table, holder_column: str, resources: tuple[str, ...],
-                     charge: bool) -> sa.Update:
+                     charge: bool, *, returning: bool = False) -> sa.Update:
     """Charge or return amounts on one holder's rows (``holder``, ``amount_i`` per resource).
 
     A charge only applies where ``used + amount <= cap`` and a return only
     where ``used >= amount``; the caller checks that one row per resource changed.
+    With ``returning`` (tenant rows, where UPDATE returns rows) the changed rows
+    come back with their limits and root cohort (quotagate.store.cohorts).
     """
     amount = sa.case(
         *((table.c.resource == resource, sa.bindparam(f"amount_{i}", type_=sa.BigInteger))
           for i, resource in enumerate(resources)),
     )
     condition = table.c.used + amount <= table.c.cap if charge else table.c.used >= amount
-    return (
+    statement = (
         table.update()
         .where(table.c[holder_column] == sa.bindparam("holder"),
                table.c.resource.in_(resources), condition)
         .values(used=table.c.used + amount if charge else table.c.used - amount)
     )
+    if returning:
+        return statement.returning(*(table.c[name] for name in _MEMBER_COLUMNS))
+    return statement
 
 
 @lru_cache(maxsize=16)
@@ -245,7 +231,8 @@ def submission_facts_query(with_target: bool) -> sa.CompoundSelect[Any]:
     tenant exists, one ``resource`` per cost resource some pool offers,
     ``target`` if the named target exists and serves the tenant,
     ``default_closed`` if no target is named and the default target serves only
-    other tenants, ``bucket`` if the tenant has a rate quota. Parameters: ``id``,
+    other tenants, ``bucket`` if the tenant has a rate quota, ``max_priority``
+    (as text) if the tenant has a maximum priority. Parameters: ``id``,
     ``tenant``, ``resources`` (a list), ``target``.
     """
     request, capacity = schema.request, schema.pool_capacity
@@ -259,6 +246,10 @@ def submission_facts_query(with_target: bool) -> sa.CompoundSelect[Any]:
         .distinct(),
         sa.select(sa.literal("bucket").label("fact"), schema.rate_bucket.c.key.label("value"))
         .where(schema.rate_bucket.c.key == sa.bindparam("tenant")),
+        sa.select(sa.literal("max_priority").label("fact"),
+                  sa.cast(schema.tenant.c.max_priority, sa.String(16)).label("value"))
+        .where(schema.tenant.c.name == sa.bindparam("tenant"),
+               schema.tenant.c.max_priority.is_not(None)),
     ]
     target, allowed = schema.delivery_target, schema.target_tenant
     limited = sa.exists().where(allowed.c.target == target.c.name)
@@ -277,3 +268,107 @@ def submission_facts_query(with_target: bool) -> sa.CompoundSelect[Any]:
             .where(target.c.is_default == sa.true(), limited, ~admitted)
         )
     return sa.union_all(*parts)
+
+
+# -- cohorts (docs/fair-sharing.md) ------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def admission_snapshot_query() -> sa.CompoundSelect[Any]:
+    """Everything admission plans on, in one round trip: :func:`usage_query` and cohorts.
+
+    Rows ``(kind, holder, resource, used, cap, borrowing_limit, lending_limit,
+    cohort_root)``: ``t`` tenant quota rows (with their limits and root cohort),
+    ``p`` pool rows, ``c`` the shared room of each root cohort, ``w`` the
+    weight (in ``used``) of each tenant whose weight is not 1, ``x`` the
+    preemption policies (reclaim in ``resource``, within-tenant in the last
+    column) of each tenant that has one. Without cohorts, weights and policies
+    the last three parts read nothing.
+    """
+    quota, capacity, shared = schema.tenant_quota, schema.pool_capacity, schema.cohort_usage
+    tenant = schema.tenant
+    none = sa.cast(sa.null(), sa.BigInteger)
+    no_root = sa.cast(sa.null(), schema.NAME)
+    return sa.union_all(
+        sa.select(sa.literal("t").label("kind"), quota.c.tenant.label("holder"), quota.c.resource,
+                  quota.c.used, quota.c.cap, quota.c.borrowing_limit, quota.c.lending_limit,
+                  quota.c.cohort_root),
+        sa.select(sa.literal("p"), capacity.c.pool, capacity.c.resource, capacity.c.used,
+                  capacity.c.cap, none, none, no_root),
+        sa.select(sa.literal("c"), shared.c.cohort, shared.c.resource, shared.c.used,
+                  shared.c.cap, none, none, no_root),
+        sa.select(sa.literal("w"), tenant.c.name, sa.cast(sa.null(), schema.RESOURCE),
+                  sa.cast(tenant.c.weight, sa.BigInteger), none, none, none, no_root)
+        .where(tenant.c.weight != 1),
+        sa.select(sa.literal("x"), tenant.c.name, sa.cast(tenant.c.reclaim, schema.RESOURCE),
+                  none, none, none, none, sa.cast(tenant.c.within_tenant, schema.NAME))
+        .where(sa.or_(tenant.c.reclaim != "never", tenant.c.within_tenant != "never")),
+    )
+
+
+_MEMBER_COLUMNS = ("tenant", "resource", "used", "cap", "borrowing_limit", "lending_limit",
+                   "cohort_root")
+
+
+@lru_cache(maxsize=64)
+def lock_members_query(tenant_count: int) -> sa.Select[Any]:
+    """Lock the quota rows of ``tenant_count`` tenants (``tenant_0`` …) and read them.
+
+    Rows ``(tenant, resource, used, cap, borrowing_limit, lending_limit,
+    cohort_root)`` in (tenant, resource) order. Under these locks the values
+    are exact, so the change of the cohort room each charge makes is too.
+    """
+    quota = schema.tenant_quota
+    return (
+        sa.select(*(quota.c[name] for name in _MEMBER_COLUMNS))
+        .where(quota.c.tenant.in_([sa.bindparam(f"tenant_{i}") for i in range(tenant_count)]))
+        .order_by(quota.c.tenant, quota.c.resource)
+        .with_for_update()
+    )
+
+
+@lru_cache(maxsize=256)
+def borrowing_charge_statement(
+    count: int, *, lock_in_order: bool = False, returning: bool = False
+) -> sa.Update:
+    """:func:`charge_statement` on members' rows, up to nominal plus borrowing limit.
+
+    ``cap`` is a member's nominal; a NULL borrowing limit is bounded by the
+    cohort's room only (charged separately), so here by ``UNBOUNDED``. With
+    ``returning`` (PostgreSQL, SQLite) the charged rows come back as in
+    :func:`lock_members_query`, ``used`` after the charge: what the room's
+    change is computed from, without a locking read first.
+    """
+    quota = schema.tenant_quota
+    ceiling = quota.c.cap + sa.func.coalesce(
+        quota.c.borrowing_limit, sa.cast(sa.literal(UNBOUNDED), sa.BigInteger))
+    statement = _charge_rows(quota, "tenant", count, ceiling, lock_in_order=lock_in_order)
+    if returning:
+        return statement.returning(*(quota.c[name] for name in _MEMBER_COLUMNS))
+    return statement
+
+
+def _charge_rows(
+    table: sa.Table, holder_column: str, count: int, ceiling: Any, *, lock_in_order: bool
+) -> sa.Update:
+    holder, resource = table.c[holder_column], table.c.resource
+    rows = [
+        sa.and_(holder == sa.bindparam(f"holder_{i}"), resource == sa.bindparam(f"resource_{i}"))
+        for i in range(count)
+    ]
+    amount = sa.case(
+        *((row, sa.bindparam(f"amount_{i}", type_=sa.BigInteger)) for i, row in enumerate(rows))
+    )
+    statement = table.update().where(table.c.used + amount <= ceiling)
+    if lock_in_order:
+        locked = (
+            sa.select(holder.label("holder"), resource.label("resource"))
+            .where(sa.or_(*rows))
+            .order_by(holder, resource)
+            .with_for_update()
+            .subquery("locked")
+        )
+        statement = statement.where(holder == locked.c.holder, resource == locked.c.resource)
+    else:
+        statement = statement.where(sa.or_(*rows))
+    return statement.values(used=table.c.used + amount)

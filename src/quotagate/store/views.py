@@ -9,14 +9,18 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from quotagate.domain.clock import Clock, SystemClock
+from quotagate.domain.dry_run import Verdict, describe_verdict, judge
 from quotagate.domain.explanation import explain_waiting
-from quotagate.domain.model import CHARGED_STATES, Request, RequestState
-from quotagate.domain.ordering import effective_priority
-from quotagate.domain.placement import total_cost
-from quotagate.errors import NotFound
-from quotagate.store import schema
+from quotagate.domain.model import CHARGED_STATES, Request, RequestState, Submission
+from quotagate.domain.ordering import effective_priority, queue_key
+from quotagate.domain.placement import Candidate, total_cost
+from quotagate.domain.preemption import choose_preemption
+from quotagate.errors import Conflict, NotFound
+from quotagate.store import cohorts, schema, statements
 from quotagate.store.dialect import reading
+from quotagate.store.preemption import running_work
 from quotagate.store.rows import all_usage, decode_cost, request_from_row
+from quotagate.store.submission_facts import require_submittable
 
 
 @dataclass(frozen=True)
@@ -48,10 +52,28 @@ class Explanation(TypedDict):
     fitting_pools: NotRequired[list[str]]
     stop_attempts: NotRequired[int]
     last_answer: NotRequired[str | None]
+    # The dry run's verdict on the same snapshot (docs/fair-sharing.md#dry-run).
+    admissible: NotRequired[bool]
+    reasons: NotRequired[list[dict[str, Any]]]
 
 
 class TenantUsage(TypedDict):
+    """A tenant's use of one resource; with cohorts its quota is a nominal share."""
+
     tenant: str
+    resource: str
+    used: int
+    cap: int
+    nominal: int
+    cohort: str | None
+    borrowed: int
+    lent: int
+
+
+class CohortRoom(TypedDict):
+    """The shared room of a root cohort for one resource."""
+
+    cohort: str
     resource: str
     used: int
     cap: int
@@ -69,6 +91,7 @@ class Usage(TypedDict):
 
     tenants: list[TenantUsage]
     pools: list[PoolUsage]
+    cohorts: list[CohortRoom]
 
 
 class InspectedRequest(TypedDict):
@@ -93,14 +116,29 @@ class Inspection(Usage):
 
 
 def _usage_view(connection: sa.Connection) -> Usage:
+    """Used and cap per tenant and pool resource; per tenant also nominal, borrowed, lent."""
     tenants, pools = all_usage(connection)
+    standing = cohorts.standing(connection)
+
+    def tenant_usage(name: str, resource: str, used: int, cap: int) -> TenantUsage:
+        entry = standing.get((name, resource))
+        return TenantUsage(
+            tenant=name, resource=resource, used=used, cap=cap, nominal=cap,
+            cohort=None if entry is None else entry.cohort,
+            borrowed=0 if entry is None else entry.borrowed,
+            lent=0 if entry is None else entry.lent,
+        )
+
     return Usage(
-        tenants=[TenantUsage(tenant=name, resource=resource, used=used, cap=cap)
+        tenants=[tenant_usage(name, resource, used, cap)
                  for name, resources in sorted(tenants.items())
                  for resource, (used, cap) in sorted(resources.items())],
         pools=[PoolUsage(pool=name, resource=resource, used=used, cap=cap)
                for name, resources in sorted(pools.items())
                for resource, (used, cap) in sorted(resources.items())],
+        cohorts=[CohortRoom(cohort=root, resource=resource, used=used, cap=cap)
+                 for root, room in sorted(cohorts.rooms(connection).items())
+                 for resource, (used, cap) in sorted(room.items())],
     )
 
 
@@ -171,7 +209,8 @@ class LedgerViews:
                 for row in connection.execute(query)
             ]
             usage = _usage_view(connection)
-        return Inspection(tenants=usage["tenants"], pools=usage["pools"], requests=requests)
+        return Inspection(tenants=usage["tenants"], pools=usage["pools"],
+                          cohorts=usage["cohorts"], requests=requests)
 
     def queue_position(self, connection: sa.Connection, row: Any, *, same_tenant: bool) -> int:
         """1-based place in the waiting queue (of everyone, or of the request's tenant)."""
@@ -219,7 +258,7 @@ class LedgerViews:
             ).mappings().first()
             if row is None or (tenant is not None and row["tenant"] != tenant):
                 raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
-            if row["state"] == RequestState.CANCELLING.value:
+            if row["state"] in (RequestState.CANCELLING.value, RequestState.PREEMPTING.value):
                 return self._explain_stop(connection, row, admin=tenant is None)
             if row["state"] != RequestState.WAITING.value:
                 return Explanation(id=request_id, state=row["state"], waiting=False,
@@ -228,8 +267,15 @@ class LedgerViews:
             tenants, pools = all_usage(connection)
             position = self.queue_position(connection, row, same_tenant=False)
             tenant_position = self.queue_position(connection, row, same_tenant=True)
+            verdict = self._verdict(connection, Candidate(row["id"], row["tenant"], cost),
+                                    (row["queue_key"], row["created"], row["id"]),
+                                    tenant_position, rate_tokens=None)
         why = explain_waiting(cost, tenants.get(row["tenant"], {}), pools, tenant_position,
                               self.admission_window)
+        reason = why.reason
+        if verdict.member:
+            # A member's quota is a nominal share: its limits and cohort decide.
+            reason = describe_verdict(verdict, self.admission_window)
         now = self.clock.now()
         return Explanation(
             id=request_id,
@@ -244,8 +290,108 @@ class LedgerViews:
             tenant_blocked_by=why.tenant_blocked_by,
             pools_blocked=why.pools_blocked,
             fitting_pools=why.fitting_pools,
-            reason=why.reason,
+            reason=reason,
+            # The dry run's verdict on the same snapshot (docs/fair-sharing.md#dry-run).
+            admissible=verdict.admissible,
+            reasons=[entry.to_dict() for entry in verdict.reasons],
         )
+
+    def _verdict(
+        self, connection: sa.Connection, request: Candidate,
+        key: tuple[float, float, str], tenant_position: int, *, rate_tokens: float | None,
+        max_priority: tuple[int, int] | None = None,
+    ) -> Verdict:
+        """Judge ``request`` (at queue place ``key``) on one snapshot, behind whatever the
+        next admission pass would place before it (quotagate.domain.dry_run)."""
+        snapshot = cohorts.snapshot_from_rows(
+            connection.execute(statements.admission_snapshot_query()))
+        names = sorted(snapshot.tenants)
+        heads: list[tuple[tuple[float, float, str], Candidate]] = [(key, request)]
+        if names:
+            heads += [
+                ((head.queue_key, head.created, head.id),
+                 Candidate(head.id, head.tenant, decode_cost(head.cost)))
+                for head in connection.execute(
+                    statements.head_query(len(names), self.admission_window),
+                    statements.head_parameters(names))
+                if head.id != request.id
+            ]
+        heads.sort(key=lambda entry: entry[0])
+        return judge(request, queue=[candidate for _key, candidate in heads],
+                     tenants=snapshot.tenants, pools=snapshot.pools, sharing=snapshot.sharing,
+                     weights=snapshot.weights, tenant_position=tenant_position,
+                     admission_window=self.admission_window, rate_tokens=rate_tokens,
+                     max_priority=max_priority)
+
+    def simulate(
+        self, submission: Submission, *, rate_tokens: float | None = None,
+        named: bool = True,
+    ) -> dict[str, Any]:
+        """What submitting ``submission`` now would lead to, writing nothing.
+
+        Validated as submit validates (tenant, resources, target); a ``named``
+        id that exists already is refused, since a dry run judges new requests
+        only. ``rate_tokens``: the tokens left in the tenant's bucket (None: no
+        bucket). Only reads, in one read transaction.
+        """
+        now = self.clock.now()
+        with reading(self.engine) as connection:
+            facts: dict[str, set[str]] = {}
+            for fact, value in connection.execute(
+                statements.submission_facts_query(submission.target is not None),
+                {"id": submission.id, "tenant": submission.tenant,
+                 "resources": list(submission.cost), "target": submission.target},
+            ):
+                facts.setdefault(fact, set()).add(value)
+            require_submittable(submission, facts, check_priority=False)
+            if named and "request" in facts:
+                raise Conflict(
+                    f"request {submission.id!r} exists already; a dry run judges a new "
+                    "request ('quotagate explain' says why a waiting one waits)",
+                    code="request_exists")
+            key = queue_key(submission.priority, now, self.aging_interval)
+            row = {"id": submission.id, "tenant": submission.tenant, "created": now,
+                   "queue_key": key}
+            position = self.queue_position(connection, row, same_tenant=False)
+            tenant_position = self.queue_position(connection, row, same_tenant=True)
+            maximum = facts.get("max_priority")
+            above = None
+            if maximum and submission.priority > int(next(iter(maximum))):
+                above = (submission.priority, int(next(iter(maximum))))
+            verdict = self._verdict(connection,
+                                    Candidate(submission.id, submission.tenant,
+                                              dict(submission.cost)),
+                                    (key, now, submission.id), tenant_position,
+                                    rate_tokens=rate_tokens, max_priority=above)
+            would_preempt = [] if verdict.admissible else self._would_preempt(
+                connection, Candidate(submission.id, submission.tenant, dict(submission.cost)),
+                submission.priority)
+        return {
+            "admissible": verdict.admissible,
+            "position": position,
+            "tenant_position": tenant_position,
+            "reasons": [reason.to_dict() for reason in verdict.reasons],
+            "would_preempt": would_preempt,
+        }
+
+    @staticmethod
+    def _would_preempt(
+        connection: sa.Connection, request: Candidate, priority: int
+    ) -> list[dict[str, Any]]:
+        """The victims a preemption would stop for ``request`` if it waited now."""
+        snapshot = cohorts.snapshot_from_rows(
+            connection.execute(statements.admission_snapshot_query()))
+        if request.tenant not in snapshot.policies:
+            return []
+        chosen = choose_preemption(
+            [request], {request.id: priority}, tenants=snapshot.tenants, pools=snapshot.pools,
+            sharing=snapshot.sharing, policies=snapshot.policies,
+            running=running_work(connection, {request.tenant}))
+        if chosen is None:
+            return []
+        return [{"id": victim.id, "tenant": victim.tenant, "kind": chosen.kind,
+                 "cost": dict(victim.cost), "priority": victim.priority}
+                for victim in chosen.victims]
 
     def check_invariants(self) -> list[str]:
         """Broken invariants plus usage over a cap, as one list: empty means all is well.
@@ -294,10 +440,13 @@ class LedgerViews:
                 .where(
                     schema.outbox.c.delivered == sa.false(),
                     schema.request.c.state.not_in(
-                        [RequestState.RESERVED.value, RequestState.CANCELLING.value]
+                        [RequestState.RESERVED.value, RequestState.CANCELLING.value,
+                         RequestState.PREEMPTING.value]
                     ),
                 )
             ).scalars().all()
+            connection_rows = cohorts.read_for_check(connection)
+        members = connection_rows.member_names
         tenant_costs: dict[str, list[dict[str, int]]] = {}
         pool_costs: dict[str, list[dict[str, int]]] = {}
         # A topic charges its tenant's quota in partitions and parallelism (docs/streams.md).
@@ -324,6 +473,9 @@ class LedgerViews:
                             f"{holder} {name} {resource}: used {used} but reserved requests "
                             f"cost {expected.get(resource, 0)}"
                         )
-                    if used > cap:
+                    # A cohort member may be above its nominal share by borrowing; the
+                    # cohort invariants below say whether that is within its limits.
+                    if used > cap and (holder == "pool" or name not in members):
                         over_cap.append(f"{holder} {name} {resource}: used {used} > cap {cap}")
+        violations += cohorts.check(connection_rows)
         return LedgerCheck(violations, over_cap)

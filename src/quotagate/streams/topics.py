@@ -2,7 +2,7 @@
 
 A topic's ``partitions`` and ``parallelism`` are tenant quota resources
 (``qg_tenant_quota``), charged with the same conditional UPDATE admission
-uses (``store.rows.adjust_usage``), in one transaction with the topic row and
+uses (``store.cohorts.adjust_tenant``), in one transaction with the topic row and
 its audit entry. There is no second counter store in Redis that could drift
 from the ledger, and ``quotagate check`` counts topics with requests.
 
@@ -30,8 +30,9 @@ from quotagate.rate.keys import BucketKey
 from quotagate.rate.quotas import RateQuotas
 from quotagate.store import schema
 from quotagate.store.audit import AuditEntry, record
+from quotagate.store.cohorts import adjust_tenant
 from quotagate.store.dialect import reading, run_transaction
-from quotagate.store.rows import adjust_usage, holder_usage
+from quotagate.store.rows import holder_usage
 from quotagate.streams.keys import validate_part
 
 PARTITIONS = "partitions"
@@ -127,8 +128,7 @@ class Topics:
                 raise Conflict(f"topic {name!r} of tenant {tenant!r} exists already",
                                code="topic_exists")
             spec = self._capped(requested, settings)
-            if not adjust_usage(connection, schema.tenant_quota, "tenant", tenant, spec.cost,
-                                charge=True):
+            if not adjust_tenant(connection, tenant, spec.cost, charge=True):
                 raise self._over_quota(connection, spec)
             now = self.clock.now()
             spec = TopicSpec(tenant, name, partitions, parallelism, spec.max_len, now)
@@ -170,8 +170,7 @@ class Topics:
                 schema.topic.c.tenant == tenant, schema.topic.c.name == name))
             if deleted.rowcount != 1:
                 raise _unknown(tenant, name)
-            if not adjust_usage(connection, schema.tenant_quota, "tenant", tenant, spec.cost,
-                                charge=False):
+            if not adjust_tenant(connection, tenant, spec.cost, charge=False):
                 raise RuntimeError(f"ledger inconsistent: cannot return {spec.cost} to {tenant}")
             key = BucketKey(tenant, name)
             if rate_sql.forget_in(connection, key) and not self.rates.in_transaction:

@@ -8,8 +8,9 @@ from fastapi import APIRouter
 
 from quotagate.auth import authorizer as operations
 from quotagate.domain.model import validate_name
+from quotagate.domain.sharing import KEEP
 from quotagate.http.context import Context
-from quotagate.http.models import PoolBody, TenantBody
+from quotagate.http.models import CohortBody, PoolBody, TenantBody
 from quotagate.http.routers.rate import rate_view
 from quotagate.http.security import CurrentActor, authorize
 
@@ -22,7 +23,14 @@ def put_tenant(
 ) -> dict[str, Any]:
     authorize(context, actor, tenant, operations.TENANT_SET)
     rate = body.rate.config() if body.rate is not None else None  # judged before any change
-    context.gate.set_tenant(tenant, body.quota, actor=actor.name)
+    context.gate.set_tenant(
+        tenant, body.quota, actor=actor.name,
+        cohort=body.cohort if "cohort" in body.model_fields_set else KEEP,
+        borrowing_limit=body.borrowing_limit, lending_limit=body.lending_limit,
+        weight=body.weight,
+        max_priority=body.max_priority if "max_priority" in body.model_fields_set else KEEP,
+        reclaim=body.reclaim, within_tenant=body.within_tenant,
+    )
     if "rate" in body.model_fields_set:
         context.gate.set_rate(tenant, rate, actor=actor.name)
     return _tenant(context, tenant)
@@ -42,6 +50,22 @@ def _tenant(context: Context, tenant: str) -> dict[str, Any]:
     return described
 
 
+@router.put("/cohorts/{cohort}", summary="Create a cohort or move it in the tree (admin)")
+def put_cohort(
+    cohort: str, body: CohortBody, context: Context, actor: CurrentActor
+) -> dict[str, Any]:
+    authorize(context, actor, None, operations.COHORT_SET)
+    parent = body.parent if "parent" in body.model_fields_set else KEEP
+    return context.gate.set_cohort(cohort, parent=parent, actor=actor.name)
+
+
+@router.get("/cohorts/{cohort}", summary="A cohort: parent, children, tenants, room (admin)")
+def get_cohort(cohort: str, context: Context, actor: CurrentActor) -> dict[str, Any]:
+    authorize(context, actor, None, operations.COHORT_READ)
+    validate_name(cohort, "cohort")
+    return context.gate.config.get_cohort(cohort)
+
+
 @router.put("/pools/{pool}", summary="Create a pool or change its capacity (admin)")
 def put_pool(pool: str, body: PoolBody, context: Context, actor: CurrentActor) -> dict[str, Any]:
     authorize(context, actor, None, operations.POOL_SET)
@@ -56,10 +80,14 @@ def get_pool(pool: str, context: Context, actor: CurrentActor) -> dict[str, Any]
     return context.gate.pool(pool)
 
 
-@router.get("/usage", summary="Used and cap per tenant and pool resource")
+@router.get("/usage", summary="Used and cap per tenant and pool resource; nominal, borrowed "
+            "and lent per tenant; the shared room of each cohort")
 def get_usage(context: Context, actor: CurrentActor) -> dict[str, list[dict[str, Any]]]:
     authorize(context, actor, None, operations.USAGE_READ)
     usage = context.gate.usage()
-    # A tenant sees its own quotas, and the pools everyone shares.
+    # A tenant sees its own quotas, and the pools everyone shares; other tenants'
+    # cohorts are not its business (its own rows say what it borrows).
     tenants = [row for row in usage["tenants"] if actor.admin or row["tenant"] == actor.tenant]
-    return {"tenants": [dict(row) for row in tenants], "pools": [dict(row) for row in usage["pools"]]}
+    cohorts = usage.get("cohorts", []) if actor.admin else []
+    return {"tenants": [dict(row) for row in tenants], "pools": [dict(row) for row in usage["pools"]],
+            "cohorts": [dict(row) for row in cohorts]}

@@ -40,15 +40,24 @@ class BatchTooLarge(QuotagateError):
 @router.post(
     "",
     status_code=202,
-    summary="Submit a request (202 new, 200 identical replay, 409 changed)",
-    responses={200: {"description": "An identical submission was already recorded"},
+    summary="Submit a request (202 new, 200 identical replay, 409 changed); "
+    "?dry_run=true answers whether it would be admitted, writing nothing",
+    responses={200: {"description": "An identical submission was already recorded, or the "
+                                    "answer of a dry run (docs/fair-sharing.md#dry-run)"},
                409: {"model": ErrorBody,
                      "description": "The id is in use with different content "
                                     "(request_conflict) or by another tenant (request_id_taken)"}},
 )
-def submit(tenant: str, body: SubmitBody, context: Context, credentials: Credentials) -> JSONResponse:
+def submit(
+    tenant: str, body: SubmitBody, context: Context, credentials: Credentials,
+    dry_run: Annotated[bool, Query(description="Judge the request without submitting it")] = False,
+) -> JSONResponse:
     actor = authenticate(context, credentials)
     authorize(context, actor, tenant, operations.REQUEST_SUBMIT)
+    if dry_run:
+        return JSONResponse(context.gate.simulate(
+            tenant, body.cost, priority=body.priority, payload=body.payload,
+            target=body.target, request_id=body.id))
     try:
         result = _submit(context, actor, tenant, body)
     except QuotagateError as error:

@@ -1,7 +1,7 @@
 """binary collation on MariaDB/MySQL: ids and names compare case-sensitively everywhere
 
 Revision ID: 0009
-Revises: 0007
+Revises: 0008
 Create Date: 2026-12-01 14:40:00
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = '0009'
-down_revision = '0007'
+down_revision = '0008'
 branch_labels = None
 depends_on = None
 
@@ -18,7 +18,7 @@ depends_on = None
 TABLES = (
     'qg_tenant', 'qg_tenant_quota', 'qg_pool', 'qg_pool_capacity', 'qg_request', 'qg_outbox',
     'qg_binding', 'qg_lease', 'qg_target', 'qg_target_tenant', 'qg_audit', 'qg_api_token',
-    'qg_rate_bucket', 'qg_meta', 'qg_topic', 'qg_tenant_stream',
+    'qg_rate_bucket', 'qg_meta', 'qg_topic', 'qg_tenant_stream', 'qg_cohort', 'qg_cohort_usage',
 )
 
 
