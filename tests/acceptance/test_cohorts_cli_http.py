@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from test_http_support import bearer, make_token, running_server
 
 from support.cli import run
+from support.http_servers import bearer, make_token, running_server
 from support.waiting import wait_for
 
 

@@ -149,10 +149,9 @@ def test_a_running_victim_is_stopped_by_the_delivery_engine_before_the_preemptor
 ) -> None:
     """The whole way: a real process runs the victim; the worker's stop ends it."""
     from quotagate.delivery.dispatcher import Dispatcher
-    from quotagate.delivery.registry import TargetStore
     from support.waiting import wait_for
 
-    TargetStore(gate.engine).set(
+    gate.set_target(
         "local", "process",
         {"command": ["sh", "-c", "sleep 60"], "run_dir": str(tmp_path / "runs")}, default=True)
     gate.set_pool("pool-1", {"gpu": 2})

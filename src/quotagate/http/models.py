@@ -13,9 +13,12 @@ from quotagate.domain.bucket import MAX_CAPACITY, MAX_REFILL_PER_SECOND, BucketC
 from quotagate.domain.model import (
     MAX_AMOUNT,
     MAX_PRIORITY,
+    MAX_WEIGHT,
     NAME_PATTERN,
+    RECLAIM_POLICIES,
     REQUEST_ID_PATTERN,
     RESOURCE_PATTERN,
+    WITHIN_TENANT_POLICIES,
 )
 
 
@@ -38,6 +41,13 @@ def _amounts(minimum: int) -> dict[str, Any]:
     return {"propertyNames": {"pattern": f"^{RESOURCE_PATTERN}$", "maxLength": 32},
             "additionalProperties": {"type": "integer", "minimum": minimum,
                                      "maximum": MAX_AMOUNT}}
+
+
+def _limits() -> dict[str, Any]:
+    # A limit per resource, or null to remove it.
+    return {"propertyNames": {"pattern": f"^{RESOURCE_PATTERN}$", "maxLength": 32},
+            "additionalProperties": {"anyOf": [
+                {"type": "integer", "minimum": 0, "maximum": MAX_AMOUNT}, {"type": "null"}]}}
 
 
 _NAME: dict[str, Any] = {"pattern": f"^{NAME_PATTERN}$", "maxLength": 63}
@@ -78,37 +88,43 @@ class TenantBody(_Body):
     cohort: StrictStr | None = Field(
         default=None, description="The cohort it lends to and borrows from; null leaves it, "
         "absent keeps it (docs/fair-sharing.md)", examples=["research"],
+        json_schema_extra=_NAME,
     )
     borrowing_limit: dict[StrictStr, WholeNumber | None] = Field(
         default_factory=dict, description="How far above its quota it may borrow, per "
         "resource; null removes the limit", examples=[{"gpu": 2}],
+        json_schema_extra=_limits(),
     )
     lending_limit: dict[StrictStr, WholeNumber | None] = Field(
         default_factory=dict, description="How much of its unused quota it lends, per "
         "resource; null removes the limit (it lends all)", examples=[{"gpu": 1}],
+        json_schema_extra=_limits(),
     )
     weight: WholeNumber | None = Field(
         default=None, description="Its weight in fair sharing between tenants (1-1000)",
-        examples=[1],
+        examples=[1], json_schema_extra={"minimum": 1, "maximum": MAX_WEIGHT},
     )
     max_priority: WholeNumber | None = Field(
         default=None, description="The highest priority its requests may ask for; null "
         "removes the cap, absent keeps it", examples=[100],
+        json_schema_extra={"minimum": -MAX_PRIORITY, "maximum": MAX_PRIORITY},
     )
     reclaim: StrictStr | None = Field(
         default=None, description="Preempt borrowed work to get back to its nominal share: "
         "never, lower-priority or any", examples=["any"],
+        json_schema_extra={"enum": [*RECLAIM_POLICIES, None]},
     )
     within_tenant: StrictStr | None = Field(
         default=None, description="Preempt its own lower-priority work: never or "
         "lower-priority", examples=["lower-priority"],
+        json_schema_extra={"enum": [*WITHIN_TENANT_POLICIES, None]},
     )
 
 
 class CohortBody(_Body):
     parent: StrictStr | None = Field(
         default=None, description="The parent cohort; null makes it a root, absent keeps it "
-        "(a new cohort: a root)", examples=["org"],
+        "(a new cohort: a root)", examples=["org"], json_schema_extra=_NAME,
     )
 
 

@@ -61,6 +61,7 @@ def _anchored(pattern: str) -> str:
 PARAMETER_SCHEMAS: dict[str, dict[str, Any]] = {
     "tenant": {"type": "string", "pattern": _anchored(NAME_PATTERN), "maxLength": 63},
     "pool": {"type": "string", "pattern": _anchored(NAME_PATTERN), "maxLength": 63},
+    "cohort": {"type": "string", "pattern": _anchored(NAME_PATTERN), "maxLength": 63},
     "request_id": {"type": "string", "pattern": _anchored(REQUEST_ID_PATTERN),
                    "maxLength": 128},
     "topic": {"type": "string", "pattern": _anchored(PART_PATTERN), "maxLength": 100},
