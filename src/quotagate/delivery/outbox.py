@@ -15,7 +15,7 @@ Lock order, shared with the ledger: lease row, then request row, then outbox row
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ from quotagate.domain.model import RequestState
 from quotagate.errors import Conflict, StaleGeneration
 from quotagate.store import schema
 from quotagate.store.audit import AuditEntry, record
+from quotagate.store.authority import ReleaseGuard
 from quotagate.store.dialect import database_now, reading, run_transaction, supports_skip_locked
 from quotagate.store.lease import LeaseStore
 from quotagate.store.rows import decode_cost
@@ -217,6 +218,15 @@ class OutboxStore:
                 sa.select(_request.c.id).where(_request.c.id == claim.request_id)
                 .with_for_update()
             ).first()
+            self._hold(connection, claim)
+
+        return check
+
+    def claim_guard(self, claim: Claim) -> ReleaseGuard:
+        """For a batch of releases (``Ledger.release_many``) under the lease's fence: the
+        claim still ours, checked on the locked request row's outbox row."""
+
+        def check(connection: sa.Connection, _row: Mapping[str, Any], _to: RequestState) -> None:
             self._hold(connection, claim)
 
         return check

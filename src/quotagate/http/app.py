@@ -12,6 +12,7 @@ from quotagate.http.context import ApiContext
 from quotagate.http.errors import install_error_handlers
 from quotagate.http.routers import admin, audit, dashboard, health, rate, requests, streams
 from quotagate.observability.metrics import Metrics
+from quotagate.store.group_release import GroupRelease
 
 # Every router the API serves. A new area adds one line here.
 ROUTERS: tuple[APIRouter, ...] = (
@@ -46,6 +47,7 @@ def create_app(
         tokens=TokenStore(gate.engine, clock=gate.clock),
         authorizer=authorizer or default_authorizer,
         metrics=metrics or Metrics(gate.engine, clock=gate.clock),
+        releases=GroupRelease(gate.ledger.release_many),
     )
     install_error_handlers(app)
     for router in ROUTERS:

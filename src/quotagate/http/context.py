@@ -11,6 +11,7 @@ from quotagate.app import Quotagate
 from quotagate.auth.authorizer import Authorizer
 from quotagate.auth.tokens import TokenStore
 from quotagate.observability.metrics import Metrics
+from quotagate.store.group_release import GroupRelease
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,8 @@ class ApiContext:
     tokens: TokenStore
     authorizer: Authorizer
     metrics: Metrics
+    # complete/fail/cancel calls, written together (callbacks come in bursts)
+    releases: GroupRelease
 
 
 async def get_context(request: Request) -> ApiContext:

@@ -14,7 +14,8 @@ locked, so the state it judges is the state the release changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -22,8 +23,9 @@ from quotagate.domain.model import CHARGED_STATES, RequestState
 from quotagate.errors import Conflict, Forbidden, NotFound
 from quotagate.store import schema
 
-# (connection, locked request row, the state asked for) → None, or raises.
-ReleaseGuard = Callable[[sa.Connection, sa.RowMapping, RequestState], None]
+# (connection, locked request row, the state asked for) → None, or raises. In a batch
+# of releases the row shows what the batch's earlier ends made of it.
+ReleaseGuard = Callable[[sa.Connection, Mapping[str, Any], RequestState], None]
 
 _ENDINGS = frozenset({RequestState.COMPLETED, RequestState.FAILED})
 
@@ -40,7 +42,7 @@ class StaleFencingToken(Conflict):
     default_code = "stale_fencing_token"
 
 
-def tenant_guard(_connection: sa.Connection, row: sa.RowMapping, to_state: RequestState) -> None:
+def tenant_guard(_connection: sa.Connection, row: Mapping[str, Any], to_state: RequestState) -> None:
     """A tenant may cancel its requests; ending charged work is its executor's word."""
     if to_state in _ENDINGS and RequestState(row["state"]) in CHARGED_STATES:
         raise Forbidden(
@@ -53,7 +55,7 @@ def tenant_guard(_connection: sa.Connection, row: sa.RowMapping, to_state: Reque
 def executor_guard(target: str, fencing_token: int | None) -> ReleaseGuard:
     """The guard for an executor token of ``target`` calling back with ``fencing_token``."""
 
-    def guard(connection: sa.Connection, row: sa.RowMapping, to_state: RequestState) -> None:
+    def guard(connection: sa.Connection, row: Mapping[str, Any], to_state: RequestState) -> None:
         request_id = row["id"]
         state = RequestState(row["state"])
         # The binding and the outbox row in one round trip: callbacks are hot.

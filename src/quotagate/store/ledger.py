@@ -25,7 +25,6 @@ from sqlalchemy.exc import IntegrityError
 from quotagate.domain.bucket import Decision
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import (
-    CHARGED_STATES,
     Request,
     RequestState,
     Submission,
@@ -45,13 +44,15 @@ from quotagate.store.dialect import (
     supports_skip_locked,
 )
 from quotagate.store.driver import DriverTransaction, run_driver_transaction
+from quotagate.store.release import End, ReleaseResult, release_batch
 from quotagate.store.rows import (
-    adjust_usage,
     decode_cost,
     encode_cost,
     request_from_row,
     usage_from_rows,
 )
+
+__all__ = ["DEFAULT_ADMISSION_WINDOW", "DEFAULT_TTL", "End", "Ledger", "ReleaseResult", "SubmitResult"]
 
 DEFAULT_TTL = 3600.0
 # How many waiting requests of each tenant one admission looks at. A request
@@ -59,9 +60,6 @@ DEFAULT_TTL = 3600.0
 # waits until the head of that tenant's queue moves (see docs/admission.md).
 DEFAULT_ADMISSION_WINDOW = 32
 _MAX_EXPIRED_PER_PASS = 1000
-
-
-_STOPPABLE = frozenset({RequestState.RESERVED, RequestState.DELIVERED})
 
 
 class CapacityChanged(Exception):
@@ -84,12 +82,6 @@ class _Token:
     """
 
     decision: Decision | None = None
-
-
-@dataclass(frozen=True)
-class ReleaseResult:
-    request: Request
-    released: dict[str, int]
 
 
 @lru_cache(maxsize=4096)
@@ -506,128 +498,31 @@ class Ledger:
         carry out. Only the worker that saw the target confirm the stop passes
         ``stopped=True``, which makes it ``cancelled`` and returns the cost
         (docs/decisions/211). A waiting request is cancelled at once.
+
+        A batch of one for :meth:`release_many`.
         """
-        if to_state not in (RequestState.COMPLETED, RequestState.FAILED, RequestState.CANCELLED):
-            raise InvalidInput(f"cannot release to state {to_state}", code="invalid_state")
+        end = End(request_id, to_state, reason=reason, actor=actor, tenant=tenant, guard=guard,
+                  stopped=stopped)
+        (result,) = self.release_many([end], fence=fence)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def release_many(
+        self, ends: Sequence[End], *, fence: Callable[[sa.Connection], None] | None = None
+    ) -> list[ReleaseResult | Exception]:
+        """End many requests in one transaction (:mod:`quotagate.store.release`).
+
+        One result per end, in order: its :class:`ReleaseResult`, or the error
+        that refused it (which wrote nothing). ``fence`` runs once, first; if it
+        refuses, nothing is written and its error is raised.
+        """
+        if not ends:
+            return []
         return run_transaction(
             self.engine,
-            lambda connection: self._release(
-                connection, request_id, to_state, reason, actor, tenant, fence, stopped, guard
-            ),
+            lambda connection: release_batch(connection, ends, self.clock.now(), fence),
         )
-
-    def _release(
-        self,
-        connection: sa.Connection,
-        request_id: str,
-        to_state: RequestState,
-        reason: str | None,
-        actor: str,
-        tenant: str | None,
-        fence: Callable[[sa.Connection], None] | None = None,
-        stopped: bool = False,
-        guard: ReleaseGuard | None = None,
-    ) -> ReleaseResult:
-        if fence is not None:
-            fence(connection)
-        # Lock the request row first: a concurrent second release waits here
-        # and then sees the state the first one wrote.
-        row = connection.execute(
-            sa.select(schema.request).where(schema.request.c.id == request_id).with_for_update()
-        ).mappings().first()
-        if row is None or (tenant is not None and row["tenant"] != tenant):
-            raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
-        if guard is not None:
-            guard(connection, row, to_state)
-        current = RequestState(row["state"])
-        if current == to_state:
-            return ReleaseResult(request_from_row(row), released={})
-        if to_state == RequestState.CANCELLED and current in _STOPPABLE and not stopped:
-            return self._begin_stop(connection, row, reason, actor)
-        if current == RequestState.CANCELLING:
-            if to_state == RequestState.CANCELLED and stopped:
-                pass  # the confirmed stop: fall through to the release
-            elif to_state == RequestState.CANCELLED:
-                return ReleaseResult(request_from_row(row), released={})  # already stopping
-            else:
-                raise Conflict(
-                    f"request {request_id!r} is cancelling; only the confirmed stop ends it",
-                    code="invalid_transition",
-                )
-        allowed = current in CHARGED_STATES or (
-            current == RequestState.WAITING and to_state == RequestState.CANCELLED
-        )
-        if not allowed:
-            raise Conflict(
-                f"request {request_id!r} is {current.value}; it cannot become {to_state.value}",
-                code="invalid_transition",
-            )
-        now = self.clock.now()
-        result = connection.execute(
-            schema.request.update()
-            .where(schema.request.c.id == request_id, schema.request.c.state == current.value)
-            .values(state=to_state.value, updated=now, reason=reason)
-        )
-        if result.rowcount != 1:
-            raise CapacityChanged(request_id)
-        released: dict[str, int] = {}
-        if current in CHARGED_STATES:
-            cost = decode_cost(row["cost"])
-            self._uncharge(connection, row["tenant"], row["pool"], cost)
-            released = cost
-            # An undelivered outbox row must not be delivered any more; a
-            # stop's row is done.
-            connection.execute(
-                schema.outbox.delete().where(
-                    schema.outbox.c.request_id == request_id,
-                    sa.or_(schema.outbox.c.delivered == sa.false(),
-                           schema.outbox.c.stopping == sa.true()),
-                )
-            )
-        record(
-            connection,
-            now,
-            AuditEntry(actor, to_state.value, "released" if released else "ok", row["tenant"],
-                       request_id, reason),
-        )
-        updated = dict(row)
-        updated.update(state=to_state.value, updated=now, reason=reason)
-        return ReleaseResult(request_from_row(updated), released=released)
-
-    def _begin_stop(
-        self, connection: sa.Connection, row: Any, reason: str | None, actor: str
-    ) -> ReleaseResult:
-        """``reserved``/``delivered`` → ``cancelling``: charged until the target confirms."""
-        now = self.clock.now()
-        connection.execute(
-            schema.request.update()
-            .where(schema.request.c.id == row["id"], schema.request.c.state == row["state"])
-            .values(state=RequestState.CANCELLING.value, updated=now, reason=reason)
-        )
-        # Due at once (attempts 0). A delivered row's claim is spent: free it.
-        # An undelivered row's claim stays with the worker delivering it
-        # until its batch notices the cancel or its lease dies.
-        outbox = schema.outbox
-        connection.execute(
-            outbox.update().where(outbox.c.request_id == row["id"])
-            .values(stopping=True, attempts=0, last_error=None,
-                    claimed_by=sa.case((outbox.c.delivered == sa.true(), sa.null()),
-                                       else_=outbox.c.claimed_by))
-        )
-        record(connection, now, AuditEntry(actor, "cancel", "stopping", row["tenant"],
-                                           row["id"], reason))
-        updated = dict(row)
-        updated.update(state=RequestState.CANCELLING.value, updated=now, reason=reason)
-        return ReleaseResult(request_from_row(updated), released={})
-
-    @staticmethod
-    def _uncharge(connection: sa.Connection, tenant: str, pool: str, cost: dict[str, int]) -> None:
-        for table, holder, name in (
-            (schema.tenant_quota, "tenant", tenant),
-            (schema.pool_capacity, "pool", pool),
-        ):
-            if not adjust_usage(connection, table, holder, name, cost, charge=False):
-                raise RuntimeError(f"ledger inconsistent: cannot return {cost} to {holder} {name}")
 
     # -- expire ----------------------------------------------------------------
 

@@ -119,9 +119,14 @@ def reserve_parameters(plan: Sequence[Placement], now: float) -> dict[str, Any]:
 
 @lru_cache(maxsize=256)
 def charge_statement(
-    table: sa.Table, holder_column: str, count: int, *, lock_in_order: bool = False
+    table: sa.Table, holder_column: str, count: int, *, lock_in_order: bool = False,
+    charge: bool = True,
 ) -> sa.Update:
     """Charge ``count`` (holder, resource) rows of one table in one conditional UPDATE.
+
+    With ``charge=False`` it returns the amounts instead, only where ``used >=
+    amount`` (a batch of releases, :mod:`quotagate.store.release`), with the
+    same lock order.
 
     Parameters ``holder_i``, ``resource_i``, ``amount_i``, given in (holder,
     resource) order. Each row is only charged where ``used + amount <= cap``;
@@ -144,7 +149,8 @@ def charge_statement(
     amount = sa.case(
         *((row, sa.bindparam(f"amount_{i}", type_=sa.BigInteger)) for i, row in enumerate(rows))
     )
-    statement = table.update().where(table.c.used + amount <= table.c.cap)
+    condition = table.c.used + amount <= table.c.cap if charge else table.c.used >= amount
+    statement = table.update().where(condition)
     if lock_in_order:
         locked = (
             sa.select(holder.label("holder"), resource.label("resource"))
@@ -156,7 +162,7 @@ def charge_statement(
         statement = statement.where(holder == locked.c.holder, resource == locked.c.resource)
     else:
         statement = statement.where(sa.or_(*rows))
-    return statement.values(used=table.c.used + amount)
+    return statement.values(used=table.c.used + amount if charge else table.c.used - amount)
 
 
 def charge_parameters(amounts: dict[tuple[str, str], int]) -> dict[str, Any]:
