@@ -75,9 +75,8 @@ def _wait_ready(url: str, process: Any, what: str) -> None:
 
 
 @contextmanager
-def serve(db_url: str) -> Iterator[str]:
+def serve(db_url: str, port: int) -> Iterator[str]:
     """One ``quotagate serve`` with its admission loop and delivery worker."""
-    port = _free_port()
     environment = {key: value for key, value in os.environ.items()
                    if not key.startswith("QUOTAGATE_")}
     process = subprocess.Popen(
@@ -150,6 +149,27 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
+def _drive(gate: Quotagate, url: str, tenants: list[str], tenant_tokens: list[str],
+           per_client: int, count: int, timeout: float, hooks: str
+           ) -> tuple[list[Any], dict[str, Any], int, float | None]:
+    """Submit from every client at once, then wait until every request ended."""
+    context = multiprocessing.get_context("spawn")
+    clients = len(tenants)
+    barrier = context.Manager().Barrier(clients)
+    jobs = [(url, tenant_tokens[c], tenants[c], [f"req-{c}-{n}" for n in range(per_client)],
+             barrier) for c in range(clients)]
+    with context.Pool(clients) as pool:
+        spans = pool.starmap(_client, jobs)
+    until = time.monotonic() + timeout
+    while True:
+        done, last, ended_otherwise = _completed(gate)
+        if done + ended_otherwise >= count or time.monotonic() > until:
+            break
+        time.sleep(0.1)
+    report = httpx.get(f"{hooks}/arrivals", timeout=30).json()
+    return spans, report, done, last
+
+
 def run_pipeline(backend: str, total: int, clients: int, outcome: str, timeout: float
                  ) -> list[Any]:
     per_client = total // clients
@@ -162,30 +182,22 @@ def run_pipeline(backend: str, total: int, clients: int, outcome: str, timeout: 
         for tenant in tenants:
             gate.set_tenant(tenant, {"gpu": 10**9})
             tenant_tokens.append(tokens.create(tenant=tenant).token)
-        # The receiver's URL is known only once it runs, and it needs the executor
-        # token, which needs the target: create the target, then point it there.
+        # The receiver needs the executor token, which needs the target, whose URL
+        # is the receiver's: create the target, start the receiver, point the
+        # target at it, and only then start serve, so its worker reads the final
+        # target at start (a worker re-reads targets once a second: pointing a
+        # running one elsewhere would send the first requests to the old URL).
         targets = TargetStore(gate.engine)
         targets.set("receiver", "webhook", {"url": "http://127.0.0.1:9/hooks"}, default=True)
         executor = tokens.create(executor_target="receiver").token
-        with serve(db_url) as url, receiver(outcome, url, executor) as hooks:
+        port = _free_port()
+        with receiver(outcome, f"http://127.0.0.1:{port}", executor) as hooks:
             targets.set("receiver", "webhook", {"url": f"{hooks}/hooks"}, default=True)
-            context = multiprocessing.get_context("spawn")
-            barrier = context.Manager().Barrier(clients)
-            jobs = [(url, tenant_tokens[c], tenants[c],
-                     [f"req-{c}-{n}" for n in range(per_client)], barrier)
-                    for c in range(clients)]
-            first = time.time()
-            with context.Pool(clients) as pool:
-                spans = pool.starmap(_client, jobs)
-            submit_seconds = max(end for _, end, _ in spans) - min(start for start, _, _ in spans)
-            first = min(min(sent.values()) for _, _, sent in spans)
-            until = time.monotonic() + timeout
-            while True:
-                done, last, ended_otherwise = _completed(gate)
-                if done + ended_otherwise >= count or time.monotonic() > until:
-                    break
-                time.sleep(0.1)
-            report = httpx.get(f"{hooks}/arrivals", timeout=30).json()
+            with serve(db_url, port) as url:
+                spans, report, done, last = _drive(gate, url, tenants, tenant_tokens, per_client,
+                                                   count, timeout, hooks)
+    submit_seconds = max(end for _, end, _ in spans) - min(start for start, _, _ in spans)
+    first = min(min(sent.values()) for _, _, sent in spans)
     sent_at = {key: value for _, _, sent in spans for key, value in sent.items()}
     latencies = [report["arrivals"][key] - sent_at[key]
                  for key in sent_at if key in report["arrivals"]]
