@@ -22,8 +22,14 @@ import pytest
 from quotagate import Quotagate, RequestState
 from quotagate.delivery.dispatcher import Dispatcher
 from quotagate.delivery.registry import TargetStore
-from quotagate.delivery.targets.base import DeliveryFailed, DeliverySpec, IdentityMismatch
+from quotagate.delivery.targets.base import (
+    DeliveryFailed,
+    DeliverySpec,
+    IdentityMismatch,
+    Outcome,
+)
 from quotagate.delivery.targets.webhook import WebhookTarget
+from quotagate.errors import InvalidInput
 from quotagate.store import schema
 from support.json_http import JsonHandler
 
@@ -35,6 +41,7 @@ class Receiver(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
         self.objects: dict[str, dict[str, Any]] = {}
         self.posts: list[dict[str, Any]] = []
+        self.gets: list[str] = []
         self.fail_posts = 0
         self.drop_replies = 0
         self.lock = threading.Lock()
@@ -73,6 +80,7 @@ class Handler(JsonHandler):
     def do_GET(self) -> None:
         name = self.path.rsplit("/", 1)[-1]
         with self.server.lock:
+            self.server.gets.append(name)
             found = self.server.objects.get(name)
         if found is None:
             self._reply(404, {"error": "not found"})
@@ -143,6 +151,32 @@ def test_outcome_follows_the_state_the_receiver_reports(receiver: Receiver) -> N
     receiver.objects[created.name]["reason"] = "out of memory"
     outcome = target.outcomes([created]).get(created.request_id)
     assert outcome is not None and not outcome.completed and outcome.reason == "out of memory"
+
+
+def test_poll_every_reads_each_object_at_most_once_per_interval(receiver: Receiver) -> None:
+    now = [100.0]
+    target = WebhookTarget({"url": receiver.url, "poll_every": 30}, ledger_id=LEDGER,
+                           monotonic=lambda: now[0])
+    first = target.create_if_absent(spec())
+    second = target.create_if_absent(spec("job-2", name="team-a-job-2-0"))
+    receiver.objects[first.name]["state"] = "completed"
+    assert target.outcomes([first, second]) == {}  # just seen: the first read is 30 s away
+    now[0] += 29
+    assert target.outcomes([first, second]) == {} and receiver.gets == []
+    now[0] += 1
+    assert target.outcomes([first, second]) == {"job-1": Outcome(completed=True)}
+    assert sorted(receiver.gets) == [first.name, second.name]
+    now[0] += 10
+    assert target.outcomes([second]) == {} and len(receiver.gets) == 2  # read 10 s ago
+    now[0] += 20
+    del receiver.objects[second.name]
+    assert target.outcomes([second]) == {
+        "job-2": Outcome(completed=False, reason="the webhook object disappeared")}
+
+
+def test_poll_every_must_not_be_negative() -> None:
+    with pytest.raises(InvalidInput):
+        WebhookTarget({"url": "http://127.0.0.1:9/hooks", "poll_every": -1}, ledger_id=LEDGER)
 
 
 def test_an_unreachable_receiver_is_a_retryable_failure() -> None:

@@ -41,6 +41,7 @@ from quotagate.delivery.targets import Target
 from quotagate.delivery.targets.base import (
     DeliverySpec,
     ExternalObject,
+    ForgetsEnded,
     IdentityMismatch,
     Outcome,
     StopResult,
@@ -507,23 +508,29 @@ class Dispatcher:
             if lease is None:
                 return ended
             try:
-                ended += self._end_all(lease, outcomes)
+                released, settled = self._end_all(lease, outcomes)
             except StaleGeneration as error:
                 self._stale(error)
                 return ended
+            ended += released
+            if settled and isinstance(target, ForgetsEnded):
+                target.forget_ended([obtained for obtained in objects
+                                     if obtained.request_id in settled])
             if self._lease is None:
                 return ended
         return ended
 
-    def _end_all(self, lease: Lease, outcomes: dict[str, Outcome]) -> int:
+    def _end_all(self, lease: Lease, outcomes: dict[str, Outcome]) -> tuple[int, set[str]]:
         """Release the requests their executor reports ended, in fenced batches.
 
         One transaction per batch (``Ledger.release_many``): one end per
         transaction made the ends queue on the same usage rows (decisions/218).
-        Returns how many this worker released; one another worker (or a
-        callback) ended first is not counted.
+        Returns how many this worker released (one another worker or a
+        callback ended first is not counted) and the ids whose end is now
+        recorded, by this worker or before.
         """
         ended = 0
+        settled: set[str] = set()
         items = sorted(outcomes.items())
         for start in range(0, len(items), END_BATCH):
             chunk = items[start:start + END_BATCH]
@@ -534,15 +541,17 @@ class Dispatcher:
                  for request_id, outcome in chunk],
                 fence=functools.partial(self.leases.fence, lease=lease),
             )
-            for (_request_id, outcome), result in zip(chunk, results, strict=True):
+            for (request_id, outcome), result in zip(chunk, results, strict=True):
                 if isinstance(result, Conflict | NotFound):
+                    settled.add(request_id)
                     continue  # another worker (or a callback) recorded the end first
                 if isinstance(result, Exception):
                     raise result
+                settled.add(request_id)
                 if result.released:
                     stats.increment("completed" if outcome.completed else "failed")
                     ended += 1
-        return ended
+        return ended, settled
 
     def _crash_point(self, name: str) -> None:
         if self._crash_at == name:
