@@ -8,8 +8,9 @@ two ways:
   executor token and the delivery's fencing token, calling again while
   quotagate answers 409 ``not_delivered`` (the worker has not recorded the
   delivery yet), and its outcome read says ``running`` until that succeeded;
-* ``read``: its outcome read (``GET /hooks/{name}``) says ``completed`` at once,
-  and the worker finds out by reading.
+* ``read``: its outcome read (``GET /hooks/{name}``, or many names at once with
+  ``POST /hooks/_read``) says ``completed`` at once, and the worker finds out
+  by reading.
 
 ``GET /arrivals`` returns ``{request_id: epoch seconds}`` of first arrivals.
 """
@@ -87,6 +88,11 @@ def build_app(mode: str, quotagate_url: str, executor_token: str) -> Starlette:
             return JSONResponse({"error": "not found"}, status_code=404)
         return JSONResponse(stored)
 
+    async def read_many(request: Request) -> JSONResponse:
+        names = (await request.json())["names"]
+        return JSONResponse({"objects": {name: objects[name] for name in names
+                                         if name in objects}})
+
     async def stop(request: Request) -> JSONResponse:
         objects.pop(request.path_params["name"], None)
         return JSONResponse({}, status_code=200)
@@ -99,6 +105,7 @@ def build_app(mode: str, quotagate_url: str, executor_token: str) -> Starlette:
 
     return Starlette(routes=[
         Route("/hooks", deliver, methods=["POST"]),
+        Route("/hooks/_read", read_many, methods=["POST"]),
         Route("/hooks/{name}", read, methods=["GET"]),
         Route("/hooks/{name}", stop, methods=["DELETE"]),
         Route("/arrivals", report, methods=["GET"]),

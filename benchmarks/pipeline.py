@@ -202,7 +202,9 @@ def run_pipeline(backend: str, total: int, clients: int, outcome: str, timeout: 
         # running one elsewhere would send the first requests to the old URL).
         targets = TargetStore(gate.engine)
         # A receiver that calls back needs outcome reads only as a rare safety net.
-        hook_config: dict[str, Any] = {"poll_every": 30.0} if outcome == "callback" else {}
+        # A worker that reads outcomes reads many per call.
+        hook_config: dict[str, Any] = (
+            {"poll_every": 30.0} if outcome == "callback" else {"batch_read": True})
         targets.set("receiver", "webhook", {"url": "http://127.0.0.1:9/hooks"}, default=True)
         executor = tokens.create(executor_target="receiver").token
         port = _free_port()

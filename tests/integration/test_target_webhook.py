@@ -42,6 +42,7 @@ class Receiver(ThreadingHTTPServer):
         self.objects: dict[str, dict[str, Any]] = {}
         self.posts: list[dict[str, Any]] = []
         self.gets: list[str] = []
+        self.batch_reads: list[list[str]] = []
         self.fail_posts = 0
         self.drop_replies = 0
         self.lock = threading.Lock()
@@ -56,6 +57,13 @@ class Handler(JsonHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path.endswith("/_read"):
+            with self.server.lock:
+                self.server.batch_reads.append(body["names"])
+                found = {name: self.server.objects[name] for name in body["names"]
+                         if name in self.server.objects}
+            self._reply(200, {"objects": found})
+            return
         with self.server.lock:
             self.server.posts.append({"body": body, "headers": dict(self.headers)})
             if self.server.fail_posts:
@@ -172,6 +180,22 @@ def test_poll_every_reads_each_object_at_most_once_per_interval(receiver: Receiv
     del receiver.objects[second.name]
     assert target.outcomes([second]) == {
         "job-2": Outcome(completed=False, reason="the webhook object disappeared")}
+
+
+def test_batch_read_reads_many_outcomes_in_one_call(receiver: Receiver) -> None:
+    target = WebhookTarget({"url": receiver.url, "batch_read": True}, ledger_id=LEDGER)
+    objects = [target.create_if_absent(spec(f"job-{n}", name=f"team-a-job-{n}-0"))
+               for n in range(3)]
+    receiver.objects[objects[0].name]["state"] = "completed"
+    receiver.objects[objects[1].name].update(state="failed", reason="evicted")
+    del receiver.objects[objects[2].name]
+    assert target.outcomes(objects) == {
+        "job-0": Outcome(completed=True),
+        "job-1": Outcome(completed=False, reason="evicted"),
+        "job-2": Outcome(completed=False, reason="the webhook object disappeared"),
+    }
+    assert receiver.batch_reads == [[obtained.name for obtained in objects]]
+    assert receiver.gets == []
 
 
 def test_poll_every_must_not_be_negative() -> None:

@@ -40,6 +40,7 @@ LEDGER_HEADER = "Quotagate-Ledger"
 # Concurrent outcome GETs per target: enough to hide the round trips, few
 # enough not to crowd the delivery threads of a small machine.
 OUTCOME_READERS = 16
+BATCH_READ = 500  # names per batch read call
 _FINAL = {"completed": True, "succeeded": True, "failed": False}
 
 
@@ -56,9 +57,14 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     poll_every = config.get("poll_every", 0.0)
     if isinstance(poll_every, bool) or not isinstance(poll_every, int | float) or poll_every < 0:
         raise InvalidInput("poll-every must be 0 or more seconds", code="invalid_target_config")
-    checked = {"url": url.rstrip("/"), "timeout": float(timeout)}
+    batch_read = config.get("batch_read", False)
+    if not isinstance(batch_read, bool):
+        raise InvalidInput("batch-read must be true or false", code="invalid_target_config")
+    checked: dict[str, Any] = {"url": url.rstrip("/"), "timeout": float(timeout)}
     if poll_every:
         checked["poll_every"] = float(poll_every)
+    if batch_read:
+        checked["batch_read"] = True
     return checked
 
 
@@ -97,6 +103,8 @@ class WebhookTarget:
         # delivered (a receiver that calls back needs only a rare safety-net read).
         self.poll_every: float = checked.get("poll_every", 0.0)
         self._schedule = _ReadSchedule(self.poll_every, monotonic)
+        # Read outcomes with ``POST <url>/_read`` (many names per call) instead of a GET each.
+        self.batch_read: bool = checked.get("batch_read", False)
         self._httpx = _httpx()
         self.max_connections = max_connections
         self._reader_pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -166,7 +174,9 @@ class WebhookTarget:
         for seconds per pass (docs/decisions/217).
         """
         objects = self._schedule.due(objects)
-        if len(objects) > 1:
+        if self.batch_read and objects:
+            answers = self._read_many([obtained.name for obtained in objects])
+        elif len(objects) > 1:
             answers = list(self._readers().map(lambda obtained: self._get(obtained.name),
                                                objects))
         else:
@@ -216,6 +226,28 @@ class WebhookTarget:
         if pool is not None:
             pool.shutdown(wait=True)
         self._client.close()
+
+    def _read_many(self, names: Sequence[str]) -> list[dict[str, Any] | None]:
+        """``POST <url>/_read`` with ``{"names": […]}``, ``BATCH_READ`` names per call.
+
+        The receiver answers ``{"objects": {name: object}}``, leaving out names it
+        does not have (``_read`` is no object's name: names are DNS-1123 labels).
+        """
+        answers: list[dict[str, Any] | None] = []
+        for start in range(0, len(names), BATCH_READ):
+            chunk = list(names[start:start + BATCH_READ])
+            response = self._call("POST", f"{self.url}/_read", json={"names": chunk})
+            if response.status_code != 200:
+                raise DeliveryFailed(f"webhook batch read answered {response.status_code}",
+                                     public=f"webhook answered {response.status_code}")
+            found = self._json(response).get("objects")
+            if not isinstance(found, dict):
+                raise DeliveryFailed("webhook batch read answered without an objects map",
+                                     public="webhook answered without objects")
+            for name in chunk:
+                answer = found.get(name)
+                answers.append(answer if isinstance(answer, dict) else None)
+        return answers
 
     def _get(self, name: str) -> dict[str, Any] | None:
         response = self._call("GET", f"{self.url}/{quote(name, safe='')}")
