@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -27,6 +27,7 @@ from quotagate.store.engine import create_engine, database_url
 from quotagate.store.ledger import (
     DEFAULT_ADMISSION_WINDOW,
     DEFAULT_TTL,
+    End,
     Ledger,
     ReleaseResult,
     SubmitResult,
@@ -180,6 +181,11 @@ class Quotagate:
 
     def cancel(self, request_id: str, *, actor: str = "system") -> ReleaseResult:
         return self.ledger.release(request_id, RequestState.CANCELLED, actor=actor)
+
+    def release_many(self, ends: Sequence[End]) -> list[ReleaseResult | Exception]:
+        """End many requests in one transaction: a result or the refusal of each, in order
+        (docs/decisions/218)."""
+        return self.ledger.release_many(ends)
 
     def expire(self) -> int:
         return self.ledger.expire()

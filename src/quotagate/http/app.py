@@ -47,7 +47,7 @@ def create_app(
         tokens=TokenStore(gate.engine, clock=gate.clock),
         authorizer=authorizer or default_authorizer,
         metrics=metrics or Metrics(gate.engine, clock=gate.clock),
-        releases=GroupRelease(gate.ledger.release_many),
+        releases=GroupRelease(gate.release_many),
     )
     install_error_handlers(app)
     for router in ROUTERS:
