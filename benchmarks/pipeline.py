@@ -16,7 +16,7 @@ and drains them with one ``QueueManager`` (``mode=drain``); its drain rate is
 the bar (docs/delivery.md: completed/s end to end at least half of it).
 
     .venv/bin/python benchmarks/pipeline.py [--backends postgresql,mysql] [--requests 2000] \\
-        [--clients 8] [--outcome callback|read] [--batch 1] [--timeout 300]
+        [--clients 8] [--outcome callback|callback-batch|read] [--batch 1] [--timeout 300]
 
 Needs the ``bench`` extra (pgqueuer) and the services of the test suite.
 """
@@ -204,7 +204,7 @@ def run_pipeline(backend: str, total: int, clients: int, outcome: str, timeout: 
         # A receiver that calls back needs outcome reads only as a rare safety net.
         # A worker that reads outcomes reads many per call.
         hook_config: dict[str, Any] = (
-            {"poll_every": 30.0} if outcome == "callback" else {"batch_read": True})
+            {"poll_every": 30.0} if outcome.startswith("callback") else {"batch_read": True})
         targets.set("receiver", "webhook", {"url": "http://127.0.0.1:9/hooks"}, default=True)
         executor = tokens.create(executor_target="receiver").token
         port = _free_port()
@@ -219,7 +219,7 @@ def run_pipeline(backend: str, total: int, clients: int, outcome: str, timeout: 
     sent_at = {key: value for _, _, sent in spans for key, value in sent.items()}
     latencies = [report["arrivals"][key] - sent_at[key]
                  for key in sent_at if key in report["arrivals"]]
-    if outcome == "callback":
+    if outcome.startswith("callback"):
         print(f"  {backend}: {report['callbacks']} callbacks, {report['not_delivered']} of them "
               f"answered not_delivered, {report['transport_errors']} lost a connection",
               file=sys.stderr)
@@ -279,7 +279,8 @@ def main() -> None:
                         help=f"Comma-separated, of {', '.join(BACKENDS)}.")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=8, help="Submitting client processes.")
-    parser.add_argument("--outcome", choices=("callback", "read"), default="callback",
+    parser.add_argument("--outcome", choices=("callback", "callback-batch", "read"),
+                        default="callback",
                         help="How the receiver ends each request.")
     parser.add_argument("--batch", type=int, default=1,
                         help="Requests per submit call: 1 (POST …/requests) or more "

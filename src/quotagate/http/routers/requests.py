@@ -15,8 +15,11 @@ from quotagate.http.context import ApiContext, Context
 from quotagate.http.models import (
     MAX_BATCH,
     BatchAnswer,
+    BatchEndAnswer,
+    BatchEndBody,
     BatchEntry,
     BatchSubmitBody,
+    EndResult,
     ReleaseBody,
     SubmitBody,
 )
@@ -88,6 +91,65 @@ def submit_batch(
         results.append(BatchEntry(status=202 if result.created else 200,
                                   request=result.request.to_dict()))
     return BatchAnswer(results=results)
+
+
+@batch_router.post(
+    "/requests:end",
+    summary=f"Complete or fail up to {MAX_BATCH} requests in one call (executors, admins)",
+    description="For a receiver ending many requests: `results[i]` holds what the single "
+    "`…/complete` or `…/fail` call of `ends[i]` would have answered (200 with the request and "
+    "the cost returned, or an error status with `{code, message}`), each end judged on its own "
+    "(fencing token, target, state) and a refused one writing nothing; all of them are written "
+    "in one transaction (docs/decisions/223). A malformed body (422) or more than "
+    f"{MAX_BATCH} entries (413 `batch_too_large`) writes nothing at all.",
+    responses={413: {"description": f"More than {MAX_BATCH} entries; nothing was written"}},
+)
+def end_batch(
+    tenant: str, body: BatchEndBody, context: Context, credentials: Credentials
+) -> BatchEndAnswer:
+    actor = authenticate(context, credentials)
+    validate_name(tenant, "tenant")
+    if len(body.ends) > MAX_BATCH:
+        raise BatchTooLarge(
+            f"a batch holds at most {MAX_BATCH} ends, this one {len(body.ends)}; "
+            "nothing was changed"
+        )
+    refusals: dict[str, QuotagateError | None] = {}
+    results: list[EndResult | None] = [None] * len(body.ends)
+    ends: list[tuple[int, End]] = []
+    for index, entry in enumerate(body.ends):
+        operation = (operations.REQUEST_COMPLETE if entry.state == "completed"
+                     else operations.REQUEST_FAIL)
+        if operation not in refusals:
+            try:
+                authorize(context, actor, tenant, operation, request_id=entry.id)
+                refusals[operation] = None
+            except QuotagateError as error:
+                refusals[operation] = error
+        try:
+            validate_request_id(entry.id)
+            refused = refusals[operation]
+            if refused is not None:
+                raise NotFound(f"request {entry.id!r} does not exist", code="unknown_request")
+        except QuotagateError as error:
+            results[index] = EndResult(status=error.status, error=error.to_dict())
+            continue
+        release = ReleaseBody(reason=entry.reason, fencing_token=entry.fencing_token)
+        ends.append((index, End(
+            entry.id, RequestState(entry.state), reason=entry.reason, actor=actor.name,
+            tenant=tenant, guard=_guard(actor, release),
+        )))
+    for (index, _end), result in zip(
+        ends, context.gate.release_many([end for _index, end in ends]), strict=True
+    ):
+        if isinstance(result, QuotagateError):
+            results[index] = EndResult(status=result.status, error=result.to_dict())
+        elif isinstance(result, Exception):
+            raise result
+        else:
+            results[index] = EndResult(status=200, request=result.request.to_dict(),
+                                       released=result.released)
+    return BatchEndAnswer(results=[result for result in results if result is not None])
 
 
 def _submit(context: ApiContext, actor: Actor, tenant: str, body: SubmitBody) -> SubmitResult:
