@@ -11,9 +11,10 @@ from sqlalchemy.engine import Engine
 
 from quotagate.domain.bucket import BucketConfig, config_from_mapping, parse_rate
 from quotagate.domain.clock import Clock, SystemClock
-from quotagate.domain.model import Request, RequestState, build_submission, validate_name
+from quotagate.domain.model import Request, RequestState, Submission, build_submission, validate_name
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL
 from quotagate.domain.placement import Placement
+from quotagate.errors import QuotagateError
 from quotagate.rate.backend import ENVIRONMENT_VARIABLE as RATE_STORE_VARIABLE
 from quotagate.rate.backend import RateStore, rate_store_from_url
 from quotagate.rate.keys import BucketKey
@@ -160,6 +161,30 @@ class Quotagate:
             payload=payload, target=target,
         )
         return self.ledger.submit(submission, actor=actor)
+
+    def submit_many(
+        self, tenant: str, entries: Sequence[Mapping[str, Any]], *, actor: str = "system"
+    ) -> list[SubmitResult | QuotagateError]:
+        """Submit many requests of ``tenant`` in one transaction (docs/decisions/224).
+
+        Each entry is a mapping of :meth:`submit`'s arguments (``id``, ``cost``,
+        ``priority``, ``payload``, ``target``); the answer holds, in order, each
+        entry's result or the error its single submit would have raised.
+        """
+        answers: list[SubmitResult | QuotagateError | None] = []
+        submissions: list[Submission] = []
+        for entry in entries:
+            try:
+                submissions.append(build_submission(
+                    request_id=entry.get("id"), tenant=tenant, cost=entry.get("cost", {}),
+                    priority=entry.get("priority", 0), payload=entry.get("payload"),
+                    target=entry.get("target"),
+                ))
+                answers.append(None)
+            except QuotagateError as error:
+                answers.append(error)
+        submitted = iter(self.ledger.submit_many(submissions, actor=actor))
+        return [next(submitted) if answer is None else answer for answer in answers]
 
     def admit(self, limit: int = 1) -> list[Placement]:
         return self.ledger.admit(limit)

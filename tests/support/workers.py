@@ -87,3 +87,24 @@ def end_in_batches(url: str, request_ids: list[str], state: str, seed: int, batc
                     for resource, amount in result.released.items():
                         returned[resource] = returned.get(resource, 0) + amount
     results.put((released, returned))
+
+
+def submit_in_batches(url: str, tenant: str, request_ids: list[str], seed: int, batch: int,
+                      results: Any) -> None:
+    """Submit ``request_ids`` (shuffled) with ``Quotagate.submit_many``, ``batch`` per call;
+    report which ids this process was told were created, and any refusals."""
+    ids = list(request_ids)
+    random.Random(seed).shuffle(ids)
+    created: list[str] = []
+    errors: list[str] = []
+    with Quotagate.connect(url) as gate:
+        for start in range(0, len(ids), batch):
+            chunk = ids[start:start + batch]
+            answers = gate.submit_many(tenant, [{"id": request_id, "cost": {"gpu": 1}}
+                                                for request_id in chunk])
+            for request_id, answer in zip(chunk, answers, strict=True):
+                if isinstance(answer, Exception):
+                    errors.append(f"{request_id}: {answer}")
+                elif answer.created:
+                    created.append(request_id)
+    results.put({"created": created, "errors": errors})

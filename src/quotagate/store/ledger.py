@@ -14,9 +14,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -25,15 +23,14 @@ from sqlalchemy.exc import IntegrityError
 from quotagate.domain.bucket import Decision
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import (
-    Request,
     RequestState,
     Submission,
 )
-from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL, queue_key
+from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL
 from quotagate.domain.placement import Candidate, Placement, plan_admissions
 from quotagate.domain.placement import charge as charge_usage
-from quotagate.errors import Conflict, InvalidInput, NotFound
-from quotagate.rate.gate import RateGate, rate_limited, rejection_reason
+from quotagate.errors import Conflict, InvalidInput, QuotagateError
+from quotagate.rate.gate import RateGate, rate_limited
 from quotagate.store import admission_stats, schema, statements
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
@@ -47,10 +44,18 @@ from quotagate.store.driver import DriverTransaction, run_driver_transaction
 from quotagate.store.release import End, ReleaseResult, release_batch
 from quotagate.store.rows import (
     decode_cost,
-    encode_cost,
     request_from_row,
     usage_from_rows,
 )
+from quotagate.store.submission import (
+    SubmitResult,
+    new_row,
+    refusal,
+    replayed,
+    submit_audit,
+    submit_batch,
+)
+from quotagate.store.submission import TokenHolder as _Token
 
 __all__ = ["DEFAULT_ADMISSION_WINDOW", "DEFAULT_TTL", "End", "Ledger", "ReleaseResult", "SubmitResult"]
 
@@ -64,24 +69,6 @@ _MAX_EXPIRED_PER_PASS = 1000
 
 class CapacityChanged(Exception):
     """A conditional charge missed: the snapshot was stale. The transaction is rerun."""
-
-
-@dataclass(frozen=True)
-class SubmitResult:
-    request: Request
-    created: bool
-
-
-@dataclass
-class _Token:
-    """The rate decision of one submit call, kept across reruns of its transaction.
-
-    A token from a store outside the ledger database (Redis) is taken once per
-    call, not once per rerun, and given back if the call ends without
-    recording the request as waiting.
-    """
-
-    decision: Decision | None = None
 
 
 @lru_cache(maxsize=4096)
@@ -149,6 +136,20 @@ class Ledger:
             self.rate_gate.refund(submission.tenant)
         return result
 
+    def submit_many(
+        self, submissions: Sequence[Submission], *, actor: str = "system"
+    ) -> list[SubmitResult | QuotagateError]:
+        """Submit many requests of one tenant in one transaction: each entry's result or
+        refusal, in order, as :meth:`submit` would give it alone (docs/decisions/224).
+
+        A :class:`~quotagate.errors.RateLimited` refusal is returned like any other
+        (its ``rejected`` row committed with the batch)."""
+        return submit_batch(
+            self.engine, submissions, actor=actor, clock=self.clock,
+            aging_interval=self.aging_interval, rate_gate=self.rate_gate,
+            submit_one=lambda submission: self.submit(submission, actor=actor),
+        )
+
     def _submit_with_retries(
         self, submission: Submission, actor: str, token: _Token
     ) -> SubmitResult:
@@ -179,7 +180,7 @@ class Ledger:
                 sa.select(schema.request).where(schema.request.c.id == submission.id)
             ).mappings().first()
         if existing is not None:
-            original = self._replayed(existing, submission)
+            original = replayed(existing, submission)
             if original.state != RequestState.REJECTED:
                 return SubmitResult(original, created=False)
             # A rejected request never entered the queue: submitting it again is a
@@ -192,63 +193,25 @@ class Ledger:
             if existing["state"] != RequestState.REJECTED.value:
                 return SubmitResult(request_from_row(dict(existing)), created=False)
         now = self.clock.now()
-        if "tenant" not in facts:
-            raise NotFound(
-                f"tenant {submission.tenant!r} does not exist; create it with "
-                "'quotagate tenant set'",
-                code="unknown_tenant",
-            )
-        unknown = sorted(set(submission.cost) - facts.get("resource", set()))
-        if unknown:
-            raise InvalidInput(
-                f"unknown resource {', '.join(map(repr, unknown))}: no pool offers it",
-                code="unknown_resource",
-            )
-        if submission.target is not None and "target" not in facts:
-            raise NotFound(f"target {submission.target!r} does not exist", code="unknown_target")
-        if "default_closed" in facts:
-            raise NotFound(
-                "the request names no target and the default target does not serve tenant "
-                f"{submission.tenant!r}; name a target",
-                code="no_default_target",
-            )
+        refused_input = refusal(submission, facts)
+        if refused_input is not None:
+            raise refused_input
         # Everything is valid: only now may a token be spent on this request.
         # A tenant without a rate quota has no bucket row: no token to take.
         decision = (
             self._take_token(connection, submission.tenant, token) if "bucket" in facts else None
         )
-        refused = decision is not None and not decision.granted
-        state = RequestState.REJECTED if refused else RequestState.WAITING
-        reason = rejection_reason(decision) if decision is not None and refused else None
-        row = {
-            "id": submission.id,
-            "tenant": submission.tenant,
-            "state": state.value,
-            "cost": encode_cost(submission.cost),
-            "priority": submission.priority,
-            "payload": submission.payload_json,
-            "target": submission.target,
-            "pool": None,
-            "queue_key": queue_key(submission.priority, now, self.aging_interval),
-            "created": now,
-            "updated": now,
-            "reason": reason,
-        }
+        row = new_row(submission, decision, now, self.aging_interval)
         if existing is None:
             connection.execute(schema.request.insert(), row)
         else:
             connection.execute(
                 schema.request.update()
                 .where(schema.request.c.id == submission.id)
-                .values(state=state.value, queue_key=row["queue_key"], created=now, updated=now,
-                        reason=reason)
+                .values(state=row["state"], queue_key=row["queue_key"], created=now, updated=now,
+                        reason=row["reason"])
             )
-        record(
-            connection,
-            now,
-            AuditEntry(actor, "submit", state.value if refused else "accepted",
-                       submission.tenant, submission.id, reason),
-        )
+        record(connection, now, submit_audit(actor, row))
         return SubmitResult(request_from_row(row), created=True)
 
     def _take_token(
@@ -261,27 +224,6 @@ class Ledger:
         if self.rate_gate.in_transaction or token.decision is None:
             token.decision = self.rate_gate.take_for_submission(connection, tenant)
         return token.decision
-
-    @staticmethod
-    def _replayed(existing: Any, submission: Submission) -> Request:
-        differences = [
-            name
-            for name, stored, given in (
-                ("tenant", existing["tenant"], submission.tenant),
-                ("cost", existing["cost"], encode_cost(submission.cost)),
-                ("priority", existing["priority"], submission.priority),
-                ("payload", existing["payload"], submission.payload_json),
-                ("target", existing["target"], submission.target),
-            )
-            if stored != given
-        ]
-        if differences:
-            raise Conflict(
-                f"request {submission.id!r} already exists with a different "
-                f"{', '.join(differences)}; nothing was changed",
-                code="request_conflict",
-            )
-        return request_from_row(existing)
 
     # -- admit -----------------------------------------------------------------
 

@@ -61,8 +61,8 @@ def submit(tenant: str, body: SubmitBody, context: Context, credentials: Credent
 @batch_router.post(
     "/requests:batch",
     summary=f"Submit up to {MAX_BATCH} requests; each is answered as a single submit would be",
-    description="Entries are submitted one after another, in order, each in its own "
-    "transaction: `results[i]` holds the status a single submit of `requests[i]` would have "
+    description="Entries are judged one after another, in order, and written in one "
+    "transaction (docs/decisions/224): `results[i]` holds the status a single submit of `requests[i]` would have "
     "answered (202 new, 200 identical replay, or an error status with `{code, message}`), and "
     "an entry that fails writes nothing while the others go on. A malformed body (422) or more "
     f"than {MAX_BATCH} entries (413 `batch_too_large`) writes nothing at all.",
@@ -78,18 +78,20 @@ def submit_batch(
             f"a batch holds at most {MAX_BATCH} requests, this one {len(body.requests)}; "
             "nothing was submitted"
         )
+    answers = context.gate.submit_many(
+        tenant, [entry.model_dump() for entry in body.requests], actor=actor.name)
     results: list[BatchEntry] = []
-    for entry in body.requests:
-        try:
-            result = _submit(context, actor, tenant, entry)
-        except QuotagateError as error:
-            context.metrics.rejections.labels(tenant, error.code).inc()
-            results.append(BatchEntry(status=error.status, error=error.to_dict()))
+    for entry, answer in zip(body.requests, answers, strict=True):
+        if isinstance(answer, Conflict):
+            answer = _taken_or(context, tenant, entry.id, answer)
+        if isinstance(answer, QuotagateError):
+            context.metrics.rejections.labels(tenant, answer.code).inc()
+            results.append(BatchEntry(status=answer.status, error=answer.to_dict()))
             continue
         context.metrics.submissions.labels(
-            tenant, "created" if result.created else "replayed").inc()
-        results.append(BatchEntry(status=202 if result.created else 200,
-                                  request=result.request.to_dict()))
+            tenant, "created" if answer.created else "replayed").inc()
+        results.append(BatchEntry(status=202 if answer.created else 200,
+                                  request=answer.request.to_dict()))
     return BatchAnswer(results=results)
 
 
@@ -159,18 +161,20 @@ def _submit(context: ApiContext, actor: Actor, tenant: str, body: SubmitBody) ->
             target=body.target, actor=actor.name,
         )
     except Conflict as conflict:
-        # Request ids are global. If another tenant holds this one, say only
-        # that it is taken: neither who holds it nor what it contains.
-        try:
-            owner = context.gate.show(body.id).tenant
-        except NotFound:
-            raise conflict from None
-        if owner != tenant:
-            raise Conflict(
-                f"request id {body.id!r} is already in use; choose another id",
-                code="request_id_taken",
-            ) from None
-        raise
+        raise _taken_or(context, tenant, body.id, conflict) from None
+
+
+def _taken_or(context: ApiContext, tenant: str, request_id: str, conflict: Conflict) -> Conflict:
+    """Request ids are global. If another tenant holds this one, say only that it is
+    taken: neither who holds it nor what it contains."""
+    try:
+        owner = context.gate.show(request_id).tenant
+    except NotFound:
+        return conflict
+    if owner != tenant:
+        return Conflict(f"request id {request_id!r} is already in use; choose another id",
+                        code="request_id_taken")
+    return conflict
 
 
 @router.get("", summary="The tenant's requests, newest first, with cursor pagination")

@@ -1,0 +1,328 @@
+"""Submit judged the same way for one request and for a batch of them.
+
+A single submit (:meth:`quotagate.store.ledger.Ledger.submit`) and a batch
+(:func:`submit_batch`, docs/decisions/224) must give every request the same
+answer: a new request is recorded ``waiting`` (202), an identical replay
+answers the original (200), a changed one is a conflict, bad references are
+refused, a rate-limited tenant spends one token per new request or has it
+recorded ``rejected``. The rules live here once; the two paths differ only in
+how many rows one transaction writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from quotagate.domain.bucket import Decision
+from quotagate.domain.clock import Clock
+from quotagate.domain.model import Request, RequestState, Submission
+from quotagate.domain.ordering import queue_key
+from quotagate.errors import Conflict, InvalidInput, NotFound, QuotagateError
+from quotagate.rate.gate import RateGate, rate_limited, rejection_reason
+from quotagate.store import schema
+from quotagate.store.audit import AuditEntry, record
+from quotagate.store.dialect import run_transaction
+from quotagate.store.rows import encode_cost, request_from_row
+
+__all__ = ["SubmitResult", "TokenHolder", "refusal", "replayed", "submit_batch"]
+
+# A batch that keeps losing the race for a new id to concurrent submits falls
+# back to one transaction per entry, where each loser reads its winner's row.
+_BATCH_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    request: Request
+    created: bool
+
+
+@dataclass
+class TokenHolder:
+    """The rate decision of one submission, kept across reruns of its transaction.
+
+    A token from a store outside the ledger database (Redis) is taken once per
+    submission, not once per rerun, and given back if the call ends without
+    recording the request as waiting.
+    """
+
+    decision: Decision | None = None
+
+
+def refusal(submission: Submission, facts: Mapping[str, set[str]]) -> QuotagateError | None:
+    """Why a new submission may not be recorded, from the facts read about it; None if it may."""
+    if "tenant" not in facts:
+        return NotFound(
+            f"tenant {submission.tenant!r} does not exist; create it with 'quotagate tenant set'",
+            code="unknown_tenant",
+        )
+    unknown = sorted(set(submission.cost) - facts.get("resource", set()))
+    if unknown:
+        return InvalidInput(
+            f"unknown resource {', '.join(map(repr, unknown))}: no pool offers it",
+            code="unknown_resource",
+        )
+    if submission.target is not None and submission.target not in facts.get("target", set()):
+        return NotFound(f"target {submission.target!r} does not exist", code="unknown_target")
+    if submission.target is None and "default_closed" in facts:
+        return NotFound(
+            "the request names no target and the default target does not serve tenant "
+            f"{submission.tenant!r}; name a target",
+            code="no_default_target",
+        )
+    return None
+
+
+def replayed(existing: Mapping[Any, Any], submission: Submission) -> Request:
+    """The original request of an identical replay; :class:`Conflict` if anything differs."""
+    differences = [
+        name
+        for name, stored, given in (
+            ("tenant", existing["tenant"], submission.tenant),
+            ("cost", existing["cost"], encode_cost(submission.cost)),
+            ("priority", existing["priority"], submission.priority),
+            ("payload", existing["payload"], submission.payload_json),
+            ("target", existing["target"], submission.target),
+        )
+        if stored != given
+    ]
+    if differences:
+        raise Conflict(
+            f"request {submission.id!r} already exists with a different "
+            f"{', '.join(differences)}; nothing was changed",
+            code="request_conflict",
+        )
+    return request_from_row(existing)
+
+
+def new_row(
+    submission: Submission, decision: Decision | None, now: float, aging_interval: float
+) -> dict[str, Any]:
+    """The request row a new attempt writes: ``waiting``, or ``rejected`` by the rate gate."""
+    refused = decision is not None and not decision.granted
+    return {
+        "id": submission.id,
+        "tenant": submission.tenant,
+        "state": (RequestState.REJECTED if refused else RequestState.WAITING).value,
+        "cost": encode_cost(submission.cost),
+        "priority": submission.priority,
+        "payload": submission.payload_json,
+        "target": submission.target,
+        "pool": None,
+        "queue_key": queue_key(submission.priority, now, aging_interval),
+        "created": now,
+        "updated": now,
+        "reason": rejection_reason(decision) if decision is not None and refused else None,
+    }
+
+
+def submit_audit(actor: str, row: Mapping[str, Any]) -> AuditEntry:
+    outcome = "accepted" if row["state"] == RequestState.WAITING.value else row["state"]
+    return AuditEntry(actor, "submit", outcome, row["tenant"], row["id"], row["reason"])
+
+
+# -- batches ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Pending:
+    """What one transaction of a batch is about to write."""
+
+    inserts: dict[str, dict[str, Any]] = field(default_factory=dict)   # id -> new row
+    updates: dict[str, dict[str, Any]] = field(default_factory=dict)   # id -> rejected row retried
+    audit: list[AuditEntry] = field(default_factory=list)
+
+
+def _facts_query() -> sa.CompoundSelect[Any]:
+    """What every entry of a one-tenant batch needs, in one round trip (cf.
+    :func:`quotagate.store.statements.submission_facts_query`, the single submit's)."""
+    capacity, target, allowed = schema.pool_capacity, schema.delivery_target, schema.target_tenant
+    limited = sa.exists().where(allowed.c.target == target.c.name)
+    admitted = sa.exists().where(allowed.c.target == target.c.name,
+                                 allowed.c.tenant == sa.bindparam("tenant"))
+    return sa.union_all(
+        sa.select(sa.literal("tenant").label("fact"), schema.tenant.c.name.label("value"))
+        .where(schema.tenant.c.name == sa.bindparam("tenant")),
+        sa.select(sa.literal("resource").label("fact"), capacity.c.resource.label("value"))
+        .where(capacity.c.resource.in_(sa.bindparam("resources", expanding=True)))
+        .distinct(),
+        sa.select(sa.literal("bucket").label("fact"), schema.rate_bucket.c.key.label("value"))
+        .where(schema.rate_bucket.c.key == sa.bindparam("tenant")),
+        # A target limited to other tenants is, to this tenant, one that does not exist.
+        sa.select(sa.literal("target").label("fact"), target.c.name.label("value"))
+        .where(target.c.name.in_(sa.bindparam("targets", expanding=True)),
+               sa.or_(~limited, admitted)),
+        sa.select(sa.literal("default_closed").label("fact"), target.c.name.label("value"))
+        .where(target.c.is_default == sa.true(), limited, ~admitted),
+    )
+
+
+def submit_batch(
+    engine: Engine,
+    submissions: Sequence[Submission],
+    *,
+    actor: str,
+    clock: Clock,
+    aging_interval: float,
+    rate_gate: RateGate | None,
+    submit_one: Callable[[Submission], SubmitResult],
+) -> list[SubmitResult | QuotagateError]:
+    """Submit many requests of one tenant in one transaction; each answered as
+    :meth:`~quotagate.store.ledger.Ledger.submit` would answer it alone, in order.
+
+    Entries are judged one after another on what the ledger holds plus what the
+    entries before them wrote, so an id repeated in the batch is new the first
+    time and a replay (or a conflict) the second. A refused entry writes
+    nothing; the others go on. ``submit_one`` is the single submit, the
+    fallback when concurrent submits of the same new ids keep winning.
+    """
+    if not submissions:
+        return []
+    tenants = {submission.tenant for submission in submissions}
+    if len(tenants) != 1:
+        raise InvalidInput("a batch submits the requests of one tenant", code="invalid_batch")
+    tokens = [TokenHolder() for _ in submissions]
+    answers: list[SubmitResult | QuotagateError] = []
+    try:
+        for _ in range(_BATCH_ATTEMPTS):
+            try:
+                answers = run_transaction(engine, lambda connection: _submit_batch(
+                    connection, submissions, tokens, actor, clock.now(), aging_interval, rate_gate))
+                break
+            except IntegrityError:
+                continue  # a concurrent submit recorded one of the new ids first: judge again
+        else:
+            answers = _one_by_one(submissions, tokens, rate_gate, submit_one)
+    except BaseException:
+        _refund(rate_gate, submissions, tokens, answers=None)
+        raise
+    _refund(rate_gate, submissions, tokens, answers)
+    return [
+        rate_limited(token.decision, submission.tenant, submission.id)
+        if isinstance(answer, SubmitResult) and token.decision is not None
+        and not token.decision.granted and answer.request.state == RequestState.REJECTED
+        and answer.created
+        else answer
+        for answer, token, submission in zip(answers, tokens, submissions, strict=True)
+    ]
+
+
+def _one_by_one(
+    submissions: Sequence[Submission], tokens: Sequence[TokenHolder],
+    rate_gate: RateGate | None, submit_one: Callable[[Submission], SubmitResult],
+) -> list[SubmitResult | QuotagateError]:
+    # Tokens the failed batch attempts took outside the database go back first:
+    # each single submit takes its own.
+    _refund(rate_gate, submissions, tokens, answers=None)
+    for token in tokens:
+        token.decision = None
+    answers: list[SubmitResult | QuotagateError] = []
+    for submission in submissions:
+        try:
+            answers.append(submit_one(submission))
+        except QuotagateError as error:
+            answers.append(error)
+    return answers
+
+
+def _refund(
+    rate_gate: RateGate | None, submissions: Sequence[Submission], tokens: Sequence[TokenHolder],
+    answers: Sequence[SubmitResult | QuotagateError] | None,
+) -> None:
+    """Give back tokens taken outside the transaction for entries that recorded no new
+    request (all of them when the batch did not commit)."""
+    if rate_gate is None or rate_gate.in_transaction:
+        return
+    for index, token in enumerate(tokens):
+        if token.decision is None or not token.decision.granted:
+            continue
+        answer = None if answers is None else answers[index]
+        if not isinstance(answer, SubmitResult) or not answer.created:
+            rate_gate.refund(submissions[index].tenant)
+
+
+def _submit_batch(
+    connection: sa.Connection, submissions: Sequence[Submission], tokens: Sequence[TokenHolder],
+    actor: str, now: float, aging_interval: float, rate_gate: RateGate | None,
+) -> list[SubmitResult | QuotagateError]:
+    tenant = submissions[0].tenant
+    facts: dict[str, set[str]] = {}
+    for fact, value in connection.execute(_facts_query(), {
+        "tenant": tenant,
+        "resources": sorted({resource for submission in submissions for resource in submission.cost}),
+        "targets": sorted({submission.target for submission in submissions
+                           if submission.target is not None}),
+    }):
+        facts.setdefault(fact, set()).add(value)
+    known = _existing_rows(connection, {submission.id for submission in submissions})
+    pending = _Pending()
+    answers: list[SubmitResult | QuotagateError] = []
+    for submission, token in zip(submissions, tokens, strict=True):
+        try:
+            answers.append(_judge(connection, submission, token, facts, known, pending, actor, now,
+                                  aging_interval, rate_gate))
+        except QuotagateError as error:
+            answers.append(error)
+    if pending.inserts:
+        # In id order: concurrent batches of overlapping ids then wait on each other's
+        # key locks in one order instead of deadlocking.
+        connection.execute(schema.request.insert(),
+                           [pending.inserts[id_] for id_ in sorted(pending.inserts)])
+    for row in pending.updates.values():
+        connection.execute(
+            schema.request.update().where(schema.request.c.id == row["id"]).values(
+                state=row["state"], queue_key=row["queue_key"], created=row["created"],
+                updated=row["updated"], reason=row["reason"]))
+    record(connection, now, *pending.audit)
+    return answers
+
+
+def _existing_rows(connection: sa.Connection, ids: set[str]) -> dict[str, dict[str, Any]]:
+    request = schema.request
+    rows = {row["id"]: dict(row) for row in connection.execute(
+        sa.select(request).where(request.c.id.in_(sorted(ids)))).mappings()}
+    rejected = sorted(id_ for id_, row in rows.items() if row["state"] == RequestState.REJECTED.value)
+    if rejected:
+        # A rejected request submitted again is a new attempt: lock its row so two
+        # such attempts do not both take a token (the single submit does the same).
+        rows.update({row["id"]: dict(row) for row in connection.execute(
+            sa.select(request).where(request.c.id.in_(rejected)).order_by(request.c.id)
+            .with_for_update()).mappings()})
+    return rows
+
+
+def _judge(
+    connection: sa.Connection, submission: Submission, token: TokenHolder,
+    facts: Mapping[str, set[str]], known: dict[str, dict[str, Any]], pending: _Pending,
+    actor: str, now: float, aging_interval: float, rate_gate: RateGate | None,
+) -> SubmitResult:
+    """One entry, judged as a single submit would judge it; raises its refusal."""
+    existing = known.get(submission.id)
+    if existing is not None:
+        original = replayed(existing, submission)
+        if original.state != RequestState.REJECTED:
+            return SubmitResult(original, created=False)
+    refused = refusal(submission, facts)
+    if refused is not None:
+        raise refused
+    decision = None
+    if "bucket" in facts and rate_gate is not None:
+        # In the ledger database the take reruns (and rolls back) with the transaction;
+        # in another store it happened once, for good, and is kept for the reruns.
+        if rate_gate.in_transaction or token.decision is None:
+            token.decision = rate_gate.take_for_submission(connection, submission.tenant)
+        decision = token.decision
+    row = new_row(submission, decision, now, aging_interval)
+    if existing is None or submission.id in pending.inserts:
+        pending.inserts[submission.id] = row
+    else:
+        pending.updates[submission.id] = row
+    known[submission.id] = row
+    pending.audit.append(submit_audit(actor, row))
+    return SubmitResult(request_from_row(row), created=True)
