@@ -322,6 +322,9 @@ class Dispatcher:
         for request_id in written.gone:
             logger.info("worker %s: %s was cancelled during delivery; its stop follows",
                         self.worker_name, request_id)
+        for request_id in written.ended:
+            logger.info("worker %s: %s was ended by its executor during delivery; nothing to "
+                        "record", self.worker_name, request_id)
         moved = 0
         for claim, message in written.conflicts:
             moved += self._give_up(claim, message, "delivery failed: binding conflict")

@@ -26,7 +26,7 @@ from quotagate.delivery import stats
 from quotagate.delivery.targets.base import ExternalObject
 from quotagate.domain.clock import Clock
 from quotagate.domain.lease import Lease
-from quotagate.domain.model import RequestState
+from quotagate.domain.model import FINAL_STATES, RequestState
 from quotagate.errors import Conflict, StaleGeneration
 from quotagate.store import schema
 from quotagate.store.audit import AuditEntry, record
@@ -65,7 +65,12 @@ class BatchResult:
     delivered: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)  # claim taken over: nothing written
     gone: list[str] = field(default_factory=list)  # cancelled meanwhile: bound, not delivered
+    # Ended by its executor while being delivered (docs/decisions/225): nothing written.
+    ended: list[str] = field(default_factory=list)
     conflicts: list[tuple[Claim, str]] = field(default_factory=list)
+
+
+_ENDED = frozenset(state.value for state in FINAL_STATES)
 
 
 def _by_token(rows: Sequence[Any]) -> dict[int, list[str]]:
@@ -265,6 +270,11 @@ class OutboxStore:
             result = BatchResult()
             bindings, marked, entries = [], [], []
             for claim, target, obtained in delivered:
+                if claim.request_id not in held and states.get(claim.request_id) in _ENDED:
+                    # Its executor called back before this mark and the end took the
+                    # outbox row with it: the request is final, there is nothing to record.
+                    result.ended.append(claim.request_id)
+                    continue
                 if held.get(claim.request_id) != (claim.lease.owner, claim.lease.generation,
                                                   claim.token, False):
                     stats.increment("stale_writes")
