@@ -25,7 +25,7 @@ from quotagate.domain.model import Request, RequestState, Submission
 from quotagate.domain.ordering import queue_key
 from quotagate.errors import Conflict, InvalidInput, NotFound, QuotagateError
 from quotagate.rate.gate import RateGate, rate_limited, rejection_reason
-from quotagate.store import schema
+from quotagate.store import schema, statements
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.dialect import run_transaction
 from quotagate.store.rows import encode_cost, request_from_row
@@ -68,9 +68,9 @@ def refusal(submission: Submission, facts: Mapping[str, set[str]]) -> QuotagateE
             f"unknown resource {', '.join(map(repr, unknown))}: no pool offers it",
             code="unknown_resource",
         )
-    if submission.target is not None and submission.target not in facts.get("target", set()):
+    if submission.target is not None and "target" not in facts:
         return NotFound(f"target {submission.target!r} does not exist", code="unknown_target")
-    if submission.target is None and "default_closed" in facts:
+    if "default_closed" in facts:
         return NotFound(
             "the request names no target and the default target does not serve tenant "
             f"{submission.tenant!r}; name a target",
@@ -139,28 +139,25 @@ class _Pending:
     audit: list[AuditEntry] = field(default_factory=list)
 
 
-def _facts_query() -> sa.CompoundSelect[Any]:
-    """What every entry of a one-tenant batch needs, in one round trip (cf.
-    :func:`quotagate.store.statements.submission_facts_query`, the single submit's)."""
-    capacity, target, allowed = schema.pool_capacity, schema.delivery_target, schema.target_tenant
-    limited = sa.exists().where(allowed.c.target == target.c.name)
-    admitted = sa.exists().where(allowed.c.target == target.c.name,
-                                 allowed.c.tenant == sa.bindparam("tenant"))
-    return sa.union_all(
-        sa.select(sa.literal("tenant").label("fact"), schema.tenant.c.name.label("value"))
-        .where(schema.tenant.c.name == sa.bindparam("tenant")),
-        sa.select(sa.literal("resource").label("fact"), capacity.c.resource.label("value"))
-        .where(capacity.c.resource.in_(sa.bindparam("resources", expanding=True)))
-        .distinct(),
-        sa.select(sa.literal("bucket").label("fact"), schema.rate_bucket.c.key.label("value"))
-        .where(schema.rate_bucket.c.key == sa.bindparam("tenant")),
-        # A target limited to other tenants is, to this tenant, one that does not exist.
-        sa.select(sa.literal("target").label("fact"), target.c.name.label("value"))
-        .where(target.c.name.in_(sa.bindparam("targets", expanding=True)),
-               sa.or_(~limited, admitted)),
-        sa.select(sa.literal("default_closed").label("fact"), target.c.name.label("value"))
-        .where(target.c.is_default == sa.true(), limited, ~admitted),
-    )
+def _facts_by_target(
+    connection: sa.Connection, submissions: Sequence[Submission]
+) -> dict[str | None, dict[str, set[str]]]:
+    """The single submit's facts query, once per distinct target of the batch (most
+    batches name one, or none), so a fact it learns is a fact every batch knows."""
+    tenant = submissions[0].tenant
+    resources = sorted({resource for submission in submissions for resource in submission.cost})
+    found: dict[str | None, dict[str, set[str]]] = {}
+    for target in sorted({submission.target for submission in submissions},
+                         key=lambda name: name or ""):
+        facts: dict[str, set[str]] = {}
+        # No request has the empty id (ids are validated): the stored rows are read apart.
+        for fact, value in connection.execute(
+            statements.submission_facts_query(target is not None),
+            {"id": "", "tenant": tenant, "resources": resources, "target": target},
+        ):
+            facts.setdefault(fact, set()).add(value)
+        found[target] = facts
+    return found
 
 
 def submit_batch(
@@ -251,22 +248,14 @@ def _submit_batch(
     connection: sa.Connection, submissions: Sequence[Submission], tokens: Sequence[TokenHolder],
     actor: str, now: float, aging_interval: float, rate_gate: RateGate | None,
 ) -> list[SubmitResult | QuotagateError]:
-    tenant = submissions[0].tenant
-    facts: dict[str, set[str]] = {}
-    for fact, value in connection.execute(_facts_query(), {
-        "tenant": tenant,
-        "resources": sorted({resource for submission in submissions for resource in submission.cost}),
-        "targets": sorted({submission.target for submission in submissions
-                           if submission.target is not None}),
-    }):
-        facts.setdefault(fact, set()).add(value)
+    facts = _facts_by_target(connection, submissions)
     known = _existing_rows(connection, {submission.id for submission in submissions})
     pending = _Pending()
     answers: list[SubmitResult | QuotagateError] = []
     for submission, token in zip(submissions, tokens, strict=True):
         try:
-            answers.append(_judge(connection, submission, token, facts, known, pending, actor, now,
-                                  aging_interval, rate_gate))
+            answers.append(_judge(connection, submission, token, facts[submission.target], known,
+                                  pending, actor, now, aging_interval, rate_gate))
         except QuotagateError as error:
             answers.append(error)
     if pending.inserts:
