@@ -5,9 +5,11 @@ It accepts every delivery (``POST /hooks``: 201, the body echoed back with an
 three ways:
 
 * ``callback``: it calls ``POST …/requests/{id}/complete`` on quotagate with an
-  executor token and the delivery's fencing token, calling again while
-  quotagate answers 409 ``not_delivered`` (the worker has not recorded the
-  delivery yet), and its outcome read says ``running`` until that succeeded;
+  executor token and the delivery's fencing token (accepted even before the
+  worker has recorded the delivery, docs/decisions/225), calling again while
+  quotagate answers 409 ``not_delivered`` (older servers did so until the
+  delivery was recorded), and its outcome read says ``running`` until that
+  succeeded;
 * ``callback-batch``: the same, but the ends of each tenant gathered while its
   previous call is in flight go in one ``POST …/requests:end``;
 * ``read``: its outcome read (``GET /hooks/{name}``, or many names at once with
