@@ -2,14 +2,19 @@
 
 It accepts every delivery (``POST /hooks``: 201, the body echoed back with an
 ``id``), notes when each request arrived, and ends the work at once in one of
-two ways:
+three ways:
 
 * ``callback``: it calls ``POST …/requests/{id}/complete`` on quotagate with an
-  executor token and the delivery's fencing token, calling again while
-  quotagate answers 409 ``not_delivered`` (the worker has not recorded the
-  delivery yet), and its outcome read says ``running`` until that succeeded;
-* ``read``: its outcome read (``GET /hooks/{name}``) says ``completed`` at once,
-  and the worker finds out by reading.
+  executor token and the delivery's fencing token (accepted even before the
+  worker has recorded the delivery, docs/decisions/225), calling again while
+  quotagate answers 409 ``not_delivered`` (older servers did so until the
+  delivery was recorded), and its outcome read says ``running`` until that
+  succeeded;
+* ``callback-batch``: the same, but the ends of each tenant gathered while its
+  previous call is in flight go in one ``POST …/requests:end``;
+* ``read``: its outcome read (``GET /hooks/{name}``, or many names at once with
+  ``POST /hooks/_read``) says ``completed`` at once, and the worker finds out
+  by reading.
 
 ``GET /arrivals`` returns ``{request_id: epoch seconds}`` of first arrivals.
 """
@@ -29,6 +34,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 _CALLBACK_ATTEMPTS = 500
+_BATCH = 500  # ends per POST …/requests:end
 
 
 def build_app(mode: str, quotagate_url: str, executor_token: str) -> Starlette:
@@ -65,6 +71,58 @@ def build_app(mode: str, quotagate_url: str, executor_token: str) -> Starlette:
             delay = min(delay * 2, 0.5)
         stored["callback_error"] = "never recorded as delivered"
 
+    # callback-batch: per tenant, ends gathered while the previous call is in flight.
+    gathered: dict[str, list[dict[str, Any]]] = {}
+    wakeups: dict[str, asyncio.Event] = {}
+
+    def gather(stored: dict[str, Any]) -> None:
+        tenant = stored["tenant"]
+        gathered.setdefault(tenant, []).append(stored)
+        if tenant not in wakeups:
+            wakeups[tenant] = asyncio.Event()
+            task = asyncio.get_running_loop().create_task(flush(tenant))
+            pending.add(task)
+        wakeups[tenant].set()
+
+    async def flush(tenant: str) -> None:
+        path = f"/v1/tenants/{tenant}/requests:end"
+        while True:
+            await wakeups[tenant].wait()
+            wakeups[tenant].clear()
+            batch, gathered[tenant] = gathered[tenant][:_BATCH], gathered[tenant][_BATCH:]
+            if gathered[tenant]:
+                wakeups[tenant].set()
+            if not batch:
+                continue
+            calls["callbacks"] += 1
+            try:
+                answer = await client.post(path, json={"ends": [
+                    {"id": stored["request_id"], "state": "completed",
+                     "fencing_token": stored["fencing_token"]} for stored in batch]})
+            except httpx.TransportError:
+                calls["transport_errors"] += 1
+                retry(batch)
+                continue
+            if answer.status_code != 200:
+                for stored in batch:
+                    stored["callback_error"] = f"{answer.status_code} {answer.text[:200]}"
+                continue
+            later = []
+            for stored, result in zip(batch, answer.json()["results"], strict=True):
+                if result["status"] == 200:
+                    stored["state"] = "completed"
+                elif result["status"] == 409 and result["error"]["code"] == "not_delivered":
+                    calls["not_delivered"] += 1
+                    later.append(stored)
+                else:
+                    stored["callback_error"] = f"{result['status']} {result['error']}"
+            retry(later)
+
+    def retry(batch: list[dict[str, Any]]) -> None:
+        # The worker records its batch's deliveries together: ask again shortly.
+        if batch:
+            asyncio.get_running_loop().call_later(0.05, lambda: [gather(s) for s in batch])
+
     async def deliver(request: Request) -> JSONResponse:
         body = await request.json()
         name = body["name"]
@@ -79,6 +137,8 @@ def build_app(mode: str, quotagate_url: str, executor_token: str) -> Starlette:
             task = asyncio.get_running_loop().create_task(complete(stored))
             pending.add(task)
             task.add_done_callback(pending.discard)
+        elif mode == "callback-batch":
+            gather(stored)
         return JSONResponse(stored, status_code=201)
 
     async def read(request: Request) -> JSONResponse:
@@ -86,6 +146,11 @@ def build_app(mode: str, quotagate_url: str, executor_token: str) -> Starlette:
         if stored is None:
             return JSONResponse({"error": "not found"}, status_code=404)
         return JSONResponse(stored)
+
+    async def read_many(request: Request) -> JSONResponse:
+        names = (await request.json())["names"]
+        return JSONResponse({"objects": {name: objects[name] for name in names
+                                         if name in objects}})
 
     async def stop(request: Request) -> JSONResponse:
         objects.pop(request.path_params["name"], None)
@@ -99,6 +164,7 @@ def build_app(mode: str, quotagate_url: str, executor_token: str) -> Starlette:
 
     return Starlette(routes=[
         Route("/hooks", deliver, methods=["POST"]),
+        Route("/hooks/_read", read_many, methods=["POST"]),
         Route("/hooks/{name}", read, methods=["GET"]),
         Route("/hooks/{name}", stop, methods=["DELETE"]),
         Route("/arrivals", report, methods=["GET"]),

@@ -16,7 +16,7 @@ and drains them with one ``QueueManager`` (``mode=drain``); its drain rate is
 the bar (docs/delivery.md: completed/s end to end at least half of it).
 
     .venv/bin/python benchmarks/pipeline.py [--backends postgresql,mysql] [--requests 2000] \\
-        [--clients 8] [--outcome callback|read] [--timeout 300]
+        [--clients 8] [--outcome callback|callback-batch|read] [--batch 1] [--timeout 300]
 
 Needs the ``bench`` extra (pgqueuer) and the services of the test suite.
 """
@@ -75,9 +75,8 @@ def _wait_ready(url: str, process: Any, what: str) -> None:
 
 
 @contextmanager
-def serve(db_url: str) -> Iterator[str]:
+def serve(db_url: str, port: int) -> Iterator[str]:
     """One ``quotagate serve`` with its admission loop and delivery worker."""
-    port = _free_port()
     environment = {key: value for key, value in os.environ.items()
                    if not key.startswith("QUOTAGATE_")}
     process = subprocess.Popen(
@@ -113,9 +112,9 @@ def receiver(mode: str, quotagate_url: str, executor_token: str) -> Iterator[str
         process.join(30)
 
 
-def _client(url: str, token: str, tenant: str, ids: list[str], barrier: Barrier
-            ) -> tuple[float, float, dict[str, float]]:
-    """Submit ``ids`` one by one; return (start, end, send time of each id)."""
+def _client(url: str, token: str, tenant: str, ids: list[str], barrier: Barrier,
+            batch: int) -> tuple[float, float, dict[str, float]]:
+    """Submit ``ids`` one by one (or ``batch`` per batch submit); (start, end, send times)."""
     path = f"/v1/tenants/{tenant}/requests"
     sent: dict[str, float] = {}
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
@@ -123,6 +122,19 @@ def _client(url: str, token: str, tenant: str, ids: list[str], barrier: Barrier
         client.get("/healthz")
         barrier.wait()
         started = time.perf_counter()
+        if batch > 1:
+            for offset in range(0, len(ids), batch):
+                chunk = ids[offset:offset + batch]
+                now = time.time()
+                sent.update(dict.fromkeys(chunk, now))
+                response = client.post(f"{path}:batch", json={"requests": [
+                    {"id": request_id, "cost": {"gpu": 1}, "payload": {"n": request_id}}
+                    for request_id in chunk]})
+                statuses = {entry["status"] for entry in response.json().get("results", [])}
+                if response.status_code != 200 or statuses != {202}:
+                    raise RuntimeError(f"batch submit answered {response.status_code}: "
+                                       f"{response.text[:300]}")
+            return started, time.perf_counter(), sent
         for request_id in ids:
             sent[request_id] = time.time()
             response = client.post(path, json={"id": request_id, "cost": {"gpu": 1},
@@ -150,8 +162,29 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
-def run_pipeline(backend: str, total: int, clients: int, outcome: str, timeout: float
-                 ) -> list[Any]:
+def _drive(gate: Quotagate, url: str, tenants: list[str], tenant_tokens: list[str],
+           per_client: int, count: int, timeout: float, hooks: str, batch: int
+           ) -> tuple[list[Any], dict[str, Any], int, float | None]:
+    """Submit from every client at once, then wait until every request ended."""
+    context = multiprocessing.get_context("spawn")
+    clients = len(tenants)
+    barrier = context.Manager().Barrier(clients)
+    jobs = [(url, tenant_tokens[c], tenants[c], [f"req-{c}-{n}" for n in range(per_client)],
+             barrier, batch) for c in range(clients)]
+    with context.Pool(clients) as pool:
+        spans = pool.starmap(_client, jobs)
+    until = time.monotonic() + timeout
+    while True:
+        done, last, ended_otherwise = _completed(gate)
+        if done + ended_otherwise >= count or time.monotonic() > until:
+            break
+        time.sleep(0.1)
+    report = httpx.get(f"{hooks}/arrivals", timeout=30).json()
+    return spans, report, done, last
+
+
+def run_pipeline(backend: str, total: int, clients: int, outcome: str, timeout: float,
+                 batch: int = 1) -> list[Any]:
     per_client = total // clients
     count = per_client * clients
     with throwaway_database(backend) as db_url, Quotagate.connect(db_url) as gate:
@@ -162,34 +195,31 @@ def run_pipeline(backend: str, total: int, clients: int, outcome: str, timeout: 
         for tenant in tenants:
             gate.set_tenant(tenant, {"gpu": 10**9})
             tenant_tokens.append(tokens.create(tenant=tenant).token)
-        # The receiver's URL is known only once it runs, and it needs the executor
-        # token, which needs the target: create the target, then point it there.
+        # The receiver needs the executor token, which needs the target, whose URL
+        # is the receiver's: create the target, start the receiver, point the
+        # target at it, and only then start serve, so its worker reads the final
+        # target at start (a worker re-reads targets once a second: pointing a
+        # running one elsewhere would send the first requests to the old URL).
         targets = TargetStore(gate.engine)
+        # A receiver that calls back needs outcome reads only as a rare safety net.
+        # A worker that reads outcomes reads many per call.
+        hook_config: dict[str, Any] = (
+            {"poll_every": 30.0} if outcome.startswith("callback") else {"batch_read": True})
         targets.set("receiver", "webhook", {"url": "http://127.0.0.1:9/hooks"}, default=True)
         executor = tokens.create(executor_target="receiver").token
-        with serve(db_url) as url, receiver(outcome, url, executor) as hooks:
-            targets.set("receiver", "webhook", {"url": f"{hooks}/hooks"}, default=True)
-            context = multiprocessing.get_context("spawn")
-            barrier = context.Manager().Barrier(clients)
-            jobs = [(url, tenant_tokens[c], tenants[c],
-                     [f"req-{c}-{n}" for n in range(per_client)], barrier)
-                    for c in range(clients)]
-            first = time.time()
-            with context.Pool(clients) as pool:
-                spans = pool.starmap(_client, jobs)
-            submit_seconds = max(end for _, end, _ in spans) - min(start for start, _, _ in spans)
-            first = min(min(sent.values()) for _, _, sent in spans)
-            until = time.monotonic() + timeout
-            while True:
-                done, last, ended_otherwise = _completed(gate)
-                if done + ended_otherwise >= count or time.monotonic() > until:
-                    break
-                time.sleep(0.1)
-            report = httpx.get(f"{hooks}/arrivals", timeout=30).json()
+        port = _free_port()
+        with receiver(outcome, f"http://127.0.0.1:{port}", executor) as hooks:
+            targets.set("receiver", "webhook", {"url": f"{hooks}/hooks", **hook_config},
+                        default=True)
+            with serve(db_url, port) as url:
+                spans, report, done, last = _drive(gate, url, tenants, tenant_tokens, per_client,
+                                                   count, timeout, hooks, batch)
+    submit_seconds = max(end for _, end, _ in spans) - min(start for start, _, _ in spans)
+    first = min(min(sent.values()) for _, _, sent in spans)
     sent_at = {key: value for _, _, sent in spans for key, value in sent.items()}
     latencies = [report["arrivals"][key] - sent_at[key]
                  for key in sent_at if key in report["arrivals"]]
-    if outcome == "callback":
+    if outcome.startswith("callback"):
         print(f"  {backend}: {report['callbacks']} callbacks, {report['not_delivered']} of them "
               f"answered not_delivered, {report['transport_errors']} lost a connection",
               file=sys.stderr)
@@ -197,7 +227,8 @@ def run_pipeline(backend: str, total: int, clients: int, outcome: str, timeout: 
         print(f"  {backend}: {report['callback_error_count']} callbacks failed, e.g. "
               f"{report['callback_errors']}", file=sys.stderr)
     complete_rate = done / (last - first) if done and last else 0.0
-    return [backend, f"quotagate ({outcome})", count, f"{count / submit_seconds:.0f}",
+    submits = "single submits" if batch == 1 else f"batch submits of {batch}"
+    return [backend, f"quotagate ({outcome}, {submits})", count, f"{count / submit_seconds:.0f}",
             f"{complete_rate:.1f}", f"{done}/{count}",
             f"{statistics.median(latencies) * 1000:.0f}" if latencies else "-",
             f"{_percentile(latencies, 0.99) * 1000:.0f}" if latencies else "-"]
@@ -248,8 +279,12 @@ def main() -> None:
                         help=f"Comma-separated, of {', '.join(BACKENDS)}.")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=8, help="Submitting client processes.")
-    parser.add_argument("--outcome", choices=("callback", "read"), default="callback",
+    parser.add_argument("--outcome", choices=("callback", "callback-batch", "read"),
+                        default="callback",
                         help="How the receiver ends each request.")
+    parser.add_argument("--batch", type=int, default=1,
+                        help="Requests per submit call: 1 (POST …/requests) or more "
+                        "(POST …/requests:batch).")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="Seconds to wait for every request to complete.")
     arguments = parser.parse_args()
@@ -262,7 +297,7 @@ def main() -> None:
         for backend in backends:
             print(f"{backend}: quotagate pipeline", file=sys.stderr)
             rows.append(run_pipeline(backend, arguments.requests, arguments.clients,
-                                     arguments.outcome, arguments.timeout))
+                                     arguments.outcome, arguments.timeout, arguments.batch))
     except ServerUnavailable as error:
         sys.exit(f"skipped: {error}")
     print(render_table(

@@ -21,6 +21,7 @@ from quotagate.domain.model import (
     WITHIN_TENANT_POLICIES,
     Request,
     RequestState,
+    Submission,
     build_submission,
     validate_limits,
     validate_name,
@@ -31,7 +32,7 @@ from quotagate.domain.model import (
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL
 from quotagate.domain.placement import Placement
 from quotagate.domain.sharing import KEEP, Keep, TenantSharing
-from quotagate.errors import InvalidInput, NotFound
+from quotagate.errors import InvalidInput, NotFound, QuotagateError
 from quotagate.rate.backend import RateStore
 from quotagate.rate.keys import BucketKey
 from quotagate.rate.quotas import RateQuotas
@@ -50,6 +51,7 @@ from quotagate.store.lease import LeaseStore
 from quotagate.store.ledger import (
     DEFAULT_ADMISSION_WINDOW,
     DEFAULT_TTL,
+    End,
     Ledger,
     ReleaseResult,
     SubmitResult,
@@ -331,6 +333,30 @@ class Quotagate:
             tokens = float(status["tokens"])
         return self.views.simulate(submission, rate_tokens=tokens, named=request_id is not None)
 
+    def submit_many(
+        self, tenant: str, entries: Sequence[Mapping[str, Any]], *, actor: str = "system"
+    ) -> list[SubmitResult | QuotagateError]:
+        """Submit many requests of ``tenant`` in one transaction (docs/decisions/224).
+
+        Each entry is a mapping of :meth:`submit`'s arguments (``id``, ``cost``,
+        ``priority``, ``payload``, ``target``); the answer holds, in order, each
+        entry's result or the error its single submit would have raised.
+        """
+        answers: list[SubmitResult | QuotagateError | None] = []
+        submissions: list[Submission] = []
+        for entry in entries:
+            try:
+                submissions.append(build_submission(
+                    request_id=entry.get("id"), tenant=tenant, cost=entry.get("cost", {}),
+                    priority=entry.get("priority", 0), payload=entry.get("payload"),
+                    target=entry.get("target"),
+                ))
+                answers.append(None)
+            except QuotagateError as error:
+                answers.append(error)
+        submitted = iter(self.ledger.submit_many(submissions, actor=actor))
+        return [next(submitted) if answer is None else answer for answer in answers]
+
     def admit(self, limit: int = 1) -> list[Placement]:
         return self.ledger.admit(limit)
 
@@ -363,6 +389,11 @@ class Quotagate:
         """
         return self.ledger.release(request_id, to_state, reason=reason, actor=actor,
                                    tenant=tenant, guard=guard)
+
+    def release_many(self, ends: Sequence[End]) -> list[ReleaseResult | Exception]:
+        """End many requests in one transaction: a result or the refusal of each, in order
+        (docs/decisions/218)."""
+        return self.ledger.release_many(ends)
 
     def expire(self) -> int:
         return self.ledger.expire()

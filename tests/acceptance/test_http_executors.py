@@ -243,3 +243,44 @@ def test_cli_creates_and_lists_executor_tokens(db_url: str, tmp_path: Path) -> N
     assert "invalid_token_scope" in alone.stderr
     with Quotagate.connect(db_url) as gate:
         assert count(gate, schema.api_token) == 1
+
+
+def test_a_batch_of_ends_answers_each_as_its_single_call_would(platform: Platform) -> None:
+    """POST …/requests:end (docs/decisions/223): one call, one transaction, each end judged."""
+    gate, http = platform.gate, platform.http
+    first = deliver(gate, "job-e1", "team-a", "hooks-a", {"gpu": 2})
+    second = deliver(gate, "job-e2", "team-a", "hooks-a")
+    other = deliver(gate, "job-eb", "team-a", "hooks-b")
+    assert _used(gate) == 4
+    ends = [
+        {"id": "job-e1", "state": "completed", "fencing_token": first},
+        {"id": "job-e2", "state": "failed", "reason": "oom", "fencing_token": second - 1},
+        {"id": "job-eb", "state": "completed", "fencing_token": other},  # another target's
+        {"id": "job-e1", "state": "completed", "fencing_token": first},  # again: no-op
+        {"id": "job-e2", "state": "failed", "reason": "oom", "fencing_token": second},
+        {"id": "bad id!", "state": "completed", "fencing_token": 1},
+    ]
+    answer = http.post("/v1/tenants/team-a/requests:end", headers=platform.executor_a,
+                       json={"ends": ends})
+    assert answer.status_code == 200, answer.text
+    results = answer.json()["results"]
+    assert [result["status"] for result in results] == [200, 409, 404, 200, 200, 400]
+    assert results[0]["released"] == {"gpu": 2} and results[0]["request"]["state"] == "completed"
+    assert results[1]["error"]["code"] == "stale_fencing_token"
+    assert results[2]["error"]["code"] == "unknown_request"
+    assert results[3]["released"] == {}  # the cost came back once
+    assert results[4]["released"] == {"gpu": 1} and results[4]["request"]["reason"] == "oom"
+    assert _used(gate) == 1  # job-eb, another target's, still charged
+    assert gate.show("job-eb").state == RequestState.DELIVERED
+
+    # A tenant token is refused per entry, as for its single calls; nothing changes.
+    before = snapshot(gate)
+    refused = http.post("/v1/tenants/team-a/requests:end", headers=platform.tenant,
+                        json={"ends": [{"id": "job-eb", "state": "completed"}]})
+    assert refused.status_code == 200, refused.text
+    assert refused.json()["results"][0]["status"] == 403
+    assert snapshot(gate) == before
+    too_many = http.post("/v1/tenants/team-a/requests:end", headers=platform.executor_a,
+                         json={"ends": [{"id": "job-eb", "state": "completed"}] * 1001})
+    assert too_many.status_code == 413, too_many.text
+    assert snapshot(gate) == before

@@ -107,6 +107,10 @@ def test_process_target_runs_each_request_once_and_its_exit_releases_the_cost(
     # Running again does nothing more: no second run, no second release.
     dispatcher.run_once()
     assert len(runs_log(tmp_path)) == 2
+    # Recorded ends leave the .exited index (it holds only ends still to record);
+    # the run directories and their exit status stay.
+    assert list((tmp_path / "runs" / ".exited").iterdir()) == []
+    assert all((path / "exit_status").exists() for path in run_directories(tmp_path))
     dispatcher.release()
     assert dispatcher.leases.get("worker/w1").owner is None
 

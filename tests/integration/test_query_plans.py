@@ -7,9 +7,13 @@ that must be a failing test, not a slow night.
 from __future__ import annotations
 
 import json
+import re
+
+import pytest
 
 from quotagate import Quotagate
 from quotagate.domain.ordering import queue_key
+from quotagate.domain.placement import Placement
 from quotagate.store import schema, statements
 
 QUEUE_INDEX = "ix_qg_request_tenant_state_queue_key_created_id"
@@ -58,3 +62,31 @@ def test_admission_reads_each_tenant_queue_through_the_index(gate: Quotagate) ->
             )
             assert f"USING INDEX {QUEUE_INDEX}" in plan, plan
             assert "TEMP B-TREE FOR ORDER BY" not in plan.split("COMPOUND")[0], plan
+
+
+def test_reserving_runs_its_locking_subquery_once_per_chosen_row_before_any_analyze(
+    gate: Quotagate,
+) -> None:
+    """PostgreSQL, a burst of 2,000 waiting requests that its statistics do not know yet
+    (never analyzed): the reserve statement must not visit the queue once per row."""
+    if gate.engine.dialect.name != "postgresql":
+        pytest.skip("the locking reserve statement is PostgreSQL's (reserves_with_lock)")
+    gate.set_pool("main", {"gpu": 10**6})
+    gate.set_tenant("team-a", {"gpu": 10**6})
+    for start in range(0, 2000, 500):
+        gate.submit_many("team-a", [{"id": f"b-{index}", "cost": {"gpu": 1}}
+                                    for index in range(start, start + 500)])
+    plan_of = [Placement(f"b-{index}", "team-a", "main", {"gpu": 1}) for index in range(8)]
+    statement = statements.reserve_statement(len(plan_of), lock=True)
+    compiled = statement.compile(gate.engine)
+    raw = gate.engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        cursor.execute(f"EXPLAIN (ANALYZE) {compiled}",
+                       compiled.construct_params(statements.reserve_parameters(plan_of, 1.0)))
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    finally:
+        raw.rollback()
+        raw.close()
+    loops = [int(found) for found in re.findall(r"loops=(\d+)", plan)]
+    assert loops and max(loops) <= len(plan_of), plan

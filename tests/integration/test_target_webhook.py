@@ -22,8 +22,14 @@ import pytest
 from quotagate import Quotagate, RequestState
 from quotagate.delivery.dispatcher import Dispatcher
 from quotagate.delivery.registry import TargetStore
-from quotagate.delivery.targets.base import DeliveryFailed, DeliverySpec, IdentityMismatch
+from quotagate.delivery.targets.base import (
+    DeliveryFailed,
+    DeliverySpec,
+    IdentityMismatch,
+    Outcome,
+)
 from quotagate.delivery.targets.webhook import WebhookTarget
+from quotagate.errors import InvalidInput
 from quotagate.store import schema
 from support.json_http import JsonHandler
 
@@ -38,6 +44,7 @@ class Receiver(ThreadingHTTPServer):
         # What each POST was answered (0: acted on, reply dropped) and each GET asked for.
         self.answers: list[int] = []
         self.reads: list[str] = []
+        self.batch_reads: list[list[str]] = []
         self.fail_posts = 0
         self.drop_replies = 0
         self.lock = threading.Lock()
@@ -52,6 +59,13 @@ class Handler(JsonHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path.endswith("/_read"):
+            with self.server.lock:
+                self.server.batch_reads.append(body["names"])
+                found = {name: self.server.objects[name] for name in body["names"]
+                         if name in self.server.objects}
+            self._reply(200, {"objects": found})
+            return
         with self.server.lock:
             self.server.posts.append({"body": body, "headers": dict(self.headers)})
             if self.server.fail_posts:
@@ -154,6 +168,48 @@ def test_outcome_follows_the_state_the_receiver_reports(receiver: Receiver) -> N
     receiver.objects[created.name]["reason"] = "out of memory"
     outcome = target.outcomes([created]).get(created.request_id)
     assert outcome is not None and not outcome.completed and outcome.reason == "out of memory"
+
+
+def test_poll_every_reads_each_object_at_most_once_per_interval(receiver: Receiver) -> None:
+    now = [100.0]
+    target = WebhookTarget({"url": receiver.url, "poll_every": 30}, ledger_id=LEDGER,
+                           monotonic=lambda: now[0])
+    first = target.create_if_absent(spec())
+    second = target.create_if_absent(spec("job-2", name="team-a-job-2-0"))
+    receiver.objects[first.name]["state"] = "completed"
+    assert target.outcomes([first, second]) == {}  # just seen: the first read is 30 s away
+    now[0] += 29
+    assert target.outcomes([first, second]) == {} and receiver.reads == []
+    now[0] += 1
+    assert target.outcomes([first, second]) == {"job-1": Outcome(completed=True)}
+    assert sorted(receiver.reads) == [first.name, second.name]
+    now[0] += 10
+    assert target.outcomes([second]) == {} and len(receiver.reads) == 2  # read 10 s ago
+    now[0] += 20
+    del receiver.objects[second.name]
+    assert target.outcomes([second]) == {
+        "job-2": Outcome(completed=False, reason="the webhook object disappeared")}
+
+
+def test_batch_read_reads_many_outcomes_in_one_call(receiver: Receiver) -> None:
+    target = WebhookTarget({"url": receiver.url, "batch_read": True}, ledger_id=LEDGER)
+    objects = [target.create_if_absent(spec(f"job-{n}", name=f"team-a-job-{n}-0"))
+               for n in range(3)]
+    receiver.objects[objects[0].name]["state"] = "completed"
+    receiver.objects[objects[1].name].update(state="failed", reason="evicted")
+    del receiver.objects[objects[2].name]
+    assert target.outcomes(objects) == {
+        "job-0": Outcome(completed=True),
+        "job-1": Outcome(completed=False, reason="evicted"),
+        "job-2": Outcome(completed=False, reason="the webhook object disappeared"),
+    }
+    assert receiver.batch_reads == [[obtained.name for obtained in objects]]
+    assert receiver.reads == []
+
+
+def test_poll_every_must_not_be_negative() -> None:
+    with pytest.raises(InvalidInput):
+        WebhookTarget({"url": "http://127.0.0.1:9/hooks", "poll_every": -1}, ledger_id=LEDGER)
 
 
 def test_an_unreachable_receiver_is_a_retryable_failure() -> None:

@@ -117,6 +117,12 @@ def target() -> None:
               help="process: seconds between SIGTERM and SIGKILL on a stop (default 10).")
 @click.option("--url", help="webhook: the URL requests are POSTed to.")
 @click.option("--timeout", type=float, help="webhook: seconds per HTTP call (default 10).")
+@click.option("--poll-every", type=float, help="webhook: read each running object's outcome "
+              "at most once per this many seconds (default 0: every outcome pass); for a "
+              "receiver that calls back, e.g. 30.")
+@click.option("--batch-read/--no-batch-read", "batch_read", default=None,
+              help="webhook: read outcomes with POST <url>/_read, many names per call, "
+              "instead of one GET per object (docs/delivery.md).")
 @click.option("--namespace", help="kubernetes: namespace (default 'default').")
 @click.option("--group", "api_group", help="kubernetes: API group (default quotagate.io).")
 @click.option("--version", "api_version", help="kubernetes: API version (default v1alpha1).")

@@ -41,14 +41,16 @@ from quotagate.delivery.targets import Target
 from quotagate.delivery.targets.base import (
     DeliverySpec,
     ExternalObject,
+    ForgetsEnded,
     IdentityMismatch,
     Outcome,
     StopResult,
 )
 from quotagate.domain.lease import Lease, validate_owner, validate_ttl
 from quotagate.domain.model import RequestState, bounded_reason
-from quotagate.errors import Conflict, InvalidInput, QuotagateError, StaleGeneration
+from quotagate.errors import Conflict, InvalidInput, NotFound, QuotagateError, StaleGeneration
 from quotagate.store.lease import LeaseStore
+from quotagate.store.release import End
 
 __all__ = ["CRASH_POINTS", "Dispatcher", "lease_name"]
 
@@ -63,6 +65,7 @@ DEFAULT_BATCH = 64
 DEFAULT_STOP_POLL = 1.0
 TARGET_REFRESH_INTERVAL = 1.0
 MAX_BATCHES_PER_PASS = 16
+END_BATCH = 256  # ends released per transaction
 OBSERVE_INTERVAL = 1.0
 
 Result = TypeVar("Result")
@@ -317,6 +320,9 @@ class Dispatcher:
         for request_id in written.gone:
             logger.info("worker %s: %s was cancelled during delivery; its stop follows",
                         self.worker_name, request_id)
+        for request_id in written.ended:
+            logger.info("worker %s: %s was ended by its executor during delivery; nothing to "
+                        "record", self.worker_name, request_id)
         moved = 0
         for claim, message in written.conflicts:
             moved += self._give_up(claim, message, "delivery failed: binding conflict")
@@ -410,7 +416,7 @@ class Dispatcher:
         if not claims:
             return 0
         results = self._in_pool([functools.partial(self._stop, claim) for claim in claims])
-        moved = 0
+        confirmed: list[tuple[Claim, StopResult]] = []
         for claim, result in zip(claims, results, strict=True):
             if self._lease is None:
                 break
@@ -419,7 +425,7 @@ class Dispatcher:
                           else f"{type(result).__name__}: {result}")
                 result = StopResult(stopped=False, reason=f"stop failed: {redact_text(detail)}")
             if result.stopped:
-                moved += self._stopped(claim, result)
+                confirmed.append((claim, result))
                 continue
             self.counters.increment("stops_pending")
             logger.info("worker %s: stop of %s not confirmed yet: %s", self.worker_name,
@@ -431,7 +437,7 @@ class Dispatcher:
                 self._stale(error)
             except RequestGone:
                 pass
-        return moved
+        return self._stopped(lease, confirmed) if confirmed and self._lease is not None else 0
 
     def _stop(self, claim: Claim) -> StopResult:
         obtained = self.outbox.binding_of(claim.request_id)
@@ -447,22 +453,37 @@ class Dispatcher:
             return target.stop(found, claim.fencing_token)
         return target.stop(obtained[1], claim.fencing_token)
 
-    def _stopped(self, claim: Claim, result: StopResult) -> int:
+    def _stopped(self, lease: Lease, confirmed: list[tuple[Claim, StopResult]]) -> int:
+        """Cancel the confirmed stops and return their cost: one fenced transaction.
+
+        The lease is checked once for the batch, each claim on its own row.
+        """
+        ends = [
+            End(claim.request_id, RequestState.CANCELLED, reason=bounded_reason(result.reason),
+                actor=self.actor, stopped=True, guard=self.outbox.claim_guard(claim))
+            for claim, result in confirmed
+        ]
         try:
-            released = self.gate.ledger.release(
-                claim.request_id, RequestState.CANCELLED, reason=bounded_reason(result.reason),
-                actor=self.actor, fence=self.outbox.fence(claim), stopped=True,
-            )
+            results = self.gate.ledger.release_many(
+                ends, fence=functools.partial(self.leases.fence, lease=lease))
         except StaleGeneration as error:
             self._stale(error)
             return 0
-        except (RequestGone, Conflict):
-            return 0
-        if released.released:
-            self.counters.increment("stopped")
-            logger.info("worker %s: stopped %s (%s)", self.worker_name, claim.request_id,
-                        result.reason)
-        return 1
+        moved = 0
+        for (claim, stop_result), released in zip(confirmed, results, strict=True):
+            if isinstance(released, StaleGeneration):
+                self._stale(released)
+                continue
+            if isinstance(released, RequestGone | Conflict):
+                continue
+            if isinstance(released, Exception):
+                raise released
+            if released.released:
+                self.counters.increment("stopped")
+                logger.info("worker %s: stopped %s (%s)", self.worker_name, claim.request_id,
+                            stop_result.reason)
+            moved += 1
+        return moved
 
     # -- outcomes ----------------------------------------------------------------
 
@@ -488,37 +509,52 @@ class Dispatcher:
             lease = self._lease
             if lease is None:
                 return ended
-            # Each end is its own fenced transaction; run them side by side
-            # (one after another they were half of a busy worker's time).
-            results = self._in_pool([
-                functools.partial(self._end, lease, request_id, outcome)
-                for request_id, outcome in sorted(outcomes.items())
-            ])
-            for result in results:
-                if isinstance(result, StaleGeneration):
-                    self._stale(result)
-                    return ended
-                if isinstance(result, BaseException):
-                    raise result
-                ended += result
+            try:
+                released, settled = self._end_all(lease, outcomes)
+            except StaleGeneration as error:
+                self._stale(error)
+                return ended
+            ended += released
+            if settled and isinstance(target, ForgetsEnded):
+                target.forget_ended([obtained for obtained in objects
+                                     if obtained.request_id in settled])
             if self._lease is None:
                 return ended
         return ended
 
-    def _end(self, lease: Lease, request_id: str, outcome: Outcome) -> int:
-        """Release one request its executor reports ended; 1 if this call released it."""
-        state = RequestState.COMPLETED if outcome.completed else RequestState.FAILED
-        try:
-            result = self.gate.ledger.release(
-                request_id, state, reason=bounded_reason(outcome.reason), actor=self.actor,
+    def _end_all(self, lease: Lease, outcomes: dict[str, Outcome]) -> tuple[int, set[str]]:
+        """Release the requests their executor reports ended, in fenced batches.
+
+        One transaction per batch (``Ledger.release_many``): one end per
+        transaction made the ends queue on the same usage rows (decisions/218).
+        Returns how many this worker released (one another worker or a
+        callback ended first is not counted) and the ids whose end is now
+        recorded, by this worker or before.
+        """
+        ended = 0
+        settled: set[str] = set()
+        items = sorted(outcomes.items())
+        for start in range(0, len(items), END_BATCH):
+            chunk = items[start:start + END_BATCH]
+            results = self.gate.ledger.release_many(
+                [End(request_id,
+                     RequestState.COMPLETED if outcome.completed else RequestState.FAILED,
+                     reason=bounded_reason(outcome.reason), actor=self.actor)
+                 for request_id, outcome in chunk],
                 fence=functools.partial(self.leases.fence, lease=lease),
             )
-        except Conflict:
-            return 0  # another worker (or a callback) recorded the end first
-        if not result.released:
-            return 0
-        self.counters.increment("executor_completed" if outcome.completed else "executor_failed")
-        return 1
+            for (request_id, outcome), result in zip(chunk, results, strict=True):
+                if isinstance(result, Conflict | NotFound):
+                    settled.add(request_id)
+                    continue  # another worker (or a callback) recorded the end first
+                if isinstance(result, Exception):
+                    raise result
+                settled.add(request_id)
+                if result.released:
+                    self.counters.increment(
+                        "executor_completed" if outcome.completed else "executor_failed")
+                    ended += 1
+        return ended, settled
 
     def _crash_point(self, name: str) -> None:
         if self._crash_at == name:

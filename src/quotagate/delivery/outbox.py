@@ -15,7 +15,7 @@ Lock order, shared with the ledger: lease row, then request row, then outbox row
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,10 +25,11 @@ from sqlalchemy.engine import Engine
 from quotagate.delivery.targets.base import ExternalObject
 from quotagate.domain.clock import Clock
 from quotagate.domain.lease import Lease
-from quotagate.domain.model import RequestState
+from quotagate.domain.model import FINAL_STATES, RequestState
 from quotagate.errors import Conflict, StaleGeneration
 from quotagate.store import schema
 from quotagate.store.audit import AuditEntry, record
+from quotagate.store.authority import ReleaseGuard
 from quotagate.store.counters import CounterSink
 from quotagate.store.dialect import database_now, reading, run_transaction, supports_skip_locked
 from quotagate.store.lease import LeaseStore
@@ -64,7 +65,12 @@ class BatchResult:
     delivered: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)  # claim taken over: nothing written
     gone: list[str] = field(default_factory=list)  # cancelled meanwhile: bound, not delivered
+    # Ended by its executor while being delivered (docs/decisions/225): nothing written.
+    ended: list[str] = field(default_factory=list)
     conflicts: list[tuple[Claim, str]] = field(default_factory=list)
+
+
+_ENDED = frozenset(state.value for state in FINAL_STATES)
 
 
 def _by_token(rows: Sequence[Any]) -> dict[int, list[str]]:
@@ -223,6 +229,15 @@ class OutboxStore:
 
         return check
 
+    def claim_guard(self, claim: Claim) -> ReleaseGuard:
+        """For a batch of releases (``Ledger.release_many``) under the lease's fence: the
+        claim still ours, checked on the locked request row's outbox row."""
+
+        def check(connection: sa.Connection, _row: Mapping[str, Any], _to: RequestState) -> None:
+            self._hold(connection, claim)
+
+        return check
+
     # -- fenced writes ---------------------------------------------------------
 
     def record_deliveries(
@@ -257,6 +272,11 @@ class OutboxStore:
             result = BatchResult()
             bindings, marked, entries = [], [], []
             for claim, target, obtained in delivered:
+                if claim.request_id not in held and states.get(claim.request_id) in _ENDED:
+                    # Its executor called back before this mark and the end took the
+                    # outbox row with it: the request is final, there is nothing to record.
+                    result.ended.append(claim.request_id)
+                    continue
                 if held.get(claim.request_id) != (claim.lease.owner, claim.lease.generation,
                                                   claim.fencing_token, False):
                     self.counters.increment("stale_writes")

@@ -15,6 +15,7 @@ from quotagate.http.openapi import API_ERRORS, PROBE_ERRORS, constrain_parameter
 from quotagate.http.routers import admin, audit, dashboard, health, rate, requests, streams
 from quotagate.http.strict_query import refuse_unknown_query_parameters
 from quotagate.observability.metrics import Metrics
+from quotagate.store.group_release import GroupRelease
 
 # Every router the API serves. A new area adds one line here.
 ROUTERS: tuple[APIRouter, ...] = (
@@ -48,6 +49,7 @@ def create_app(
         gate=gate,
         authorizer=authorizer or default_authorizer,
         metrics=metrics or gate.metrics,
+        releases=GroupRelease(gate.release_many),
     )
     install_error_handlers(app)
     for router in ROUTERS:

@@ -11,6 +11,7 @@ from quotagate.app import Quotagate
 from quotagate.auth.authorizer import Authorizer
 from quotagate.auth.refusals import RefusalThrottle
 from quotagate.observability.metrics import Metrics
+from quotagate.store.group_release import GroupRelease
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,8 @@ class ApiContext:
     gate: Quotagate
     authorizer: Authorizer
     metrics: Metrics
+    # complete/fail/cancel calls, written together (callbacks come in bursts)
+    releases: GroupRelease
     # At most one audit row per actor and operation per minute for 403s.
     refusals: RefusalThrottle = field(default_factory=RefusalThrottle)
 

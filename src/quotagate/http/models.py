@@ -5,7 +5,7 @@ number, as JSON Schema says (docs/decisions/805-openapi-states-the-constraints.m
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictStr
 
@@ -195,3 +195,30 @@ class ReleaseBody(_Body):
         description="Executor callbacks: the fencing token the delivery carried "
                     "(Quotagate-Fencing-Token); required with an executor token",
     )
+
+
+class EndEntry(_Body):
+    id: StrictStr = Field(description="The request id", examples=["job-1"])
+    state: Literal["completed", "failed"] = Field(description="How the work ended")
+    reason: StrictStr | None = Field(default=None, max_length=1024)
+    fencing_token: WholeNumber | None = Field(
+        default=None, description="The fencing token the delivery carried; required with an "
+        "executor token")
+
+
+class BatchEndBody(_Body):
+    ends: list[EndEntry] = Field(
+        description=f"Up to {MAX_BATCH} ends, each answered as its single complete/fail would be",
+        json_schema_extra={"maxItems": MAX_BATCH},
+    )
+
+
+class EndResult(BaseModel):
+    status: int = Field(description="The status its single complete/fail would have answered")
+    request: dict[str, Any] | None = Field(default=None, description="The request (200)")
+    released: dict[str, int] | None = Field(default=None, description="Cost returned (200)")
+    error: dict[str, Any] | None = Field(default=None, description="{code, message} (4xx, 5xx)")
+
+
+class BatchEndAnswer(BaseModel):
+    results: list[EndResult] = Field(description="One entry per end, in order")

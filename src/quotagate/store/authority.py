@@ -5,8 +5,9 @@ can be mid-delivery), so returning its cost on a tenant's word would let work
 run uncharged. A tenant may therefore cancel (ask for a stop) but never mark
 charged work completed or failed; an executor token may end only work bound to
 its own target, and only with a fencing token no older than the bound attempt's
-(docs/decisions/310-executor-tokens-and-callbacks.md). Admins and the workers
-release without a guard.
+(docs/decisions/310-executor-tokens-and-callbacks.md) — or, before anything is
+bound, with the token of the delivery attempt in flight (docs/decisions/225).
+Admins and the workers release without a guard.
 
 Each guard runs inside the release transaction, after the request row is
 locked, so the state it judges is the state the release changes.
@@ -14,7 +15,8 @@ locked, so the state it judges is the state the release changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -22,8 +24,9 @@ from quotagate.domain.model import CHARGED_STATES, RequestState
 from quotagate.errors import Conflict, Forbidden, NotFound
 from quotagate.store import schema
 
-# (connection, locked request row, the state asked for) → None, or raises.
-ReleaseGuard = Callable[[sa.Connection, sa.RowMapping, RequestState], None]
+# (connection, locked request row, the state asked for) → None, or raises. In a batch
+# of releases the row shows what the batch's earlier ends made of it.
+ReleaseGuard = Callable[[sa.Connection, Mapping[str, Any], RequestState], None]
 
 _ENDINGS = frozenset({RequestState.COMPLETED, RequestState.FAILED})
 
@@ -40,7 +43,7 @@ class StaleFencingToken(Conflict):
     default_code = "stale_fencing_token"
 
 
-def tenant_guard(_connection: sa.Connection, row: sa.RowMapping, to_state: RequestState) -> None:
+def tenant_guard(_connection: sa.Connection, row: Mapping[str, Any], to_state: RequestState) -> None:
     """A tenant may cancel its requests; ending charged work is its executor's word."""
     if to_state in _ENDINGS and RequestState(row["state"]) in CHARGED_STATES:
         raise Forbidden(
@@ -53,15 +56,20 @@ def tenant_guard(_connection: sa.Connection, row: sa.RowMapping, to_state: Reque
 def executor_guard(target: str, fencing_token: int | None) -> ReleaseGuard:
     """The guard for an executor token of ``target`` calling back with ``fencing_token``."""
 
-    def guard(connection: sa.Connection, row: sa.RowMapping, to_state: RequestState) -> None:
+    def guard(connection: sa.Connection, row: Mapping[str, Any], to_state: RequestState) -> None:
         request_id = row["id"]
         state = RequestState(row["state"])
-        # The binding and the outbox row in one round trip: callbacks are hot.
-        request, binding, outbox = schema.request, schema.binding, schema.outbox
+        # The binding, the outbox row and the default target in one round trip:
+        # callbacks are hot.
+        request, binding, outbox, targets = (schema.request, schema.binding, schema.outbox,
+                                             schema.delivery_target)
+        default_target = (sa.select(targets.c.name).where(targets.c.is_default == sa.true())
+                          .limit(1).scalar_subquery())
         found = connection.execute(
             sa.select(binding.c.target, binding.c.fencing_token,
                       outbox.c.target.label("outbox_target"), outbox.c.claim_token,
-                      outbox.c.request_id.label("queued"))
+                      outbox.c.delivered.label("outbox_delivered"),
+                      outbox.c.request_id.label("queued"), default_target.label("default_target"))
             .select_from(
                 request.outerjoin(binding, binding.c.request_id == request.c.id)
                 .outerjoin(outbox, outbox.c.request_id == request.c.id)
@@ -69,24 +77,12 @@ def executor_guard(target: str, fencing_token: int | None) -> ReleaseGuard:
             .where(request.c.id == request_id)
         ).one()
         if found.target is None:
-            # A request that names no target goes to the default one, whichever that is then.
-            if state == RequestState.RESERVED and found.queued is not None and (
-                found.outbox_target in (None, target)
-            ):
-                raise NotDeliveredYet(
-                    f"request {request_id!r} is not recorded as delivered yet; call back again"
-                )
-            # Another target's request, or one never delivered: the same answer as
-            # for an id that does not exist, so an executor learns nothing of others.
-            raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
+            _judge_in_flight(request_id, state, found, target, fencing_token)
+            return
         if found.target != target:
             raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
-        if fencing_token is None:
-            raise StaleFencingToken(
-                f"a callback for request {request_id!r} must carry the fencing token it was "
-                "delivered with (fencing_token)",
-                code="fencing_token_required",
-            )
+        _require_token(request_id, fencing_token)
+        assert fencing_token is not None
         bound = int(found.fencing_token)
         newest = max(bound, int(found.claim_token or 0))
         if not bound <= fencing_token <= newest:
@@ -94,9 +90,48 @@ def executor_guard(target: str, fencing_token: int | None) -> ReleaseGuard:
                 f"fencing token {fencing_token} is not the current one for request "
                 f"{request_id!r}; a newer attempt owns it"
             )
-        if state == RequestState.RESERVED:
-            raise NotDeliveredYet(
-                f"request {request_id!r} is not recorded as delivered yet; call back again"
-            )
+        # Bound but not yet marked delivered (the two steps of decision 203): the
+        # executor holds the object, so its word ends the request like a delivered one's.
 
     return guard
+
+
+def _require_token(request_id: str, fencing_token: int | None) -> None:
+    if fencing_token is None:
+        raise StaleFencingToken(
+            f"a callback for request {request_id!r} must carry the fencing token it was "
+            "delivered with (fencing_token)",
+            code="fencing_token_required",
+        )
+
+
+def _judge_in_flight(
+    request_id: str, state: RequestState, found: Any, target: str, fencing_token: int | None
+) -> None:
+    """A request with no binding yet: its executor may end it only while the delivery it
+    names is the one in flight (docs/decisions/225).
+
+    The worker that delivers it then finds it ended and writes nothing for it: no
+    binding, no ``delivered`` mark (``OutboxStore.record_deliveries``)."""
+    # A request that names no target goes to the default one, whichever that is now.
+    delivered_to = found.outbox_target or found.default_target
+    if state != RequestState.RESERVED or found.queued is None or found.outbox_delivered or (
+        delivered_to != target
+    ):
+        # Another target's request, or one never delivered: the same answer as
+        # for an id that does not exist, so an executor learns nothing of others.
+        raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
+    _require_token(request_id, fencing_token)
+    assert fencing_token is not None
+    claimed = int(found.claim_token or 0)
+    if fencing_token > claimed:
+        # No attempt with this token has been claimed yet (nothing can have been sent).
+        raise NotDeliveredYet(
+            f"request {request_id!r} is not being delivered with fencing token {fencing_token}; "
+            "call back again once it is"
+        )
+    if fencing_token < claimed:
+        raise StaleFencingToken(
+            f"fencing token {fencing_token} is not the current one for request "
+            f"{request_id!r}; a newer attempt owns it"
+        )

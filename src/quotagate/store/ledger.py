@@ -16,7 +16,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -25,21 +24,17 @@ from sqlalchemy.exc import IntegrityError
 from quotagate.domain.bucket import Decision
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import (
-    CHARGED_STATES,
-    STOPPING_STATES,
-    Request,
     RequestState,
     Submission,
-    kept_payload,
     validate_reason,
 )
-from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL, queue_key
+from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL
 from quotagate.domain.placement import Candidate, Placement, plan_admissions
 from quotagate.domain.placement import charge as charge_usage
 from quotagate.domain.preemption import Preemption, choose_preemption
-from quotagate.domain.rate_refusal import rate_limited, rejection_reason
+from quotagate.domain.rate_refusal import rate_limited
 from quotagate.domain.sharing import Sharing
-from quotagate.errors import Conflict, InvalidInput, NotFound
+from quotagate.errors import Conflict, InvalidInput, QuotagateError
 from quotagate.store import admission_stats, cohorts, identity, schema, statements
 from quotagate.store import preemption as preemption_reads
 from quotagate.store.audit import AuditEntry, record
@@ -52,13 +47,21 @@ from quotagate.store.dialect import (
 )
 from quotagate.store.driver import DriverTransaction, run_driver_transaction
 from quotagate.store.rate_gate import RateGate
+from quotagate.store.release import End, ReleaseResult, lock_decisions, release_batch
 from quotagate.store.rows import (
-    adjust_usage,
     decode_cost,
-    encode_cost,
     request_from_row,
 )
+from quotagate.store.submission import (
+    SubmitResult,
+    new_row,
+    replayed,
+    submit_audit,
+    submit_batch,
+)
 from quotagate.store.submission_facts import require_submittable
+
+__all__ = ["DEFAULT_ADMISSION_WINDOW", "DEFAULT_TTL", "End", "Ledger", "ReleaseResult", "SubmitResult"]
 
 DEFAULT_TTL = 3600.0
 # How many waiting requests of each tenant one admission looks at. A request
@@ -68,17 +71,8 @@ DEFAULT_ADMISSION_WINDOW = 32
 _MAX_EXPIRED_PER_PASS = 1000
 
 
-_STOPPABLE = frozenset({RequestState.RESERVED, RequestState.DELIVERED})
-
-
 class CapacityChanged(Exception):
     """A conditional charge missed: the snapshot was stale. The transaction is rerun."""
-
-
-@dataclass(frozen=True)
-class SubmitResult:
-    request: Request
-    created: bool
 
 
 @dataclass
@@ -103,25 +97,11 @@ class _TokenNeeded(Exception):
     """
 
 
-@dataclass(frozen=True)
-class ReleaseResult:
-    request: Request
-    released: dict[str, int]
-
-
 @lru_cache(maxsize=4096)
 def _cost_items(text: str) -> tuple[tuple[str, int], ...]:
     """A stored cost, decoded once per distinct text: queues repeat a few shapes endlessly,
     and decoding every candidate's JSON was a tenth of an admission's CPU."""
     return tuple(decode_cost(text).items())
-
-
-def _payload_as_kept(existing: Any, submission: Submission) -> str:
-    """The submitted payload in the form the stored row keeps it (a rejected row may
-    keep only its digest; one written before that rule, the whole payload)."""
-    if existing["payload"] == submission.payload_json:
-        return submission.payload_json
-    return kept_payload(submission.payload_json, RequestState(existing["state"]))
 
 
 class Ledger:
@@ -185,6 +165,20 @@ class Ledger:
             self.rate_gate.refund(submission.tenant)
         return result
 
+    def submit_many(
+        self, submissions: Sequence[Submission], *, actor: str = "system"
+    ) -> list[SubmitResult | QuotagateError]:
+        """Submit many requests of one tenant in one transaction: each entry's result or
+        refusal, in order, as :meth:`submit` would give it alone (docs/decisions/224).
+
+        A :class:`~quotagate.errors.RateLimited` refusal is returned like any other
+        (its ``rejected`` row committed with the batch)."""
+        return submit_batch(
+            self.engine, submissions, actor=actor, clock=self.clock,
+            aging_interval=self.aging_interval, rate_gate=self.rate_gate,
+            submit_one=lambda submission: self.submit(submission, actor=actor),
+        )
+
     def _submit_with_retries(
         self, submission: Submission, actor: str, held: _HeldDecision
     ) -> SubmitResult:
@@ -218,7 +212,7 @@ class Ledger:
                 sa.select(schema.request).where(schema.request.c.id == submission.id)
             ).mappings().first()
         if existing is not None:
-            original = self._replayed(existing, submission)
+            original = replayed(existing, submission)
             if original.state != RequestState.REJECTED:
                 return SubmitResult(original, created=False)
             # A rejected request never entered the queue: submitting it again is a
@@ -237,38 +231,17 @@ class Ledger:
         decision = (
             self._take_token(connection, submission.tenant, held) if "bucket" in facts else None
         )
-        refused = decision is not None and not decision.granted
-        state = RequestState.REJECTED if refused else RequestState.WAITING
-        reason = rejection_reason(decision) if decision is not None and refused else None
-        row = {
-            "id": submission.id,
-            "tenant": submission.tenant,
-            "state": state.value,
-            "cost": encode_cost(submission.cost),
-            "priority": submission.priority,
-            "payload": kept_payload(submission.payload_json, state),
-            "target": submission.target,
-            "pool": None,
-            "queue_key": queue_key(submission.priority, now, self.aging_interval),
-            "created": now,
-            "updated": now,
-            "reason": reason,
-        }
+        row = new_row(submission, decision, now, self.aging_interval)
         if existing is None:
             connection.execute(schema.request.insert(), row)
         else:
             connection.execute(
                 schema.request.update()
                 .where(schema.request.c.id == submission.id)
-                .values(state=state.value, queue_key=row["queue_key"], created=now, updated=now,
-                        reason=reason, payload=row["payload"])
+                .values(state=row["state"], queue_key=row["queue_key"], created=now, updated=now,
+                        reason=row["reason"], payload=row["payload"])
             )
-        record(
-            connection,
-            now,
-            AuditEntry(actor, "submit", state.value if refused else "accepted",
-                       submission.tenant, submission.id, reason),
-        )
+        record(connection, now, submit_audit(actor, row))
         return SubmitResult(request_from_row(row), created=True)
 
     def _take_token(
@@ -284,27 +257,6 @@ class Ledger:
         elif held.decision is None:
             raise _TokenNeeded
         return held.decision
-
-    @staticmethod
-    def _replayed(existing: Any, submission: Submission) -> Request:
-        differences = [
-            name
-            for name, stored, given in (
-                ("tenant", existing["tenant"], submission.tenant),
-                ("cost", existing["cost"], encode_cost(submission.cost)),
-                ("priority", existing["priority"], submission.priority),
-                ("payload", existing["payload"], _payload_as_kept(existing, submission)),
-                ("target", existing["target"], submission.target),
-            )
-            if stored != given
-        ]
-        if differences:
-            raise Conflict(
-                f"request {submission.id!r} already exists with a different "
-                f"{', '.join(differences)}; nothing was changed",
-                code="request_conflict",
-            )
-        return request_from_row(existing)
 
     # -- admit -----------------------------------------------------------------
 
@@ -351,20 +303,13 @@ class Ledger:
         except CapacityChanged:
             return None  # a victim moved meanwhile: the next pass chooses again
 
-    @staticmethod
-    def _lock_decisions(connection: sa.Connection) -> None:
-        """The ledger-wide lock of preemption decisions (the ledger's identity row)."""
-        meta = schema.ledger_meta
-        connection.execute(sa.select(meta.c.value).where(meta.c.key == identity.LEDGER_ID_KEY)
-                           .with_for_update()).all()
-
     def _preempt(self, connection: sa.Connection, actor: str) -> Preemption | None:
         # One decision at a time, ledger-wide: two admitters deciding from
         # snapshots taken side by side would each stop victims for the same
         # preemptor. Under the lock, the snapshot sees every earlier decision's
         # victims as preempting (counted as coming back). Decisions are rare
         # (after a pass that admitted nothing), so the lock costs little.
-        self._lock_decisions(connection)
+        lock_decisions(connection)
         policies = {name: (reclaim, within) for name, reclaim, within in connection.execute(
             sa.select(schema.tenant.c.name, schema.tenant.c.reclaim, schema.tenant.c.within_tenant)
             .where(sa.or_(schema.tenant.c.reclaim != "never",
@@ -643,138 +588,32 @@ class Ledger:
         carry out. Only the worker that saw the target confirm the stop passes
         ``stopped=True``, which makes it ``cancelled`` and returns the cost
         (docs/decisions/211). A waiting request is cancelled at once.
+
+        A batch of one for :meth:`release_many`.
         """
-        if to_state not in (RequestState.COMPLETED, RequestState.FAILED, RequestState.CANCELLED):
-            raise InvalidInput(f"cannot release to state {to_state}", code="invalid_state")
         reason = validate_reason(reason)
+        end = End(request_id, to_state, reason=reason, actor=actor, tenant=tenant, guard=guard,
+                  stopped=stopped)
+        (result,) = self.release_many([end], fence=fence)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def release_many(
+        self, ends: Sequence[End], *, fence: Callable[[sa.Connection], None] | None = None
+    ) -> list[ReleaseResult | Exception]:
+        """End many requests in one transaction (:mod:`quotagate.store.release`).
+
+        One result per end, in order: its :class:`ReleaseResult`, or the error
+        that refused it (which wrote nothing). ``fence`` runs once, first; if it
+        refuses, nothing is written and its error is raised.
+        """
+        if not ends:
+            return []
         return run_transaction(
             self.engine,
-            lambda connection: self._release(
-                connection, request_id, to_state, reason, actor, tenant, fence, stopped, guard
-            ),
+            lambda connection: release_batch(connection, ends, self.clock.now(), fence),
         )
-
-    def _release(
-        self,
-        connection: sa.Connection,
-        request_id: str,
-        to_state: RequestState,
-        reason: str | None,
-        actor: str,
-        tenant: str | None,
-        fence: Callable[[sa.Connection], None] | None = None,
-        stopped: bool = False,
-        guard: ReleaseGuard | None = None,
-    ) -> ReleaseResult:
-        if fence is not None:
-            fence(connection)
-        # Lock the request row first: a concurrent second release waits here
-        # and then sees the state the first one wrote.
-        row = connection.execute(
-            sa.select(schema.request).where(schema.request.c.id == request_id).with_for_update()
-        ).mappings().first()
-        if row is None or (tenant is not None and row["tenant"] != tenant):
-            raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
-        if guard is not None:
-            guard(connection, row, to_state)
-        current = RequestState(row["state"])
-        if current == to_state or (
-            current == RequestState.PREEMPTED and to_state == RequestState.CANCELLED and stopped
-        ):
-            # Done already (a preemption's stop confirmed twice ends it once).
-            return ReleaseResult(request_from_row(row), released={})
-        if to_state == RequestState.CANCELLED and current in _STOPPABLE and not stopped:
-            return self._begin_stop(connection, row, reason, actor)
-        if current in STOPPING_STATES:
-            if to_state == RequestState.CANCELLED and stopped:
-                # The confirmed stop: fall through to the release. A preemption's
-                # victim ends preempted (docs/fair-sharing.md#preemption).
-                if current == RequestState.PREEMPTING:
-                    to_state = RequestState.PREEMPTED
-                    reason = row["reason"]
-                    # Not while a preemption decision reads (Ledger._preempt).
-                    self._lock_decisions(connection)
-            elif to_state == RequestState.CANCELLED:
-                return ReleaseResult(request_from_row(row), released={})  # already stopping
-            else:
-                raise Conflict(
-                    f"request {request_id!r} is {current.value}; only the confirmed stop "
-                    "ends it",
-                    code="invalid_transition",
-                )
-        allowed = current in CHARGED_STATES or (
-            current == RequestState.WAITING and to_state == RequestState.CANCELLED
-        )
-        if not allowed:
-            raise Conflict(
-                f"request {request_id!r} is {current.value}; it cannot become {to_state.value}",
-                code="invalid_transition",
-            )
-        now = self.clock.now()
-        result = connection.execute(
-            schema.request.update()
-            .where(schema.request.c.id == request_id, schema.request.c.state == current.value)
-            .values(state=to_state.value, updated=now, reason=reason)
-        )
-        if result.rowcount != 1:
-            raise CapacityChanged(request_id)
-        released: dict[str, int] = {}
-        if current in CHARGED_STATES:
-            cost = decode_cost(row["cost"])
-            self._uncharge(connection, row["tenant"], row["pool"], cost)
-            released = cost
-            # An undelivered outbox row must not be delivered any more; a
-            # stop's row is done.
-            connection.execute(
-                schema.outbox.delete().where(
-                    schema.outbox.c.request_id == request_id,
-                    sa.or_(schema.outbox.c.delivered == sa.false(),
-                           schema.outbox.c.stopping == sa.true()),
-                )
-            )
-        record(
-            connection,
-            now,
-            AuditEntry(actor, to_state.value, "released" if released else "ok", row["tenant"],
-                       request_id, reason),
-        )
-        updated = dict(row)
-        updated.update(state=to_state.value, updated=now, reason=reason)
-        return ReleaseResult(request_from_row(updated), released=released)
-
-    def _begin_stop(
-        self, connection: sa.Connection, row: Any, reason: str | None, actor: str
-    ) -> ReleaseResult:
-        """``reserved``/``delivered`` → ``cancelling``: charged until the target confirms."""
-        now = self.clock.now()
-        connection.execute(
-            schema.request.update()
-            .where(schema.request.c.id == row["id"], schema.request.c.state == row["state"])
-            .values(state=RequestState.CANCELLING.value, updated=now, reason=reason)
-        )
-        # Due at once (attempts 0). A delivered row's claim is spent: free it.
-        # An undelivered row's claim stays with the worker delivering it
-        # until its batch notices the cancel or its lease dies.
-        outbox = schema.outbox
-        connection.execute(
-            outbox.update().where(outbox.c.request_id == row["id"])
-            .values(stopping=True, attempts=0, last_error=None,
-                    claimed_by=sa.case((outbox.c.delivered == sa.true(), sa.null()),
-                                       else_=outbox.c.claimed_by))
-        )
-        record(connection, now, AuditEntry(actor, "cancel", "stopping", row["tenant"],
-                                           row["id"], reason))
-        updated = dict(row)
-        updated.update(state=RequestState.CANCELLING.value, updated=now, reason=reason)
-        return ReleaseResult(request_from_row(updated), released={})
-
-    @staticmethod
-    def _uncharge(connection: sa.Connection, tenant: str, pool: str, cost: dict[str, int]) -> None:
-        # A cohort member's return also returns its cohort's room (quotagate.store.cohorts).
-        if not cohorts.adjust_tenant(connection, tenant, cost, charge=False):
-            raise RuntimeError(f"ledger inconsistent: cannot return {cost} to tenant {tenant}")
-        if not adjust_usage(connection, schema.pool_capacity, "pool", pool, cost, charge=False):
-            raise RuntimeError(f"ledger inconsistent: cannot return {cost} to pool {pool}")
 
     # -- expire ----------------------------------------------------------------
 

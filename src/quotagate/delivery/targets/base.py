@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from quotagate.errors import Conflict, QuotagateError
 
@@ -101,6 +101,16 @@ class Target(Protocol):
 
     def close(self) -> None:
         """Release clients and pools."""
+        ...
+
+
+@runtime_checkable
+class ForgetsEnded(Protocol):
+    """A target that keeps a record of ended objects for ``outcomes`` (the process target's
+    ``.exited`` index) and can drop it once their ends are committed in the ledger."""
+
+    def forget_ended(self, objects: Sequence[ExternalObject]) -> None:
+        """Drop what ``outcomes`` kept about ``objects``; their ends are recorded."""
         ...
 
 

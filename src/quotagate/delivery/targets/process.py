@@ -13,6 +13,7 @@ and is confirmed once its exit status is written (docs/decisions/211).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -134,6 +135,19 @@ class ProcessTarget:
                 if outcome is not None:
                     ended[obtained.request_id] = outcome
         return ended
+
+    def forget_ended(self, objects: Sequence[ExternalObject]) -> None:
+        """Prune ``objects`` from the ``.exited`` index once their ends are in the ledger.
+
+        The index then holds only runs whose end is not recorded yet, so the
+        listing ``outcomes`` makes stays as small as the work in flight. The
+        run directory (with its ``exit_status``) stays: a stop or a read-back
+        still finds it.
+        """
+        index = self.run_dir / process_runner.EXITED_INDEX
+        for obtained in objects:
+            with contextlib.suppress(FileNotFoundError):
+                (index / obtained.name).unlink()
 
     def stop(self, obtained: ExternalObject, fencing_token: int) -> StopResult:
         """Stop the run: SIGTERM its process group, SIGKILL after the grace period.

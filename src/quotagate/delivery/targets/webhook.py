@@ -18,7 +18,8 @@ import concurrent.futures
 import json
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -40,6 +41,7 @@ LEDGER_HEADER = "Quotagate-Ledger"
 # Concurrent outcome GETs per target: enough to hide the round trips, few
 # enough not to crowd the delivery threads of a small machine.
 OUTCOME_READERS = 16
+BATCH_READ = 500  # names per batch read call
 _FINAL = {"completed": True, "succeeded": True, "failed": False}
 
 
@@ -53,7 +55,18 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         raise InvalidInput("timeout must be a positive number of seconds",
                            code="invalid_target_config")
-    return {"url": url.rstrip("/"), "timeout": float(timeout)}
+    poll_every = config.get("poll_every", 0.0)
+    if isinstance(poll_every, bool) or not isinstance(poll_every, int | float) or poll_every < 0:
+        raise InvalidInput("poll-every must be 0 or more seconds", code="invalid_target_config")
+    batch_read = config.get("batch_read", False)
+    if not isinstance(batch_read, bool):
+        raise InvalidInput("batch-read must be true or false", code="invalid_target_config")
+    checked: dict[str, Any] = {"url": url.rstrip("/"), "timeout": float(timeout)}
+    if poll_every:
+        checked["poll_every"] = float(poll_every)
+    if batch_read:
+        checked["batch_read"] = True
+    return checked
 
 
 def redact(url: str) -> str:
@@ -80,11 +93,19 @@ class WebhookTarget:
     kind = "webhook"
 
     def __init__(self, config: Mapping[str, Any], *, ledger_id: str,
-                 max_connections: int = 64) -> None:
+                 max_connections: int = 64,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.ledger_id = ledger_id
         checked = validate_config(config)
         self.url: str = checked["url"]
         self.timeout: float = checked["timeout"]
+        # 0: every object on every outcome pass. More: each object at most once per
+        # that many seconds, the first time that long after this worker first saw it
+        # delivered (a receiver that calls back needs only a rare safety-net read).
+        self.poll_every: float = checked.get("poll_every", 0.0)
+        self._schedule = _ReadSchedule(self.poll_every, monotonic)
+        # Read outcomes with ``POST <url>/_read`` (many names per call) instead of a GET each.
+        self.batch_read: bool = checked.get("batch_read", False)
         self._httpx = _httpx()
         self.max_connections = max_connections
         self._reader_pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -145,14 +166,18 @@ class WebhookTarget:
 
     def outcomes(self, objects: Sequence[ExternalObject]) -> dict[str, Outcome]:
         """One GET per object over the shared connection pool, up to
-        ``OUTCOME_READERS`` at a time (receivers that call back need no polling
-        at all); a 404 after binding ends the request failed.
+        ``OUTCOME_READERS`` at a time, each object at most once per
+        ``poll_every`` seconds when that is set (receivers that call back need
+        only a rare read); a 404 after binding ends the request failed.
 
         The GETs run concurrently because a worker reads outcomes between
         delivery batches: hundreds of them one after another held delivery up
         for seconds per pass (docs/decisions/217).
         """
-        if len(objects) > 1:
+        objects = self._schedule.due(objects)
+        if self.batch_read and objects:
+            answers = self._read_many([obtained.name for obtained in objects])
+        elif len(objects) > 1:
             answers = list(self._readers().map(lambda obtained: self._get(obtained.name),
                                                objects))
         else:
@@ -169,6 +194,8 @@ class WebhookTarget:
                 ended[obtained.request_id] = Outcome(
                     completed=_FINAL[state], reason=None if reason is None else str(reason)
                 )
+        self._schedule.forget(obtained.name for obtained in objects
+                              if obtained.request_id in ended)
         return ended
 
     def _readers(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -201,6 +228,28 @@ class WebhookTarget:
             pool.shutdown(wait=True)
         self._client.close()
 
+    def _read_many(self, names: Sequence[str]) -> list[dict[str, Any] | None]:
+        """``POST <url>/_read`` with ``{"names": […]}``, ``BATCH_READ`` names per call.
+
+        The receiver answers ``{"objects": {name: object}}``, leaving out names it
+        does not have (``_read`` is no object's name: names are DNS-1123 labels).
+        """
+        answers: list[dict[str, Any] | None] = []
+        for start in range(0, len(names), BATCH_READ):
+            chunk = list(names[start:start + BATCH_READ])
+            response = self._call("POST", f"{self.url}/_read", json={"names": chunk})
+            if response.status_code != 200:
+                raise DeliveryFailed(f"webhook batch read answered {response.status_code}",
+                                     public=f"webhook answered {response.status_code}")
+            found = self._json(response).get("objects")
+            if not isinstance(found, dict):
+                raise DeliveryFailed("webhook batch read answered without an objects map",
+                                     public="webhook answered without objects")
+            for name in chunk:
+                answer = found.get(name)
+                answers.append(answer if isinstance(answer, dict) else None)
+        return answers
+
     def _get(self, name: str) -> dict[str, Any] | None:
         response = self._call("GET", f"{self.url}/{quote(name, safe='')}")
         if response.status_code == 404:
@@ -227,6 +276,47 @@ class WebhookTarget:
         except json.JSONDecodeError:
             return {}
         return answer if isinstance(answer, dict) else {}
+
+
+class _ReadSchedule:
+    """When each object's outcome is read next, with ``poll_every`` seconds between reads.
+
+    Kept per target in memory: a restarted worker starts afresh, which only
+    delays each read by up to ``poll_every``. Objects not offered for a while
+    (ended elsewhere, by a callback) are dropped, so the table stays as large
+    as the set of running objects.
+    """
+
+    def __init__(self, poll_every: float, monotonic: Callable[[], float]) -> None:
+        self.poll_every = poll_every
+        self._monotonic = monotonic
+        self._next: dict[str, tuple[float, float]] = {}  # name -> (next read, last offered)
+        self._pruned_at = monotonic()
+        self._lock = threading.Lock()
+
+    def due(self, objects: Sequence[ExternalObject]) -> list[ExternalObject]:
+        if not self.poll_every:
+            return list(objects)
+        now = self._monotonic()
+        due = []
+        with self._lock:
+            for obtained in objects:
+                next_read, _offered = self._next.get(obtained.name, (now + self.poll_every, now))
+                if next_read <= now:
+                    due.append(obtained)
+                    next_read = now + self.poll_every
+                self._next[obtained.name] = (next_read, now)
+            if now - self._pruned_at >= self.poll_every:
+                horizon = now - 3 * self.poll_every - 60
+                self._next = {name: entry for name, entry in self._next.items()
+                              if entry[1] >= horizon}
+                self._pruned_at = now
+        return due
+
+    def forget(self, names: Iterable[str]) -> None:
+        with self._lock:
+            for name in names:
+                self._next.pop(name, None)
 
 
 # This module's entry in delivery.targets.TARGET_KINDS.

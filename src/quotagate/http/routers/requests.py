@@ -15,9 +15,12 @@ from quotagate.http.context import ApiContext, Context
 from quotagate.http.models import (
     MAX_BATCH,
     BatchAnswer,
+    BatchEndAnswer,
+    BatchEndBody,
     BatchEntry,
     BatchEntryBody,
     BatchSubmitBody,
+    EndResult,
     ReleaseBody,
     SubmitBody,
 )
@@ -26,6 +29,7 @@ from quotagate.http.security import Credentials, CurrentActor, authenticate, aut
 from quotagate.store.authority import ReleaseGuard, executor_guard, tenant_guard
 from quotagate.store.ledger import SubmitResult
 from quotagate.store.listing import MAX_PAGE
+from quotagate.store.release import End
 
 router = APIRouter(prefix="/v1/tenants/{tenant}/requests", tags=["requests"])
 # ``…/requests:batch`` is not below ``…/requests/``, so it needs its own prefix.
@@ -70,8 +74,8 @@ def submit(
 @batch_router.post(
     "/requests:batch",
     summary=f"Submit up to {MAX_BATCH} requests; each is answered as a single submit would be",
-    description="Entries are submitted one after another, in order, each in its own "
-    "transaction: `results[i]` holds the status a single submit of `requests[i]` would have "
+    description="Entries are judged one after another, in order, and written in one "
+    "transaction (docs/decisions/224): `results[i]` holds the status a single submit of `requests[i]` would have "
     "answered (202 new, 200 identical replay, or an error status with `{code, message}`), and "
     "an entry that fails writes nothing while the others go on. A malformed body (422) or more "
     f"than {MAX_BATCH} entries (413 `batch_too_large`) writes nothing at all.",
@@ -90,19 +94,80 @@ def submit_batch(
             f"a batch holds at most {MAX_BATCH} requests, this one {len(body.requests)}; "
             "nothing was submitted"
         )
+    answers = context.gate.submit_many(
+        tenant, [entry.model_dump() for entry in body.requests], actor=actor.name)
     results: list[BatchEntry] = []
-    for entry in body.requests:
-        try:
-            result = _submit(context, actor, tenant, entry)
-        except QuotagateError as error:
-            context.metrics.rejections.labels(tenant, error.code).inc()
-            results.append(BatchEntry(status=error.status, error=error.to_dict()))
+    for entry, answer in zip(body.requests, answers, strict=True):
+        if isinstance(answer, Conflict):
+            answer = _taken_or(context, tenant, entry.id, answer)
+        if isinstance(answer, QuotagateError):
+            context.metrics.rejections.labels(tenant, answer.code).inc()
+            results.append(BatchEntry(status=answer.status, error=answer.to_dict()))
             continue
         context.metrics.submissions.labels(
-            tenant, "created" if result.created else "replayed").inc()
-        results.append(BatchEntry(status=202 if result.created else 200,
-                                  request=result.request.to_dict()))
+            tenant, "created" if answer.created else "replayed").inc()
+        results.append(BatchEntry(status=202 if answer.created else 200,
+                                  request=answer.request.to_dict()))
     return BatchAnswer(results=results)
+
+
+@batch_router.post(
+    "/requests:end",
+    summary=f"Complete or fail up to {MAX_BATCH} requests in one call (executors, admins)",
+    description="For a receiver ending many requests: `results[i]` holds what the single "
+    "`…/complete` or `…/fail` call of `ends[i]` would have answered (200 with the request and "
+    "the cost returned, or an error status with `{code, message}`), each end judged on its own "
+    "(fencing token, target, state) and a refused one writing nothing; all of them are written "
+    "in one transaction (docs/decisions/223). A malformed body (422) or more than "
+    f"{MAX_BATCH} entries (413 `batch_too_large`) writes nothing at all.",
+    responses={413: {"description": f"More than {MAX_BATCH} entries; nothing was written"}},
+)
+def end_batch(
+    tenant: str, body: BatchEndBody, context: Context, credentials: Credentials
+) -> BatchEndAnswer:
+    actor = authenticate(context, credentials)
+    validate_name(tenant, "tenant")
+    if len(body.ends) > MAX_BATCH:
+        raise BatchTooLarge(
+            f"a batch holds at most {MAX_BATCH} ends, this one {len(body.ends)}; "
+            "nothing was changed"
+        )
+    refusals: dict[str, QuotagateError | None] = {}
+    results: list[EndResult | None] = [None] * len(body.ends)
+    ends: list[tuple[int, End]] = []
+    for index, entry in enumerate(body.ends):
+        operation = (operations.REQUEST_COMPLETE if entry.state == "completed"
+                     else operations.REQUEST_FAIL)
+        if operation not in refusals:
+            try:
+                authorize(context, actor, tenant, operation, request_id=entry.id)
+                refusals[operation] = None
+            except QuotagateError as error:
+                refusals[operation] = error
+        try:
+            validate_request_id(entry.id)
+            refused = refusals[operation]
+            if refused is not None:
+                raise NotFound(f"request {entry.id!r} does not exist", code="unknown_request")
+        except QuotagateError as error:
+            results[index] = EndResult(status=error.status, error=error.to_dict())
+            continue
+        release = ReleaseBody(reason=entry.reason, fencing_token=entry.fencing_token)
+        ends.append((index, End(
+            entry.id, RequestState(entry.state), reason=entry.reason, actor=actor.name,
+            tenant=tenant, guard=_guard(actor, release),
+        )))
+    for (index, _end), result in zip(
+        ends, context.gate.release_many([end for _index, end in ends]), strict=True
+    ):
+        if isinstance(result, QuotagateError):
+            results[index] = EndResult(status=result.status, error=result.to_dict())
+        elif isinstance(result, Exception):
+            raise result
+        else:
+            results[index] = EndResult(status=200, request=result.request.to_dict(),
+                                       released=result.released)
+    return BatchEndAnswer(results=[result for result in results if result is not None])
 
 
 def _submit(
@@ -114,18 +179,20 @@ def _submit(
             target=body.target, actor=actor.name,
         )
     except Conflict as conflict:
-        # Request ids are global. If another tenant holds this one, say only
-        # that it is taken: neither who holds it nor what it contains.
-        try:
-            owner = context.gate.show(body.id).tenant
-        except NotFound:
-            raise conflict from None
-        if owner != tenant:
-            raise Conflict(
-                f"request id {body.id!r} is already in use; choose another id",
-                code="request_id_taken",
-            ) from None
-        raise
+        raise _taken_or(context, tenant, body.id, conflict) from None
+
+
+def _taken_or(context: ApiContext, tenant: str, request_id: str, conflict: Conflict) -> Conflict:
+    """Request ids are global. If another tenant holds this one, say only that it is
+    taken: neither who holds it nor what it contains."""
+    try:
+        owner = context.gate.show(request_id).tenant
+    except NotFound:
+        return conflict
+    if owner != tenant:
+        return Conflict(f"request id {request_id!r} is already in use; choose another id",
+                        code="request_id_taken")
+    return conflict
 
 
 @router.get("", summary="The tenant's requests, newest first, with cursor pagination")
@@ -179,10 +246,12 @@ def _release(
     actor = authenticate(context, credentials)
     authorize(context, actor, tenant, operation, request_id=request_id)
     _check(tenant, request_id)
-    result = context.gate.release(
+    # Through the group commit: a burst of callbacks shares its transactions,
+    # each end still judged by its guard on its locked row.
+    result = context.releases.release(End(
         request_id, to_state, reason=body.reason if body else None, actor=actor.name,
         tenant=tenant, guard=_guard(actor, body),
-    )
+    ))
     return {**result.request.to_dict(), "released": result.released}
 
 

@@ -1,0 +1,341 @@
+"""Batched fenced release: the ends of many requests in one transaction.
+
+Every end (completed, failed, a confirmed stop) returns a request's cost to
+its tenant's and its pool's usage rows. One transaction per end made those few
+rows the hottest in the database: every end waited for the one before it to
+commit (docs/decisions/218). Here a batch of ends is one transaction:
+
+1. the caller's fence, if any (a worker's lease), once for the batch;
+2. the batch's request rows locked in id order (``SELECT … FOR UPDATE``; SQLite
+   holds its one write lock from ``BEGIN IMMEDIATE``), so a concurrent end of
+   the same request waits and then sees the state this batch wrote;
+3. each end judged in order on the locked rows by the same rules as a single
+   release (its guard, then the transition); a refused end gets its error and
+   writes nothing, the others go on;
+4. the state moves, one conditional UPDATE per (from, to, reason) group; on
+   PostgreSQL it returns the rows it moved (``UPDATE … RETURNING``) and only
+   those count toward the sum, elsewhere the locked rows' count is checked;
+5. one conditional UPDATE per usage table by the summed cost of the rows that
+   moved, rows locked in (holder, resource) order; the outbox rows deleted and
+   the audit rows inserted in one statement each.
+
+A request's cost therefore comes back once however many callers end it at the
+same time: only the transaction that moved its state counts it.
+
+Lock order, as in :mod:`quotagate.store.ledger`: request rows, tenant usage
+rows, pool usage rows (outbox rows of the batch's requests come after the
+request rows).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
+
+from quotagate.domain.model import (
+    CHARGED_STATES,
+    STOPPING_STATES,
+    Request,
+    RequestState,
+    validate_reason,
+)
+from quotagate.errors import Conflict, InvalidInput, NotFound
+from quotagate.store import cohorts, identity, schema, statements
+from quotagate.store.audit import AuditEntry, record
+from quotagate.store.authority import ReleaseGuard
+from quotagate.store.dialect import reserves_with_lock
+from quotagate.store.rows import decode_cost, request_from_row
+
+__all__ = ["ENDING_STATES", "End", "ReleaseResult", "lock_decisions", "release_batch"]
+
+ENDING_STATES = frozenset({RequestState.COMPLETED, RequestState.FAILED, RequestState.CANCELLED})
+_STOPPABLE = frozenset({RequestState.RESERVED, RequestState.DELIVERED})
+
+Fence = Callable[[sa.Connection], None]
+
+
+@dataclass(frozen=True)
+class End:
+    """One request to end: what :meth:`quotagate.store.ledger.Ledger.release` takes, as a value."""
+
+    request_id: str
+    to_state: RequestState
+    reason: str | None = None
+    actor: str = "system"
+    tenant: str | None = None  # scopes the end: another tenant's request is "not found"
+    guard: ReleaseGuard | None = None  # who may end it (quotagate.store.authority)
+    stopped: bool = False  # the target confirmed the stop of a cancelling request
+
+    def __post_init__(self) -> None:
+        if self.to_state not in ENDING_STATES:
+            raise InvalidInput(f"cannot release to state {self.to_state}", code="invalid_state")
+        # Every way in (single, batched, grouped HTTP calls) refuses the same reasons.
+        object.__setattr__(self, "reason", validate_reason(self.reason))
+
+
+@dataclass(frozen=True)
+class ReleaseResult:
+    request: Request
+    released: dict[str, int]
+
+
+@dataclass(frozen=True)
+class _Charge:
+    """What a moved charged row gives back, as the statement that moved it saw it."""
+
+    tenant: str
+    pool: str
+    cost: dict[str, int]
+
+
+@dataclass
+class _Move:
+    index: int
+    end: End
+    row: dict[str, Any]
+    current: RequestState
+    # Where the row goes and why: the end's, except for a preemption's victim,
+    # whose confirmed stop ends it preempted with its preemption reason.
+    to_state: RequestState
+    reason: str | None
+
+
+def lock_decisions(connection: sa.Connection) -> None:
+    """The ledger-wide lock of preemption decisions (the ledger's identity row)."""
+    meta = schema.ledger_meta
+    connection.execute(sa.select(meta.c.value).where(meta.c.key == identity.LEDGER_ID_KEY)
+                       .with_for_update()).all()
+
+
+def release_batch(
+    connection: sa.Connection, ends: Sequence[End], now: float, fence: Fence | None = None
+) -> list[ReleaseResult | Exception]:
+    """End ``ends`` in the caller's transaction; one result (or refusal) per end, in order.
+
+    A refusal (NotFound, Conflict, Forbidden, a guard's StaleGeneration …) is
+    returned, not raised: it wrote nothing. A database error, or the fence
+    refusing, raises and the caller's transaction rolls back whole.
+    """
+    if fence is not None:
+        fence(connection)
+    results: list[ReleaseResult | Exception | None] = [None] * len(ends)
+    # Ends of one request go to successive rounds, so each round moves a row at most once.
+    pending = list(range(len(ends)))
+    while pending:
+        seen: set[str] = set()
+        this_round: list[int] = []
+        later: list[int] = []
+        for index in pending:
+            (later if ends[index].request_id in seen else this_round).append(index)
+            seen.add(ends[index].request_id)
+        _round(connection, ends, this_round, now, results)
+        pending = later
+    return [result if result is not None else RuntimeError("end not judged") for result in results]
+
+
+def _round(
+    connection: sa.Connection, ends: Sequence[End], indexes: list[int], now: float,
+    results: list[ReleaseResult | Exception | None],
+) -> None:
+    request = schema.request
+    ids = sorted({ends[index].request_id for index in indexes})
+    rows = {
+        row["id"]: dict(row)
+        for row in connection.execute(
+            sa.select(request).where(request.c.id.in_(ids)).order_by(request.c.id)
+            .with_for_update()
+        ).mappings()
+    }
+    moves: list[_Move] = []
+    for index in indexes:
+        end = ends[index]
+        try:
+            judged = _judge(connection, end, rows.get(end.request_id))
+        except DBAPIError:
+            raise
+        except Exception as error:  # a refusal: this end writes nothing
+            results[index] = error
+            continue
+        if isinstance(judged, ReleaseResult):
+            results[index] = judged
+        elif judged == "stop":
+            results[index] = _begin_stop(connection, rows[end.request_id], end, now)
+        else:
+            row = rows[end.request_id]
+            current = RequestState(row["state"])
+            if current == RequestState.PREEMPTING:
+                # The victim's confirmed stop (docs/fair-sharing.md#preemption).
+                moves.append(_Move(index, end, row, current, RequestState.PREEMPTED,
+                                   row["reason"]))
+            else:
+                moves.append(_Move(index, end, row, current, end.to_state, end.reason))
+    if not moves:
+        return
+    if any(move.current == RequestState.PREEMPTING for move in moves):
+        lock_decisions(connection)  # not while a preemption decision reads (Ledger._preempt)
+    released = _move_states(connection, moves, now)
+    _return_cost(connection, released.values())
+    if released:
+        # An undelivered outbox row must not be delivered any more; a stop's row is done.
+        outbox = schema.outbox
+        connection.execute(
+            outbox.delete().where(
+                outbox.c.request_id.in_(sorted(released)),
+                sa.or_(outbox.c.delivered == sa.false(), outbox.c.stopping == sa.true()),
+            )
+        )
+    record(connection, now, *(
+        AuditEntry(move.end.actor, move.to_state.value,
+                   "released" if move.row["id"] in released else "ok", move.row["tenant"],
+                   move.row["id"], move.reason)
+        for move in moves
+    ))
+    for move in moves:
+        move.row.update(state=move.to_state.value, updated=now, reason=move.reason)
+        charge = released.get(move.row["id"])
+        results[move.index] = ReleaseResult(request_from_row(move.row),
+                                            released={} if charge is None else charge.cost)
+
+
+def _judge(
+    connection: sa.Connection, end: End, row: dict[str, Any] | None
+) -> ReleaseResult | str:
+    """The rules of one release on a locked row: a no-op result, ``"stop"`` or ``"move"``."""
+    if row is None or (end.tenant is not None and row["tenant"] != end.tenant):
+        raise NotFound(f"request {end.request_id!r} does not exist", code="unknown_request")
+    if end.guard is not None:
+        end.guard(connection, row, end.to_state)
+    current = RequestState(row["state"])
+    if current == end.to_state or (
+        current == RequestState.PREEMPTED and end.to_state == RequestState.CANCELLED
+        and end.stopped
+    ):
+        # Done already (a preemption's stop confirmed twice ends it once).
+        return ReleaseResult(request_from_row(row), released={})
+    if end.to_state == RequestState.CANCELLED and current in _STOPPABLE and not end.stopped:
+        return "stop"
+    if current in STOPPING_STATES:
+        if end.to_state == RequestState.CANCELLED and not end.stopped:
+            return ReleaseResult(request_from_row(row), released={})  # already stopping
+        if end.to_state != RequestState.CANCELLED:
+            raise Conflict(
+                f"request {end.request_id!r} is {current.value}; only the confirmed stop "
+                "ends it",
+                code="invalid_transition",
+            )
+    allowed = current in CHARGED_STATES or (
+        current == RequestState.WAITING and end.to_state == RequestState.CANCELLED
+    )
+    if not allowed:
+        raise Conflict(
+            f"request {end.request_id!r} is {current.value}; it cannot become "
+            f"{end.to_state.value}",
+            code="invalid_transition",
+        )
+    return "move"
+
+
+def _move_states(
+    connection: sa.Connection, moves: list[_Move], now: float
+) -> dict[str, _Charge]:
+    """Move every row's state; what each charged row that moved gives back, by request id."""
+    request = schema.request
+    returning = reserves_with_lock(connection)
+    groups: dict[tuple[str, str, str | None], list[_Move]] = {}
+    for move in moves:
+        key = (move.current.value, move.to_state.value, move.reason)
+        groups.setdefault(key, []).append(move)
+    released: dict[str, _Charge] = {}
+    for (current, to_state, reason), group in groups.items():
+        statement = (
+            request.update()
+            .where(request.c.id.in_([move.row["id"] for move in group]),
+                   request.c.state == current)
+            .values(state=to_state, updated=now, reason=reason)
+        )
+        charged = RequestState(current) in CHARGED_STATES
+        if returning:
+            # Only rows this statement moved count toward the sum.
+            moved = {
+                row.id: (row.tenant, row.pool, row.cost)
+                for row in connection.execute(
+                    statement.returning(request.c.id, request.c.tenant, request.c.pool,
+                                        request.c.cost)
+                )
+            }
+        else:
+            # The rows are locked (SQLite: the write lock is ours), so the count is exact.
+            count = connection.execute(statement).rowcount
+            moved = {move.row["id"]: (move.row["tenant"], move.row["pool"], move.row["cost"])
+                     for move in group}
+            if count != len(group):
+                moved = {}
+        if len(moved) != len(group):
+            raise RuntimeError(
+                f"ledger inconsistent: {len(group)} locked requests were {current}, "
+                f"{len(moved)} moved"
+            )
+        if charged:
+            for request_id, (tenant, pool, cost) in moved.items():
+                released[request_id] = _Charge(tenant, pool, decode_cost(cost))
+    return released
+
+
+def _return_cost(connection: sa.Connection, charges: Iterable[_Charge]) -> None:
+    """Give the summed cost back, tenants first, then pools, rows in key order.
+
+    Pools: one conditional UPDATE for the batch. Tenants: one return per tenant
+    of its summed cost, through the cohorts' bookkeeping, which gives a member's
+    return back to its cohort's room as well (quotagate.store.cohorts).
+    """
+    per_tenant: dict[str, Counter[str]] = {}
+    pool_amounts: Counter[tuple[str, str]] = Counter()
+    for charge in charges:
+        for resource, amount in charge.cost.items():
+            per_tenant.setdefault(charge.tenant, Counter())[resource] += amount
+            pool_amounts[charge.pool, resource] += amount
+    for tenant, returned in sorted(per_tenant.items()):
+        if not cohorts.adjust_tenant(connection, tenant, dict(returned), charge=False):
+            raise RuntimeError(
+                f"ledger inconsistent: cannot return {dict(returned)} to tenant {tenant}")
+    if not pool_amounts:
+        return
+    statement = statements.charge_statement(
+        schema.pool_capacity, "pool", len(pool_amounts),
+        lock_in_order=reserves_with_lock(connection), charge=False,
+    )
+    count = connection.execute(
+        statement, statements.charge_parameters(dict(pool_amounts))
+    ).rowcount
+    if count != len(pool_amounts):
+        raise RuntimeError(f"ledger inconsistent: cannot return {dict(pool_amounts)} to pools")
+
+
+def _begin_stop(
+    connection: sa.Connection, row: dict[str, Any], end: End, now: float
+) -> ReleaseResult:
+    """``reserved``/``delivered`` → ``cancelling``: charged until the target confirms."""
+    request, outbox = schema.request, schema.outbox
+    connection.execute(
+        request.update()
+        .where(request.c.id == row["id"], request.c.state == row["state"])
+        .values(state=RequestState.CANCELLING.value, updated=now, reason=end.reason)
+    )
+    # Due at once (attempts 0). A delivered row's claim is spent: free it.
+    # An undelivered row's claim stays with the worker delivering it
+    # until its batch notices the cancel or its lease dies.
+    connection.execute(
+        outbox.update().where(outbox.c.request_id == row["id"])
+        .values(stopping=True, attempts=0, last_error=None,
+                claimed_by=sa.case((outbox.c.delivered == sa.true(), sa.null()),
+                                   else_=outbox.c.claimed_by))
+    )
+    record(connection, now, AuditEntry(end.actor, "cancel", "stopping", row["tenant"],
+                                       row["id"], end.reason))
+    row.update(state=RequestState.CANCELLING.value, updated=now, reason=end.reason)
+    return ReleaseResult(request_from_row(row), released={})
