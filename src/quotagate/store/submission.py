@@ -328,9 +328,9 @@ def _judge(
         if rate_gate.in_transaction:
             token.decision = rate_gate.take_for_submission(connection, submission.tenant)
         elif token.decision is None:
+            # Judged as if granted, so that later entries see it (a repeated id is a
+            # replay); this attempt then rolls back and runs again with the decision.
             pending.tokens_needed.append(token)
-            return SubmitResult(request_from_row(new_row(submission, None, now, aging_interval)),
-                                created=True)  # a placeholder: this attempt rolls back
         decision = token.decision
     row = new_row(submission, decision, now, aging_interval)
     if existing is None or submission.id in pending.inserts:
