@@ -54,8 +54,17 @@ class BuiltTargets:
         """The named target, or the default one, built on first use."""
         if self._configs is None:
             self.refresh()
+        try:
+            with self._lock:
+                config = self._resolve(name)
+        except NotFound:
+            # The configurations read at the pass's start may predate a target set
+            # since (the tour sets one and submits at once): read them again once
+            # before failing a delivery on a stale view.
+            self.refresh()
+            with self._lock:
+                config = self._resolve(name)
         with self._lock:
-            config = self._resolve(name)
             built = self._built.get(config.name)
             if built is None:
                 built = (config, self._build(config.kind, config.config))
