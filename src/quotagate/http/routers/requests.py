@@ -120,7 +120,8 @@ def submit_batch(
     "(fencing token, target, state) and a refused one writing nothing; all of them are written "
     "in one transaction (docs/decisions/223). A malformed body (422) or more than "
     f"{MAX_BATCH} entries (413 `batch_too_large`) writes nothing at all.",
-    responses={413: {"description": f"More than {MAX_BATCH} entries; nothing was written"}},
+    responses={413: {"model": ErrorBody,
+                     "description": f"More than {MAX_BATCH} entries; nothing was written"}},
 )
 def end_batch(
     tenant: str, body: BatchEndBody, context: Context, credentials: Credentials
