@@ -19,12 +19,10 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -32,8 +30,9 @@ import sqlalchemy as sa
 from quotagate import Quotagate, RequestState
 from quotagate.delivery.registry import TargetStore
 from quotagate.store import schema
+from support import worker_processes
+from support.worker_processes import finish, table
 
-WORKER = "from quotagate.cli.main import main; main()"
 # A 1.5 s lease: short enough for quick takeovers, long enough that a worker
 # stalled on a loaded machine does not lose it between renewals.
 WORKER_OPTIONS = ["--lease-ttl", "1.5", "--poll", "0.05", "--retry-base", "0.2"]
@@ -57,23 +56,8 @@ def setup(db_url: str, tmp_path: Path) -> Iterator[tuple[Quotagate, Path]]:
 
 def start_worker(db_url: str, name: str, *extra: str, crash_at: str | None = None,
                  ) -> subprocess.Popen[bytes]:
-    environment = {key: value for key, value in os.environ.items()
-                   if key != "QUOTAGATE_CRASH_AT"}
-    if crash_at is not None:
-        environment["QUOTAGATE_CRASH_AT"] = crash_at
-    return subprocess.Popen(
-        [sys.executable, "-c", WORKER, "worker", "--db", db_url, "--name", name,
-         *WORKER_OPTIONS, *extra],
-        env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-
-
-def finish(worker: subprocess.Popen[bytes], timeout: float = 120,
-           allowed: tuple[int, ...] = (0, -signal.SIGKILL)) -> int:
-    _out, err = worker.communicate(timeout=timeout)
-    if worker.returncode not in allowed:
-        raise AssertionError(f"worker exited {worker.returncode}: {err.decode()[-2000:]}")
-    return worker.returncode
+    return worker_processes.start_worker(db_url, name, *extra, crash_at=crash_at,
+                                         options=WORKER_OPTIONS)
 
 
 def submit_and_admit(gate: Quotagate, count: int, prefix: str = "job") -> list[str]:
@@ -82,11 +66,6 @@ def submit_and_admit(gate: Quotagate, count: int, prefix: str = "job") -> list[s
         gate.submit(request_id, "team-a", {"gpu": 1}, payload={"n": request_id})
     assert gate.admit_until_idle(batch=64) == count
     return ids
-
-
-def table(gate: Quotagate, which: sa.Table) -> list[Any]:
-    with gate.engine.connect() as connection:
-        return list(connection.execute(sa.select(which)).mappings())
 
 
 def assert_exactly_once(gate: Quotagate, tmp_path: Path, ids: list[str]) -> None:

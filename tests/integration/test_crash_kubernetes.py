@@ -17,24 +17,22 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-import sqlalchemy as sa
 
 from quotagate import Quotagate, RequestState
 from quotagate.delivery.naming import external_name
 from quotagate.delivery.registry import TargetStore
 from quotagate.store import schema
+from support import worker_processes
 from support.kube_api import KubeApiServer
 from support.kube_api.controller import controller
 from support.waiting import wait_for
+from support.worker_processes import finish, table
 
-WORKER = "from quotagate.cli.main import main; main()"
 # A 1.5 s lease: short enough for quick takeovers, long enough that a worker
 # stalled on a loaded machine does not lose it between renewals.
 WORKER_OPTIONS = ["--lease-ttl", "1.5", "--poll", "0.05", "--retry-base", "0.2"]
@@ -52,28 +50,8 @@ def gate(db_url: str, kube_api: KubeApiServer) -> Iterator[Quotagate]:
 
 def start_worker(db_url: str, name: str, *extra: str, crash_at: str | None = None,
                  ) -> subprocess.Popen[bytes]:
-    environment = {key: value for key, value in os.environ.items()
-                   if key != "QUOTAGATE_CRASH_AT"}
-    if crash_at is not None:
-        environment["QUOTAGATE_CRASH_AT"] = crash_at
-    return subprocess.Popen(
-        [sys.executable, "-c", WORKER, "worker", "--db", db_url, "--name", name,
-         *WORKER_OPTIONS, *extra],
-        env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-
-
-def finish(worker: subprocess.Popen[bytes], timeout: float = 120,
-           allowed: tuple[int, ...] = (0, -signal.SIGKILL)) -> int:
-    _out, err = worker.communicate(timeout=timeout)
-    if worker.returncode not in allowed:
-        raise AssertionError(f"worker exited {worker.returncode}: {err.decode()[-2000:]}")
-    return worker.returncode
-
-
-def table(gate: Quotagate, which: sa.Table) -> list[Any]:
-    with gate.engine.connect() as connection:
-        return list(connection.execute(sa.select(which)).mappings())
+    return worker_processes.start_worker(db_url, name, *extra, crash_at=crash_at,
+                                         options=WORKER_OPTIONS)
 
 
 def submit_and_admit(gate: Quotagate, count: int) -> list[str]:

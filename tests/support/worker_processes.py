@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -18,14 +19,15 @@ FAST_OPTIONS = ["--lease-ttl", "2", "--poll", "0.05", "--retry-base", "0.2"]
 
 
 def start_worker(db_url: str, name: str, *extra: str, crash_at: str | None = None,
-                 environment: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+                 environment: dict[str, str] | None = None,
+                 options: Sequence[str] = FAST_OPTIONS) -> subprocess.Popen[bytes]:
     env = {key: value for key, value in os.environ.items() if key != "QUOTAGATE_CRASH_AT"}
     env.update(environment or {})
     if crash_at is not None:
         env["QUOTAGATE_CRASH_AT"] = crash_at
     return subprocess.Popen(
         [sys.executable, "-c", WORKER, "worker", "--db", db_url, "--name", name,
-         *FAST_OPTIONS, *extra],
+         *options, *extra],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
 
