@@ -348,7 +348,8 @@ def set_cohort(
     connection.execute(table.update().where(table.c.name == name).values(parent=parent))
     parents[name] = parent
     new_root = root_of(name, parents)
-    subtree = [cohort for cohort in parents if root_of_path(cohort, name, parents)]
+    # The moved cohort and everything under it: those whose path up reaches it.
+    subtree = [cohort for cohort in parents if would_cycle(name, cohort, parents)]
     tenant, quota = schema.tenant, schema.tenant_quota
     moved = sorted(connection.execute(
         sa.select(tenant.c.name).where(tenant.c.cohort.in_(subtree))).scalars())
@@ -360,18 +361,6 @@ def set_cohort(
                            .values(cohort_root=new_root))
     rebuild(connection, [old_root, new_root])
     return parent, False
-
-
-def root_of_path(cohort: str, ancestor: str, parents: Mapping[str, str | None]) -> bool:
-    """Whether ``ancestor`` is ``cohort`` or one of its ancestors."""
-    current: str | None = cohort
-    seen: set[str] = set()
-    while current is not None and current not in seen:
-        if current == ancestor:
-            return True
-        seen.add(current)
-        current = parents.get(current)
-    return False
 
 
 def apply_tenant_sharing(
