@@ -9,17 +9,14 @@ The real dispatcher delivers; the real application answers over HTTP.
 from __future__ import annotations
 
 import json
-import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import ThreadingHTTPServer
 
 import httpx
 import pytest
 import sqlalchemy as sa
-from test_http_authorizer import serving
 
 from quotagate import Quotagate, RequestState
 from quotagate.auth.tokens import TokenStore
@@ -27,7 +24,8 @@ from quotagate.delivery.dispatcher import Dispatcher
 from quotagate.http import create_app
 from quotagate.store import schema
 from quotagate.store.listing import read_binding
-from support.executors import webhook_target
+from support.executors import webhook_receiver, webhook_target
+from support.http_servers import serving
 from support.json_http import JsonHandler
 from support.waiting import wait_for
 
@@ -60,15 +58,8 @@ def calling_back_receiver(behaviour: CallingBack) -> Iterator[str]:
         def do_GET(self) -> None:
             self._reply(200, {"request_id": "", "state": "running"})
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with webhook_receiver(Handler) as url:
+        yield url
 
 
 @dataclass

@@ -13,6 +13,7 @@ from quotagate import Quotagate
 from quotagate.store import schema
 from support import workers
 from support.ledger_state import count
+from support.racing import race
 
 ADMITTERS = 8
 SUBMITTERS = 2
@@ -91,19 +92,7 @@ def test_concurrent_double_release_returns_the_cost_once(db_url: str) -> None:
         gate.set_pool("pool-1", {"gpu": 4})
         gate.submit("job-0", "team-a", {"gpu": 3})
         gate.admit()
-    context = multiprocessing.get_context("spawn")
-    results: multiprocessing.Queue[dict[str, int]] = context.Queue()
-    barrier = context.Barrier(4)
-    processes = [
-        context.Process(target=workers.release_one, args=(db_url, "job-0", barrier, results))
-        for _ in range(4)
-    ]
-    for process in processes:
-        process.start()
-    released = [results.get(timeout=120) for _ in processes]
-    for process in processes:
-        process.join(timeout=60)
-        assert process.exitcode == 0
+    released = race(workers.release_one, db_url, "job-0", processes=4)
     assert sorted(released, key=len) == [{}, {}, {}, {"gpu": 3}]
     with Quotagate.connect(db_url) as gate:
         assert all(row["used"] == 0 for row in gate.usage()["tenants"] + gate.usage()["pools"])

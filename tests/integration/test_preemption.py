@@ -124,19 +124,10 @@ def test_racing_confirmations_return_a_victims_cost_exactly_once(db_url: str) ->
         gate.admit()
         gate.submit("high", "team-a", {"gpu": 2}, priority=9)
         assert gate.admit() == [] and _state(gate, "low") == "preempting"
-    context = multiprocessing.get_context("spawn")
     from support import cohort_workers
+    from support.racing import race
 
-    results: multiprocessing.Queue[dict[str, int]] = context.Queue()
-    barrier = context.Barrier(4)
-    processes = [context.Process(target=cohort_workers.confirm_stop,
-                                 args=(db_url, "low", barrier, results)) for _ in range(4)]
-    for process in processes:
-        process.start()
-    released = [results.get(timeout=120) for _ in processes]
-    for process in processes:
-        process.join(timeout=60)
-        assert process.exitcode == 0
+    released = race(cohort_workers.confirm_stop, db_url, "low", processes=4)
     assert sorted(released, key=len) == [{}, {}, {}, {"gpu": 3}]
     with Quotagate.connect(db_url) as gate:
         assert _used(gate, "team-a") == 0 and _state(gate, "low") == "preempted"

@@ -7,7 +7,6 @@ with an older fencing token writes nothing (docs/streaming.md).
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import sqlalchemy as sa
 from quotagate import InvalidInput, StaleGeneration
 from quotagate.streaming import Fencing, SinkStore, StaleFencingToken
 from support.databases import fresh_database
+from support.racing import race
 from support.sink_workers import EVENT_KEYS, event_columns, events, write_same_batch
 
 
@@ -88,18 +88,7 @@ def test_a_batch_failing_midway_leaves_nothing_visible_even_after_chunks_were_wr
 
 def test_two_concurrent_writers_of_the_same_batch_write_its_rows_once(business_url: str) -> None:
     count = 40
-    context = multiprocessing.get_context("spawn")
-    barrier = context.Barrier(2)
-    results: Any = context.Queue()
-    writers = [context.Process(target=write_same_batch, args=(business_url, count, barrier, results),
-                               daemon=True)
-               for _ in range(2)]
-    for writer in writers:
-        writer.start()
-    outcomes = [results.get(timeout=120) for _ in writers]
-    for writer in writers:
-        writer.join(timeout=60)
-        assert writer.exitcode == 0
+    outcomes = race(write_same_batch, business_url, count, processes=2)
     with SinkStore(business_url) as store:
         assert store.count_rows("events") == count
         [marker] = store.markers("q")

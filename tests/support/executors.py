@@ -11,7 +11,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from quotagate import Quotagate, RequestState
@@ -32,9 +32,10 @@ class _Handler(JsonHandler):
 
 
 @contextmanager
-def webhook_receiver() -> Iterator[str]:
-    """The base URL of a receiver that keeps every delivered request running."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+def webhook_receiver(handler: type[BaseHTTPRequestHandler] = _Handler) -> Iterator[str]:
+    """The base URL of a receiver answering with ``handler``; by default it keeps every
+    delivered request running."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
