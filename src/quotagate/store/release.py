@@ -15,9 +15,11 @@ commit (docs/decisions/218). Here a batch of ends is one transaction:
 4. the state moves, one conditional UPDATE per (from, to, reason) group; on
    PostgreSQL it returns the rows it moved (``UPDATE … RETURNING``) and only
    those count toward the sum, elsewhere the locked rows' count is checked;
-5. one conditional UPDATE per usage table by the summed cost of the rows that
-   moved, rows locked in (holder, resource) order; the outbox rows deleted and
-   the audit rows inserted in one statement each.
+5. the summed cost of the rows that moved given back: one conditional UPDATE of
+   the pool rows, rows locked in (holder, resource) order, and per tenant one
+   return through :func:`quotagate.store.cohorts.adjust_tenant` (a cohort
+   member's return goes back to its cohort's room too); the outbox rows deleted
+   and the audit rows inserted in one statement each.
 
 A request's cost therefore comes back once however many callers end it at the
 same time: only the transaction that moved its state counts it.
