@@ -208,8 +208,11 @@ class Quotagate:
         """Create a cohort, or move it under ``parent`` (None: make it a root)."""
         return self.config.set_cohort(name, parent=parent, actor=actor)
 
-    def set_pool(self, name: str, capacity: Mapping[str, object], *, actor: str = "admin") -> dict[str, dict[str, int]]:
-        return self.config.set_pool(name, capacity, actor=actor)
+    def set_pool(self, name: str, capacity: Mapping[str, object], *, actor: str = "admin",
+                 slices: int | None = None) -> dict[str, dict[str, int]]:
+        """Create or change a pool; ``slices`` splits its capacity over that many capacity
+        slices, so several admitters charge it on different rows (docs/admission.md)."""
+        return self.config.set_pool(name, capacity, actor=actor, slices=slices)
 
     def tenant(self, name: str) -> dict[str, Any]:
         """A tenant's quotas and use."""

@@ -143,12 +143,17 @@ def pool() -> None:
 @click.argument("name")
 @click.option("--capacity", "capacities", multiple=True, metavar="RESOURCE=CAP",
               help="Capacity of one resource; repeat for several.")
+@click.option("--slices", type=int, default=None, metavar="S",
+              help="Split the capacity over S slices so S admitters charge it on different "
+                   "rows (default: unchanged; a new pool has 1).")
 @db_option
 @reports_errors
-def pool_set(name: str, capacities: tuple[str, ...], db_url: str | None) -> None:
+def pool_set(name: str, capacities: tuple[str, ...], slices: int | None,
+             db_url: str | None) -> None:
     """Create a pool or change its capacities."""
     with open_gate(db_url) as gate:
-        result = gate.set_pool(name, parse_assignments(capacities, "capacity"), actor="cli")
+        result = gate.set_pool(name, parse_assignments(capacities, "capacity"), actor="cli",
+                               slices=slices)
     _print_caps("pool", name, result)
 
 
@@ -165,6 +170,8 @@ def pool_show(name: str, as_json: bool, db_url: str | None) -> None:
         echo_json(described)
     else:
         _print_caps("pool", name, described["capacity"])
+        if described["slices"] > 1:
+            click.echo(f"  slices: {described['slices']}")
 
 
 @pool.command("list")

@@ -70,6 +70,8 @@ class Snapshot:
     weights: dict[str, int]
     # Tenants' preemption policies (reclaim, within-tenant); absent: never, never.
     policies: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Pools' capacity slices (quotagate.store.pool_slices); absent: one.
+    slices: dict[str, int] = field(default_factory=dict)
 
 
 def snapshot_from_rows(rows: Iterable[Sequence[Any]]) -> Snapshot:
@@ -84,6 +86,8 @@ def snapshot_from_rows(rows: Iterable[Sequence[Any]]) -> Snapshot:
                 sharing.limits[holder, resource] = _limits(cap, borrowing_limit, lending_limit)
         elif kind == "p":
             pools.setdefault(holder, {})[resource] = (int(used), int(cap))
+            if borrowing_limit is not None and int(borrowing_limit) > 1:
+                snapshot.slices[holder] = int(borrowing_limit)
         elif kind == "c":
             sharing.cohorts.setdefault(holder, {})[resource] = (int(used), int(cap))
         elif kind == "w":

@@ -13,7 +13,7 @@ from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import validate_amounts, validate_name
 from quotagate.domain.sharing import KEEP, Keep, TenantSharing
 from quotagate.errors import Conflict, NotFound
-from quotagate.store import cohorts, schema
+from quotagate.store import cohorts, pool_slices, schema
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.dialect import reading, run_transaction
 from quotagate.store.rows import holder_usage
@@ -71,11 +71,20 @@ class Configuration:
             return cohorts.describe_cohort(connection, name)
 
     def set_pool(
-        self, name: str, capacity: Mapping[str, object], *, actor: str = "admin"
+        self, name: str, capacity: Mapping[str, object], *, actor: str = "admin",
+        slices: int | None = None,
     ) -> dict[str, dict[str, int]]:
+        """Create the pool if needed, set the caps it names and, given, its slice count.
+
+        Every cap is spread over the pool's capacity slices
+        (docs/decisions/029-capacity-slices.md); one slice unless set.
+        """
         validate_name(name, "pool")
         caps = validate_amounts(capacity, what="capacity", allow_zero=True) if capacity else {}
-        return self._set(schema.pool, schema.pool_capacity, "pool", name, caps, actor)
+        if slices is not None:
+            slices = pool_slices.validate_slices(slices)
+        return self._set(schema.pool, schema.pool_capacity, "pool", name, caps, actor,
+                         slices=slices)
 
     def _set(
         self,
@@ -86,6 +95,7 @@ class Configuration:
         caps: dict[str, int],
         actor: str,
         sharing: TenantSharing | None = None,
+        slices: int | None = None,
     ) -> dict[str, dict[str, int]]:
         def work(connection: sa.Connection) -> dict[str, dict[str, int]]:
             now = self.clock.now()
@@ -97,7 +107,9 @@ class Configuration:
             ).first()
             if exists is None:
                 connection.execute(holder_table.insert().values(name=name, created=now))
-            for resource, cap in caps.items():
+            if holder == "pool":
+                pool_slices.configure(connection, name, caps, slices)
+            for resource, cap in caps.items() if holder != "pool" else ():
                 updated = connection.execute(
                     cap_table.update()
                     .where(cap_table.c[holder] == name, cap_table.c.resource == resource)
@@ -110,6 +122,8 @@ class Configuration:
                         )
                     )
             change = ",".join(f"{resource}={cap}" for resource, cap in caps.items())
+            if slices is not None:
+                change = ",".join(part for part in (change, f"slices={slices}") if part)
             if sharing is not None:
                 old_cohort = None if exists is None else exists[1]
                 if sharing or old_cohort is not None:
@@ -144,7 +158,10 @@ class Configuration:
         return described
 
     def get_pool(self, name: str) -> dict[str, Any]:
-        return self._get(schema.pool, schema.pool_capacity, "pool", name)
+        described = self._get(schema.pool, schema.pool_capacity, "pool", name)
+        with reading(self.engine) as connection:
+            described["slices"] = pool_slices.slice_count(connection, name)
+        return described
 
     def _get(
         self, holder_table: sa.Table, cap_table: sa.Table, holder: str, name: str

@@ -15,7 +15,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -33,9 +33,8 @@ from quotagate.domain.placement import Candidate, Placement, plan_admissions
 from quotagate.domain.placement import charge as charge_usage
 from quotagate.domain.preemption import Preemption, choose_preemption
 from quotagate.domain.rate_refusal import rate_limited
-from quotagate.domain.sharing import Sharing
 from quotagate.errors import Conflict, InvalidInput, QuotagateError
-from quotagate.store import admission_stats, cohorts, identity, schema, statements
+from quotagate.store import admission_stats, cohorts, identity, pool_slices, schema, statements
 from quotagate.store import preemption as preemption_reads
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
@@ -276,6 +275,13 @@ class Ledger:
             except CapacityChanged:
                 admission_stats.count_rerun("stale_snapshot")
                 continue
+            except pool_slices.SliceFragmented as fragmented:
+                # The pool had room, no slice of it did: move room, in a transaction
+                # of its own, and plan again (docs/decisions/029-capacity-slices.md).
+                admission_stats.count_rerun("stale_snapshot")
+                run_transaction(self.engine, partial(
+                    pool_slices.rebalance, pool=fragmented.pool, need=fragmented.need))
+                continue
             if not admitted and self._policies_seen:
                 # Nothing fits and some tenant may preempt: choose, in a transaction of
                 # its own; the preemptor is admitted by a later pass, once the cost is back.
@@ -399,7 +405,7 @@ class Ledger:
         if not admitted:
             return []
         with admission_stats.lock_wait():
-            self._charge(transaction, admitted, sharing)
+            self._charge(transaction, admitted, snapshot)
         self._record_admissions(transaction, admitted, targets, now, actor)
         return admitted
 
@@ -491,24 +497,24 @@ class Ledger:
 
     @staticmethod
     def _charge(
-        transaction: DriverTransaction, placements: Sequence[Placement], sharing: Sharing
+        transaction: DriverTransaction, placements: Sequence[Placement], snapshot: cohorts.Snapshot
     ) -> None:
         """Charge tenants, then pools: one conditional UPDATE per table for the whole batch.
 
         Cohort members are charged after the other tenants and before the pools,
         with their cohorts' rooms (quotagate.store.cohorts; the lock order).
+        Pools are charged on their capacity slices (quotagate.store.pool_slices).
         """
+        sharing = snapshot.sharing
         tenant_amounts: Counter[tuple[str, str]] = Counter()
-        pool_amounts: Counter[tuple[str, str]] = Counter()
         members: list[Placement] = []
         for placement in placements:
             member = sharing.is_member(placement.tenant)
             if member:
                 members.append(placement)
+                continue
             for resource, amount in placement.cost.items():
-                if not member:
-                    tenant_amounts[placement.tenant, resource] += amount
-                pool_amounts[placement.pool, resource] += amount
+                tenant_amounts[placement.tenant, resource] += amount
         lock_in_order = reserves_with_lock(transaction)
         if tenant_amounts:
             Ledger._charge_rows(transaction, schema.tenant_quota, "tenant", tenant_amounts,
@@ -516,7 +522,9 @@ class Ledger:
         if members and not cohorts.charge_members(transaction, members, sharing.roots,
                                                   lock_in_order=lock_in_order):
             raise CapacityChanged("cohort")
-        Ledger._charge_rows(transaction, schema.pool_capacity, "pool", pool_amounts, lock_in_order)
+        if not pool_slices.charge(transaction, placements, snapshot.slices, snapshot.pools,
+                                  lock_in_order=lock_in_order):
+            raise CapacityChanged("pool")
 
     @staticmethod
     def _charge_rows(

@@ -16,7 +16,8 @@ commit (docs/decisions/218). Here a batch of ends is one transaction:
    PostgreSQL it returns the rows it moved (``UPDATE … RETURNING``) and only
    those count toward the sum, elsewhere the locked rows' count is checked;
 5. the summed cost of the rows that moved given back: one conditional UPDATE of
-   the pool rows, rows locked in (holder, resource) order, and per tenant one
+   the pool rows, rows locked in (pool, slice, resource) order, each request's
+   cost to the slice it was charged to, and per tenant one
    return through :func:`quotagate.store.cohorts.adjust_tenant` (a cohort
    member's return goes back to its cohort's room too); the outbox rows deleted
    and the audit rows inserted in one statement each.
@@ -47,7 +48,7 @@ from quotagate.domain.model import (
     validate_reason,
 )
 from quotagate.errors import Conflict, InvalidInput, NotFound
-from quotagate.store import cohorts, identity, schema, statements
+from quotagate.store import cohorts, identity, pool_slices, schema
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
 from quotagate.store.dialect import reserves_with_lock
@@ -92,6 +93,8 @@ class _Charge:
 
     tenant: str
     pool: str
+    # The pool slice charged (quotagate.store.pool_slices); None: slice 0.
+    pool_slice: int | None
     cost: dict[str, int]
 
 
@@ -264,16 +267,17 @@ def _move_states(
         if returning:
             # Only rows this statement moved count toward the sum.
             moved = {
-                row.id: (row.tenant, row.pool, row.cost)
+                row.id: (row.tenant, row.pool, row.pool_slice, row.cost)
                 for row in connection.execute(
                     statement.returning(request.c.id, request.c.tenant, request.c.pool,
-                                        request.c.cost)
+                                        request.c.pool_slice, request.c.cost)
                 )
             }
         else:
             # The rows are locked (SQLite: the write lock is ours), so the count is exact.
             count = connection.execute(statement).rowcount
-            moved = {move.row["id"]: (move.row["tenant"], move.row["pool"], move.row["cost"])
+            moved = {move.row["id"]: (move.row["tenant"], move.row["pool"],
+                                      move.row["pool_slice"], move.row["cost"])
                      for move in group}
             if count != len(group):
                 moved = {}
@@ -283,8 +287,8 @@ def _move_states(
                 f"{len(moved)} moved"
             )
         if charged:
-            for request_id, (tenant, pool, cost) in moved.items():
-                released[request_id] = _Charge(tenant, pool, decode_cost(cost))
+            for request_id, (tenant, pool, pool_slice, cost) in moved.items():
+                released[request_id] = _Charge(tenant, pool, pool_slice, decode_cost(cost))
     return released
 
 
@@ -296,24 +300,21 @@ def _return_cost(connection: sa.Connection, charges: Iterable[_Charge]) -> None:
     return back to its cohort's room as well (quotagate.store.cohorts).
     """
     per_tenant: dict[str, Counter[str]] = {}
-    pool_amounts: Counter[tuple[str, str]] = Counter()
+    pool_amounts: Counter[tuple[str, int, str]] = Counter()
     for charge in charges:
         for resource, amount in charge.cost.items():
             per_tenant.setdefault(charge.tenant, Counter())[resource] += amount
-            pool_amounts[charge.pool, resource] += amount
+            pool_amounts[charge.pool, charge.pool_slice or 0, resource] += amount
     for tenant, returned in sorted(per_tenant.items()):
         if not cohorts.adjust_tenant(connection, tenant, dict(returned), charge=False):
             raise RuntimeError(
                 f"ledger inconsistent: cannot return {dict(returned)} to tenant {tenant}")
     if not pool_amounts:
         return
-    statement = statements.charge_statement(
-        schema.pool_capacity, "pool", len(pool_amounts),
-        lock_in_order=reserves_with_lock(connection), charge=False,
-    )
-    count = connection.execute(
-        statement, statements.charge_parameters(dict(pool_amounts))
-    ).rowcount
+    # Each request's cost goes back to the slice it was charged to.
+    statement, parameters = pool_slices.return_statement_parameters(
+        dict(pool_amounts), reserves_with_lock(connection))
+    count = connection.execute(statement, parameters).rowcount
     if count != len(pool_amounts):
         raise RuntimeError(f"ledger inconsistent: cannot return {dict(pool_amounts)} to pools")
 

@@ -40,10 +40,13 @@ def request_from_row(row: Mapping[Any, Any]) -> Request:
 def holder_usage(
     connection: sa.Connection, table: sa.Table, holder_column: str, holder: str
 ) -> dict[str, tuple[int, int]]:
-    """``{resource: (used, cap)}`` of one tenant or pool."""
+    """``{resource: (used, cap)}`` of one tenant or pool (summed over a pool's slices)."""
     query = (
-        sa.select(table.c.resource, table.c.used, table.c.cap)
+        sa.select(table.c.resource,
+                  sa.cast(sa.func.sum(table.c.used), sa.BigInteger),
+                  sa.cast(sa.func.sum(table.c.cap), sa.BigInteger))
         .where(table.c[holder_column] == holder)
+        .group_by(table.c.resource)
         .order_by(table.c.resource)
     )
     return {resource: (int(used), int(cap)) for resource, used, cap in connection.execute(query)}

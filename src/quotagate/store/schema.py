@@ -94,6 +94,11 @@ pool_capacity = sa.Table(
     "qg_pool_capacity",
     metadata,
     sa.Column("pool", NAME, primary_key=True),
+    # Capacity slices (docs/decisions/029-capacity-slices.md): each pool's cap per
+    # resource is split over its slices, 0 … S-1; the pool's cap and use are the
+    # sums. Most pools have one slice, 0. The key order (pool, slice, resource) is
+    # the order rows are locked in.
+    sa.Column("slice", sa.Integer, primary_key=True, server_default="0"),
     sa.Column("resource", RESOURCE, primary_key=True),
     sa.Column("cap", sa.BigInteger, nullable=False),
     sa.Column("used", sa.BigInteger, nullable=False, server_default="0"),
@@ -111,6 +116,8 @@ request = sa.Table(
     sa.Column("payload", sa.Text, nullable=False),
     sa.Column("target", NAME, nullable=True),
     sa.Column("pool", NAME, nullable=True),
+    # The pool slice the cost was charged to and goes back to (NULL: slice 0).
+    sa.Column("pool_slice", sa.Integer, nullable=True),
     # created / aging_interval - priority: see quotagate.domain.ordering.
     sa.Column("queue_key", sa.Double, nullable=False),
     sa.Column("created", TIME, nullable=False),

@@ -30,9 +30,23 @@ def usage_query() -> sa.CompoundSelect[Any]:
     return sa.union_all(
         sa.select(sa.literal("t").label("kind"), quota.c.tenant.label("holder"), quota.c.resource,
                   quota.c.used, quota.c.cap),
-        sa.select(sa.literal("p").label("kind"), capacity.c.pool.label("holder"),
-                  capacity.c.resource, capacity.c.used, capacity.c.cap),
+        sa.select(sa.literal("p").label("kind"), *summed_pool_columns()[:4])
+        .group_by(capacity.c.pool, capacity.c.resource),
     )
+
+
+def summed_pool_columns() -> tuple[Any, ...]:
+    """``pool, resource, used, cap, slices`` of a pool resource, summed over its slices.
+
+    For a SELECT from ``qg_pool_capacity`` grouped by pool and resource: what
+    every reader of a pool's use shows (docs/decisions/029-capacity-slices.md).
+    The sums are cast back to BIGINT; SUM of a BIGINT is a DECIMAL otherwise.
+    """
+    capacity = schema.pool_capacity
+    return (capacity.c.pool, capacity.c.resource,
+            sa.cast(sa.func.sum(capacity.c.used), sa.BigInteger).label("used"),
+            sa.cast(sa.func.sum(capacity.c.cap), sa.BigInteger).label("cap"),
+            sa.cast(sa.func.count(), sa.BigInteger).label("slices"))
 
 
 @lru_cache(maxsize=256)
@@ -129,7 +143,7 @@ def reserve_parameters(plan: Sequence[Placement], now: float) -> dict[str, Any]:
 @lru_cache(maxsize=256)
 def charge_statement(
     table: sa.Table, holder_column: str, count: int, *, lock_in_order: bool = False,
-    charge: bool = True,
+    charge: bool = True, sliced: bool = False,
 ) -> sa.Update:
     """Charge ``count`` (holder, resource) rows of one table in one conditional UPDATE.
 
@@ -149,9 +163,12 @@ def charge_statement(
     writer; PostgreSQL's UPDATE locks in whatever order its plan visits rows, so
     with ``lock_in_order`` the rows are first locked by a sorted ``SELECT … FOR
     UPDATE`` in the same statement.
+
+    With ``sliced`` (pool rows) each row is also named by its slice,
+    ``slice_i``, and rows are locked in (pool, slice, resource) order.
     """
     return _charge_rows(table, holder_column, count, table.c.cap, lock_in_order=lock_in_order,
-                        charge=charge)
+                        charge=charge, sliced=sliced)
 
 
 def charge_parameters(amounts: dict[tuple[str, str], int]) -> dict[str, Any]:
@@ -159,6 +176,17 @@ def charge_parameters(amounts: dict[tuple[str, str], int]) -> dict[str, Any]:
     parameters: dict[str, Any] = {}
     for index, ((holder, resource), amount) in enumerate(sorted(amounts.items())):
         parameters[f"holder_{index}"] = holder
+        parameters[f"resource_{index}"] = resource
+        parameters[f"amount_{index}"] = amount
+    return parameters
+
+
+def sliced_charge_parameters(amounts: dict[tuple[str, int, str], int]) -> dict[str, Any]:
+    """The parameters of a ``sliced`` :func:`charge_statement`: ``{(pool, slice, resource): amount}``."""
+    parameters: dict[str, Any] = {}
+    for index, ((holder, slice_number, resource), amount) in enumerate(sorted(amounts.items())):
+        parameters[f"holder_{index}"] = holder
+        parameters[f"slice_{index}"] = slice_number
         parameters[f"resource_{index}"] = resource
         parameters[f"amount_{index}"] = amount
     return parameters
@@ -293,7 +321,8 @@ def admission_snapshot_query() -> sa.CompoundSelect[Any]:
 
     Rows ``(kind, holder, resource, used, cap, borrowing_limit, lending_limit,
     cohort_root)``: ``t`` tenant quota rows (with their limits and root cohort),
-    ``p`` pool rows, ``c`` the shared room of each root cohort, ``w`` the
+    ``p`` pool rows (summed over their slices, the slice count in
+    ``borrowing_limit``), ``c`` the shared room of each root cohort, ``w`` the
     weight (in ``used``) of each tenant whose weight is not 1, ``x`` the
     preemption policies (reclaim in ``resource``, within-tenant in the last
     column) of each tenant that has one. Without cohorts, weights and policies
@@ -307,8 +336,8 @@ def admission_snapshot_query() -> sa.CompoundSelect[Any]:
         sa.select(sa.literal("t").label("kind"), quota.c.tenant.label("holder"), quota.c.resource,
                   quota.c.used, quota.c.cap, quota.c.borrowing_limit, quota.c.lending_limit,
                   quota.c.cohort_root),
-        sa.select(sa.literal("p"), capacity.c.pool, capacity.c.resource, capacity.c.used,
-                  capacity.c.cap, none, none, no_root),
+        sa.select(sa.literal("p"), *summed_pool_columns(), none, no_root)
+        .group_by(capacity.c.pool, capacity.c.resource),
         sa.select(sa.literal("c"), shared.c.cohort, shared.c.resource, shared.c.used,
                   shared.c.cap, none, none, no_root),
         sa.select(sa.literal("w"), tenant.c.name, sa.cast(sa.null(), schema.RESOURCE),
@@ -364,11 +393,12 @@ def borrowing_charge_statement(
 
 def _charge_rows(
     table: sa.Table, holder_column: str, count: int, ceiling: Any, *, lock_in_order: bool,
-    charge: bool = True,
+    charge: bool = True, sliced: bool = False,
 ) -> sa.Update:
     holder, resource = table.c[holder_column], table.c.resource
     rows = [
-        sa.and_(holder == sa.bindparam(f"holder_{i}"), resource == sa.bindparam(f"resource_{i}"))
+        sa.and_(holder == sa.bindparam(f"holder_{i}"), resource == sa.bindparam(f"resource_{i}"),
+                *((table.c.slice == sa.bindparam(f"slice_{i}"),) if sliced else ()))
         for i in range(count)
     ]
     amount = sa.case(
@@ -377,14 +407,27 @@ def _charge_rows(
     condition = table.c.used + amount <= ceiling if charge else table.c.used >= amount
     statement = table.update().where(condition)
     if lock_in_order:
-        locked = (
-            sa.select(holder.label("holder"), resource.label("resource"))
-            .where(sa.or_(*rows))
-            .order_by(holder, resource)
-            .with_for_update()
-            .subquery("locked")
-        )
-        statement = statement.where(holder == locked.c.holder, resource == locked.c.resource)
+        if sliced:
+            locked = (
+                sa.select(holder.label("holder"), table.c.slice.label("slice"),
+                          resource.label("resource"))
+                .where(sa.or_(*rows))
+                .order_by(holder, table.c.slice, resource)
+                .with_for_update()
+                .subquery("locked")
+            )
+            statement = statement.where(holder == locked.c.holder, resource == locked.c.resource,
+                                        table.c.slice == locked.c.slice)
+        else:
+            locked = (
+                sa.select(holder.label("holder"), resource.label("resource"))
+                .where(sa.or_(*rows))
+                .order_by(holder, resource)
+                .with_for_update()
+                .subquery("locked")
+            )
+            statement = statement.where(holder == locked.c.holder,
+                                        resource == locked.c.resource)
     else:
         statement = statement.where(sa.or_(*rows))
     return statement.values(used=table.c.used + amount if charge else table.c.used - amount)

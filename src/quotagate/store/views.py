@@ -16,7 +16,7 @@ from quotagate.domain.ordering import effective_priority, queue_key
 from quotagate.domain.placement import Candidate, total_cost
 from quotagate.domain.preemption import choose_preemption
 from quotagate.errors import Conflict, NotFound
-from quotagate.store import cohorts, schema, statements
+from quotagate.store import cohorts, pool_slices, schema, statements
 from quotagate.store.dialect import reading
 from quotagate.store.preemption import running_work
 from quotagate.store.rows import all_usage, decode_cost, request_from_row
@@ -416,7 +416,7 @@ class LedgerViews:
             rows = connection.execute(
                 sa.select(
                     schema.request.c.id, schema.request.c.tenant, schema.request.c.pool,
-                    schema.request.c.state, schema.request.c.cost,
+                    schema.request.c.pool_slice, schema.request.c.state, schema.request.c.cost,
                     schema.outbox.c.request_id.label("outbox_id"), schema.outbox.c.delivered,
                 ).select_from(
                     schema.request.outerjoin(
@@ -446,6 +446,9 @@ class LedgerViews:
                 )
             ).scalars().all()
             connection_rows = cohorts.read_for_check(connection)
+            # Use moved between a pool's slices leaves the sums right: check each slice.
+            violations += pool_slices.check(
+                connection, ((row.pool, row.pool_slice, decode_cost(row.cost)) for row in rows))
         members = connection_rows.member_names
         tenant_costs: dict[str, list[dict[str, int]]] = {}
         pool_costs: dict[str, list[dict[str, int]]] = {}

@@ -1,0 +1,293 @@
+"""Capacity slices of pools: which slice an admission charges, rebalancing, the S change.
+
+A pool's cap per resource is split over S slices, rows ``(pool, slice,
+resource)`` of ``qg_pool_capacity``; its cap and use are the sums
+(docs/decisions/029-capacity-slices.md). Best fit chooses the *pool* from
+the sums; this module chooses the *slice*: the one with the most room among
+those no other admitter is charging right now (``FOR UPDATE SKIP LOCKED``),
+so concurrent admitters charge different rows instead of queueing on one.
+A pool with one slice is charged exactly as before slices existed, slice 0.
+
+Each slice is claimed through the row of the pool's first resource (by name):
+only its claimer charges a slice's other rows in an admission, so two
+admitters never wait on each other inside one slice. Every lock in an
+admission is then taken in (pool, slice, resource) order, the order release
+and configuration use, and skipped locks never wait: no deadlock.
+
+A batch whose cost fits the pool but no single slice raises
+:class:`SliceFragmented`; the ledger rolls back, :func:`rebalance` moves room
+into one slice in a transaction of its own (holding nothing else, so its
+waits in slice order cannot close a cycle), and the admission runs again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+import sqlalchemy as sa
+
+from quotagate.domain.placement import Placement
+from quotagate.domain.slices import MAX_SLICES, concentrate, spread
+from quotagate.errors import Conflict, InvalidInput
+from quotagate.store import schema, statements
+from quotagate.store.dialect import supports_skip_locked
+from quotagate.store.driver import DriverTransaction
+
+__all__ = ["SliceFragmented", "charge", "check", "configure", "rebalance", "validate_slices"]
+
+
+class SliceFragmented(Exception):
+    """A batch fits no slice of ``pool`` that could be had: rebalance, then admit again."""
+
+    def __init__(self, pool: str, need: Mapping[str, int]) -> None:
+        super().__init__(pool)
+        self.pool = pool
+        self.need = dict(need)
+
+
+def validate_slices(count: object) -> int:
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SLICES:
+        raise InvalidInput(f"slices must be a whole number from 1 to {MAX_SLICES}",
+                           code="invalid_slices")
+    return count
+
+
+@lru_cache(maxsize=2)
+def _claim_query(skip_locked: bool) -> sa.Select[Any]:
+    """The slice of ``pool`` with the most room on its ``claim`` resource that fits ``amount``."""
+    capacity = schema.pool_capacity
+    return (
+        sa.select(capacity.c.slice)
+        .where(capacity.c.pool == sa.bindparam("pool"),
+               capacity.c.resource == sa.bindparam("claim"),
+               capacity.c.used + sa.bindparam("amount", type_=sa.BigInteger) <= capacity.c.cap)
+        .order_by((capacity.c.cap - capacity.c.used).desc(), capacity.c.slice)
+        .limit(1)
+        .with_for_update(skip_locked=skip_locked)
+    )
+
+
+@lru_cache(maxsize=64)
+def _record_statement(count: int) -> sa.Update:
+    """Record the slice each of ``count`` requests was charged to (``id_i`` → ``slice_i``)."""
+    request = schema.request
+    ids: list[sa.BindParameter[Any]] = [sa.bindparam(f"id_{index}") for index in range(count)]
+    slice_of = sa.case(*((request.c.id == ids[index], sa.bindparam(f"slice_{index}"))
+                         for index in range(count)))
+    return request.update().where(request.c.id.in_(ids)).values(pool_slice=slice_of)
+
+
+def _claim(transaction: DriverTransaction, pool: str, claim: str, amount: int) -> int | None:
+    parameters = {"pool": pool, "claim": claim, "amount": amount}
+    skip = supports_skip_locked(transaction)
+    found = transaction.rows(_claim_query(skip), parameters)
+    if not found and skip:
+        # Every slice with room is being charged by another admitter: wait for
+        # one (in order, as nothing of a later pool is held yet).
+        found = transaction.rows(_claim_query(False), parameters)
+    return int(found[0][0]) if found else None
+
+
+def charge(
+    transaction: DriverTransaction,
+    placements: Sequence[Placement],
+    slices: Mapping[str, int],
+    pools: Mapping[str, Mapping[str, tuple[int, int]]],
+    *,
+    lock_in_order: bool,
+) -> bool:
+    """Charge the pools of ``placements``; False when a conditional charge missed.
+
+    ``slices`` is the snapshot's slice count per pool (absent: one) and
+    ``pools`` its pools' resources, the first of which claims a slice.
+    Without a sliced pool in the batch this is the one conditional UPDATE of
+    before; with one, each pool is charged in name order, a sliced pool on
+    the slice it claimed, and the requests record their slice.
+    """
+    per_pool: dict[str, Counter[str]] = {}
+    for placement in placements:
+        amounts = per_pool.setdefault(placement.pool, Counter())
+        for resource, amount in placement.cost.items():
+            amounts[resource] += amount
+    if not any(pool in slices for pool in per_pool):
+        return _charge_rows(transaction, {
+            (pool, 0, resource): amount
+            for pool, amounts in per_pool.items() for resource, amount in amounts.items()
+        }, lock_in_order)
+    chosen: dict[str, int] = {}
+    for pool, amounts in sorted(per_pool.items()):
+        slice_number = 0
+        if pool in slices:
+            claim = min(pools[pool])
+            found = _claim(transaction, pool, claim, amounts.get(claim, 0))
+            if found is None:
+                raise SliceFragmented(pool, amounts)
+            slice_number = found
+            chosen.update((placement.id, found) for placement in placements
+                          if placement.pool == pool)
+        rows = {(pool, slice_number, resource): amount for resource, amount in amounts.items()}
+        if not _charge_rows(transaction, rows, lock_in_order):
+            if pool in slices:
+                raise SliceFragmented(pool, amounts)
+            return False
+    if chosen:
+        ordered = sorted(chosen.items())
+        parameters: dict[str, Any] = {}
+        for index, (request_id, slice_number) in enumerate(ordered):
+            parameters[f"id_{index}"] = request_id
+            parameters[f"slice_{index}"] = slice_number
+        transaction.execute(_record_statement(len(ordered)), parameters)
+    return True
+
+
+def _charge_rows(
+    transaction: DriverTransaction, amounts: dict[tuple[str, int, str], int], lock_in_order: bool
+) -> bool:
+    statement = statements.charge_statement(
+        schema.pool_capacity, "pool", len(amounts), lock_in_order=lock_in_order, sliced=True)
+    count = transaction.rowcount(statement, statements.sliced_charge_parameters(amounts))
+    return count == len(amounts)
+
+
+def return_statement_parameters(
+    amounts: dict[tuple[str, int, str], int], lock_in_order: bool
+) -> tuple[sa.Update, dict[str, Any]]:
+    """The conditional UPDATE that gives ``{(pool, slice, resource): amount}`` back."""
+    statement = statements.charge_statement(
+        schema.pool_capacity, "pool", len(amounts), lock_in_order=lock_in_order, charge=False,
+        sliced=True)
+    return statement, statements.sliced_charge_parameters(amounts)
+
+
+def _locked_slices(connection: sa.Connection, pool: str) -> dict[str, dict[int, tuple[int, int]]]:
+    """``{resource: {slice: (used, cap)}}`` of one pool, its rows locked in slice order."""
+    capacity = schema.pool_capacity
+    rows = connection.execute(
+        sa.select(capacity.c.slice, capacity.c.resource, capacity.c.used, capacity.c.cap)
+        .where(capacity.c.pool == pool)
+        .order_by(capacity.c.slice, capacity.c.resource)
+        .with_for_update()
+    ).all()
+    found: dict[str, dict[int, tuple[int, int]]] = {}
+    for slice_number, resource, used, cap in rows:
+        found.setdefault(resource, {})[int(slice_number)] = (int(used), int(cap))
+    return found
+
+
+def _write_caps(
+    connection: sa.Connection, pool: str, resource: str, caps: Sequence[int],
+    existing: Mapping[int, tuple[int, int]],
+) -> None:
+    capacity = schema.pool_capacity
+    for slice_number, cap in enumerate(caps):
+        if slice_number not in existing:
+            connection.execute(capacity.insert().values(
+                pool=pool, slice=slice_number, resource=resource, cap=cap, used=0))
+        elif existing[slice_number][1] != cap:
+            connection.execute(
+                capacity.update()
+                .where(capacity.c.pool == pool, capacity.c.slice == slice_number,
+                       capacity.c.resource == resource)
+                .values(cap=cap))
+
+
+def rebalance(connection: sa.Connection, pool: str, need: Mapping[str, int]) -> bool:
+    """Move room so one slice of ``pool`` fits ``need``; False if the pool has not the room.
+
+    Locks every row of the pool in (slice, resource) order and holds nothing
+    else, so admitters it waits for finish without waiting for it.
+    """
+    current = _locked_slices(connection, pool)
+    if not current or any(resource not in current for resource in need):
+        return False
+    count = max(len(by_slice) for by_slice in current.values())
+    first = min(current)
+    # The slice with most room on the claim resource keeps its room and gets more.
+    target = max(range(count), key=lambda index: (
+        current[first].get(index, (0, 0))[1] - current[first].get(index, (0, 0))[0], -index))
+    planned: dict[str, list[int]] = {}
+    for resource, amount in need.items():
+        by_slice = current[resource]
+        used = [by_slice.get(index, (0, 0))[0] for index in range(count)]
+        caps = [by_slice.get(index, (0, 0))[1] for index in range(count)]
+        concentrated = concentrate(caps, used, target, amount)
+        if concentrated is None:
+            return False
+        planned[resource] = concentrated
+    for resource, caps in planned.items():
+        _write_caps(connection, pool, resource, caps, current[resource])
+    return True
+
+
+def configure(
+    connection: sa.Connection, pool: str, caps: Mapping[str, int], slices: int | None
+) -> None:
+    """Set ``pool``'s caps (the named resources) and its slice count; spread every cap.
+
+    The caller holds the pool's row. More slices are always possible (the new
+    ones start empty); fewer only while the slices that go are unused, since
+    requests charged to a slice give their cost back to that slice.
+    """
+    current = _locked_slices(connection, pool)
+    count_now = max((len(by_slice) for by_slice in current.values()), default=1)
+    count = count_now if slices is None else slices
+    if count < count_now:
+        busy = sorted({(resource, index) for resource, by_slice in current.items()
+                       for index, (used, _cap) in by_slice.items() if index >= count and used})
+        if busy:
+            raise Conflict(
+                f"pool {pool!r} cannot go to {count} slices: slices {sorted({i for _, i in busy})} "
+                "are in use; retry when their requests have ended", code="slice_in_use")
+    for resource in sorted(set(current) | set(caps)):
+        by_slice = current.get(resource, {})
+        total = caps[resource] if resource in caps else sum(cap for _used, cap in by_slice.values())
+        used = [by_slice.get(index, (0, 0))[0] for index in range(count)]
+        _write_caps(connection, pool, resource, spread(total, used, count), by_slice)
+    if count < count_now:
+        capacity = schema.pool_capacity
+        connection.execute(capacity.delete().where(capacity.c.pool == pool,
+                                                   capacity.c.slice >= count))
+
+
+def slice_count(connection: sa.Connection, pool: str) -> int:
+    capacity = schema.pool_capacity
+    found = connection.execute(
+        sa.select(sa.func.max(capacity.c.slice)).where(capacity.c.pool == pool)).scalar()
+    return 1 if found is None else int(found) + 1
+
+
+def check(
+    connection: sa.Connection, charged: Iterable[tuple[str | None, int | None, Mapping[str, int]]]
+) -> list[str]:
+    """Each slice of a sliced pool: its use equals the cost of the requests charged to it.
+
+    ``charged`` is ``(pool, slice, cost)`` of every charged request. The sums
+    over a pool are checked with the other holders (quotagate.store.views);
+    this finds use moved between slices, which the sums cannot see.
+    """
+    capacity = schema.pool_capacity
+    rows = connection.execute(
+        sa.select(capacity.c.pool, capacity.c.slice, capacity.c.resource, capacity.c.used)
+    ).all()
+    sliced = {pool for pool, slice_number, _resource, _used in rows if slice_number > 0}
+    expected: Counter[tuple[str, int, str]] = Counter()
+    violations: list[str] = []
+    known = {(pool, int(slice_number)) for pool, slice_number, _resource, _used in rows}
+    for pool, slice_number, cost in charged:
+        if pool is None or pool not in sliced:
+            continue
+        number = 0 if slice_number is None else int(slice_number)
+        if (pool, number) not in known:
+            violations.append(f"pool {pool}: a request is charged to slice {number}, "
+                              "which does not exist")
+        for resource, amount in cost.items():
+            expected[pool, number, resource] += amount
+    for pool, slice_number, resource, used in sorted(rows):
+        if pool in sliced and int(used) != expected[pool, int(slice_number), resource]:
+            violations.append(
+                f"pool {pool} slice {slice_number} {resource}: used {used} but requests "
+                f"charged to it cost {expected[pool, int(slice_number), resource]}")
+    return violations
