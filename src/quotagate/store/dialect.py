@@ -54,6 +54,11 @@ def reserves_with_lock(engine: HasDialect) -> bool:
     return engine.dialect.name == "postgresql"
 
 
+def locks_named_tables(engine: HasDialect) -> bool:
+    """Can ``FOR UPDATE OF table`` lock one table of a query only? PostgreSQL; not MariaDB."""
+    return engine.dialect.name == "postgresql"
+
+
 def update_returns_rows(engine: HasDialect) -> bool:
     """Can an UPDATE return the rows it changed (RETURNING)? Not MySQL/MariaDB."""
     return engine.dialect.name in ("postgresql", "sqlite")

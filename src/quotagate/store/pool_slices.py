@@ -33,7 +33,7 @@ from quotagate.domain.placement import Placement
 from quotagate.domain.slices import MAX_SLICES, concentrate, spread
 from quotagate.errors import Conflict, InvalidInput
 from quotagate.store import schema, statements
-from quotagate.store.dialect import supports_skip_locked
+from quotagate.store.dialect import locks_named_tables, supports_skip_locked
 from quotagate.store.driver import DriverTransaction
 
 __all__ = ["SliceFragmented", "charge", "check", "configure", "rebalance", "validate_slices"]
@@ -55,18 +55,32 @@ def validate_slices(count: object) -> int:
     return count
 
 
-@lru_cache(maxsize=2)
-def _claim_query(skip_locked: bool) -> sa.Select[Any]:
-    """The slice of ``pool`` with the most room on its ``claim`` resource that fits ``amount``."""
+@lru_cache(maxsize=64)
+def _claim_query(skip_locked: bool, others: int, lock_of: bool) -> sa.Select[Any]:
+    """The slice of ``pool`` with the most room on its ``claim`` resource that fits the batch.
+
+    ``amount`` on the claim resource, ``amount_i`` on each of ``others`` more
+    resources ``resource_i``. Only the claim row is locked; the others are
+    read as they are, and the conditional charge after decides.
+    """
     capacity = schema.pool_capacity
+    other = capacity.alias("other")
+    fits = [
+        sa.exists().where(
+            other.c.pool == capacity.c.pool, other.c.slice == capacity.c.slice,
+            other.c.resource == sa.bindparam(f"resource_{index}"),
+            other.c.used + sa.bindparam(f"amount_{index}", type_=sa.BigInteger) <= other.c.cap)
+        for index in range(others)
+    ]
     return (
         sa.select(capacity.c.slice)
         .where(capacity.c.pool == sa.bindparam("pool"),
                capacity.c.resource == sa.bindparam("claim"),
-               capacity.c.used + sa.bindparam("amount", type_=sa.BigInteger) <= capacity.c.cap)
+               capacity.c.used + sa.bindparam("amount", type_=sa.BigInteger) <= capacity.c.cap,
+               *fits)
         .order_by((capacity.c.cap - capacity.c.used).desc(), capacity.c.slice)
         .limit(1)
-        .with_for_update(skip_locked=skip_locked)
+        .with_for_update(skip_locked=skip_locked, of=capacity if lock_of else None)
     )
 
 
@@ -80,14 +94,20 @@ def _record_statement(count: int) -> sa.Update:
     return request.update().where(request.c.id.in_(ids)).values(pool_slice=slice_of)
 
 
-def _claim(transaction: DriverTransaction, pool: str, claim: str, amount: int) -> int | None:
-    parameters = {"pool": pool, "claim": claim, "amount": amount}
-    skip = supports_skip_locked(transaction)
-    found = transaction.rows(_claim_query(skip), parameters)
+def _claim(
+    transaction: DriverTransaction, pool: str, claim: str, amounts: Mapping[str, int]
+) -> int | None:
+    others = sorted(resource for resource in amounts if resource != claim)
+    parameters: dict[str, Any] = {"pool": pool, "claim": claim, "amount": amounts.get(claim, 0)}
+    for index, resource in enumerate(others):
+        parameters[f"resource_{index}"] = resource
+        parameters[f"amount_{index}"] = amounts[resource]
+    skip, lock_of = supports_skip_locked(transaction), locks_named_tables(transaction)
+    found = transaction.rows(_claim_query(skip, len(others), lock_of), parameters)
     if not found and skip:
         # Every slice with room is being charged by another admitter: wait for
         # one (in order, as nothing of a later pool is held yet).
-        found = transaction.rows(_claim_query(False), parameters)
+        found = transaction.rows(_claim_query(False, len(others), lock_of), parameters)
     return int(found[0][0]) if found else None
 
 
@@ -122,7 +142,7 @@ def charge(
         slice_number = 0
         if pool in slices:
             claim = min(pools[pool])
-            found = _claim(transaction, pool, claim, amounts.get(claim, 0))
+            found = _claim(transaction, pool, claim, amounts)
             if found is None:
                 raise SliceFragmented(pool, amounts)
             slice_number = found
