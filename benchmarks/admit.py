@@ -77,6 +77,7 @@ class Settings:
     samples: int  # admissions timed per latency scenario
     big_queues: tuple[int, ...]  # the long queues of the latency table
     drain: int  # waiting requests a sustained drain admits to the end
+    slices: tuple[int, ...] = (1,)  # capacity slices per pool, one drain each
 
 
 # FULL's drain is "tens of thousands"; --million adds 1,000,000 to the latency queues.
@@ -166,7 +167,7 @@ def reset(engine: Engine) -> None:
         connection.execute(
             schema.request.update()
             .where(schema.request.c.state != "waiting")
-            .values(state="waiting", pool=None)
+            .values(state="waiting", pool=None, pool_slice=None)
         )
         connection.execute(schema.tenant_quota.update().values(used=0))
         connection.execute(schema.pool_capacity.update().values(used=0))
@@ -476,6 +477,10 @@ def measure_drain(
 ) -> list[list[str]]:
     """``admit(16)`` until nothing waits, over ``settings.drain`` requests, 1 and 4 processes.
 
+    Once per capacity slice count of ``settings.slices`` (every pool split into
+    that many slices, docs/decisions/029-capacity-slices.md); "4 vs 1" is the
+    4-process rate over the 1-process rate of the same slice count, same run.
+
     Unlike the bursts, nothing is vacuumed during the drain: dead index entries
     behind the head of the queue, and the outbox and audit rows, grow as they
     would for a user running ``quotagate admit --until-idle``. pgbench drains
@@ -489,35 +494,53 @@ def measure_drain(
             configure(engine, {tenant: {"gpu": ROOMY, "cpu": ROOMY} for tenant in TENANTS})
             bulk_insert(engine, waiting_rows(settings.drain, TENANTS, prefix="dr",
                                              start=time.time() - 600, span=300, priority=0))
-            for processes in (1, 4):
-                reset(engine)
-                outcomes = pool.run(Run(url, False, BATCH, 3600.0, drain=True), processes)
-                check_balanced(engine)
-                overall, first, last = _drain_course(outcomes)
-                admitted = sum(o.admitted for o in outcomes)
-                with engine.connect() as connection:
-                    left = connection.execute(
-                        sa.select(sa.func.count()).where(schema.request.c.state == "waiting")
-                    ).scalar_one()
-                if left:  # the warm-up calls took a few; everything else must be gone
-                    raise RuntimeError(f"the drain stopped with {left} requests still waiting")
-                log(f"  {backend}: drain of {admitted:,}, {processes} process(es): "
-                    f"{overall:,.0f}/s (first fifth {first:,.0f}/s, last fifth {last:,.0f}/s)")
-                pgbench = None
-                if backend == "postgresql":
-                    reset(engine)
-                    pgbench = _pgbench_rate(url, processes, log,
-                                            transactions=settings.drain // 4 // processes)
-                    check_balanced(engine)
-                    if pgbench is not None:
-                        log(f"  {backend}: pgbench drain, {processes} client(s): {pgbench:,.0f}/s")
-                rows.append([
-                    backend, str(processes), f"{admitted:,}", f"{overall:,.0f}", f"{first:,.0f}",
-                    f"{last:,.0f}", f"{pgbench:,.0f}" if pgbench else "-",
-                    _ratio(overall, pgbench),
-                ])
+            for slices in settings.slices:
+                rows += _drain_with_slices(backend, settings, pool, log, engine, url, slices)
         finally:
             engine.dispose()
+    return rows
+
+
+def _drain_with_slices(
+    backend: str, settings: Settings, pool: WorkerPool, log: Callable[[str], None],
+    engine: Engine, url: str, slices: int,
+) -> list[list[str]]:
+    rows: list[list[str]] = []
+    reset(engine)
+    configuration = Configuration(engine)
+    for name in POOLS:
+        configuration.set_pool(name, {}, slices=slices)
+    one_process = 0.0
+    for processes in (1, 4):
+        reset(engine)
+        outcomes = pool.run(Run(url, False, BATCH, 3600.0, drain=True), processes)
+        check_balanced(engine)
+        overall, first, last = _drain_course(outcomes)
+        admitted = sum(o.admitted for o in outcomes)
+        with engine.connect() as connection:
+            left = connection.execute(
+                sa.select(sa.func.count()).where(schema.request.c.state == "waiting")
+            ).scalar_one()
+        if left:  # the warm-up calls took a few; everything else must be gone
+            raise RuntimeError(f"the drain stopped with {left} requests still waiting")
+        log(f"  {backend}: drain of {admitted:,}, {slices} slice(s), {processes} "
+            f"process(es): {overall:,.0f}/s (first fifth {first:,.0f}/s, "
+            f"last fifth {last:,.0f}/s)")
+        one_process = one_process or overall
+        pgbench = None
+        # pgbench's script charges one row per pool and resource: one slice only.
+        if backend == "postgresql" and slices == 1:
+            reset(engine)
+            pgbench = _pgbench_rate(url, processes, log,
+                                    transactions=settings.drain // 4 // processes)
+            check_balanced(engine)
+            if pgbench is not None:
+                log(f"  {backend}: pgbench drain, {processes} client(s): {pgbench:,.0f}/s")
+        rows.append([
+            backend, str(slices), str(processes), f"{admitted:,}", f"{overall:,.0f}",
+            f"{first:,.0f}", f"{last:,.0f}", _ratio(overall, one_process),
+            f"{pgbench:,.0f}" if pgbench else "-", _ratio(overall, pgbench),
+        ])
     return rows
 
 
@@ -650,6 +673,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="latency with 1,000,000 waiting too (builds 2 million rows; minutes)")
     parser.add_argument("--drain", type=int, default=None,
                         help="waiting requests of the sustained drain (default 40,000; quick 10,000)")
+    parser.add_argument("--slices", default="1",
+                        help="comma-separated capacity slices per pool, one drain each "
+                             "(default 1; e.g. 1,4)")
     parser.add_argument("--parts", default="throughput,drain,latency,cohorts",
                         help="comma-separated: throughput,drain,latency,cohorts (default: all)")
     arguments = parser.parse_args(argv)
@@ -663,6 +689,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments.drain:
         settings = dataclasses.replace(settings, drain=arguments.drain)
     parts = {name.strip() for name in arguments.parts.split(",") if name.strip()}
+    try:
+        slice_counts = tuple(int(part) for part in arguments.slices.split(",") if part.strip())
+    except ValueError:
+        parser.error("--slices takes whole numbers, e.g. 1,4")
+    settings = dataclasses.replace(settings, slices=slice_counts or (1,))
 
     began = time.monotonic()
 
@@ -706,8 +737,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           "start, no vacuum during the drain); pgbench drains a quarter of the same queue, "
           "one request per transaction")
     print(render_table(
-        ["backend", "processes", "admitted", "admissions/s", "first fifth/s", "last fifth/s",
-         "pgbench/s", "ours/pgbench"],
+        ["backend", "slices", "processes", "admitted", "admissions/s", "first fifth/s",
+         "last fifth/s", "vs 1 process", "pgbench/s", "ours/pgbench"],
         drain_rows,
     ))
     print()

@@ -150,6 +150,21 @@ def test_more_slices_while_in_use_and_fewer_only_once_the_slices_going_are_empty
     assert gate.check_invariants() == []
 
 
+def test_a_cap_lowered_below_use_leaves_no_slice_room(gate: Quotagate) -> None:
+    gate.set_tenant("team-a", {"gpu": 16})
+    gate.set_pool("pool-1", {"gpu": 8}, slices=4)
+    for index in range(3):
+        gate.submit(f"job-{index}", "team-a", {"gpu": 1})
+        gate.admit(1)
+    gate.set_pool("pool-1", {"gpu": 2})
+    rows = _slices(gate, "pool-1")
+    assert sum(cap for _used, cap in rows.values()) == 2
+    assert all(cap <= used for used, cap in rows.values())
+    gate.submit("more", "team-a", {"gpu": 1})
+    assert gate.admit(1) == []
+    assert gate.check_ledger().violations == []
+
+
 @pytest.mark.parametrize("slices", [0, 65, True, "4"])
 def test_a_bad_slice_count_is_refused_and_changes_nothing(gate: Quotagate, slices: object) -> None:
     gate.set_pool("pool-1", {"gpu": 8})

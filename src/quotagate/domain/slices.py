@@ -27,13 +27,20 @@ def spread(cap: int, used: Sequence[int], count: int) -> list[int]:
     """The caps of ``count`` slices whose use is ``used`` (missing slices: 0), summing to ``cap``.
 
     The free room (cap minus use) is split evenly on top of each slice's use,
-    so every slice can admit about the same. A cap below the use is split
-    evenly instead: nothing fits anywhere until use falls, as with one slice.
+    so every slice can admit about the same. A cap below the use leaves no
+    slice any room (each slice's cap at most its use): nothing fits anywhere
+    until use falls, as with one slice. Splitting it evenly instead would let
+    an empty slice admit while the pool is over its cap.
     """
     usage = [*used[:count], *([0] * max(0, count - len(used)))]
     free = cap - sum(usage)
     if free < 0:
-        return _shares(cap, count)
+        caps: list[int] = []
+        left = max(cap, 0)
+        for in_use in usage:
+            caps.append(min(in_use, left))
+            left -= caps[-1]
+        return caps
     return [in_use + share for in_use, share in zip(usage, _shares(free, count), strict=True)]
 
 

@@ -20,6 +20,7 @@ from quotagate.domain.model import (
     RESOURCE_PATTERN,
     WITHIN_TENANT_POLICIES,
 )
+from quotagate.domain.slices import MAX_SLICES
 
 
 def _whole_number(value: object) -> object:
@@ -132,6 +133,12 @@ class PoolBody(_Body):
     capacity: dict[StrictStr, WholeNumber] = Field(
         default_factory=dict, description="Capacity per resource, e.g. {\"gpu\": 4}",
         examples=[{"gpu": 4}], json_schema_extra=_amounts(0),
+    )
+    slices: WholeNumber | None = Field(
+        default=None, description="Capacity slices the caps are split over, so that many "
+        "admitters charge the pool on different rows (1-64); absent keeps it. Fewer is "
+        "refused (409 slice_in_use) while a slice that would go is in use",
+        examples=[4], json_schema_extra={"minimum": 1, "maximum": MAX_SLICES},
     )
 
 

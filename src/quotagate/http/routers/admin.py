@@ -69,7 +69,7 @@ def get_cohort(cohort: str, context: Context, actor: CurrentActor) -> dict[str, 
 @router.put("/pools/{pool}", summary="Create a pool or change its capacity (admin)")
 def put_pool(pool: str, body: PoolBody, context: Context, actor: CurrentActor) -> dict[str, Any]:
     authorize(context, actor, None, operations.POOL_SET)
-    context.gate.set_pool(pool, body.capacity, actor=actor.name)
+    context.gate.set_pool(pool, body.capacity, actor=actor.name, slices=body.slices)
     return context.gate.pool(pool)
 
 
