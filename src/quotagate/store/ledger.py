@@ -34,7 +34,15 @@ from quotagate.domain.placement import charge as charge_usage
 from quotagate.domain.preemption import Preemption, choose_preemption
 from quotagate.domain.rate_refusal import rate_limited
 from quotagate.errors import Conflict, InvalidInput, QuotagateError
-from quotagate.store import admission_stats, cohorts, identity, pool_slices, schema, statements
+from quotagate.store import (
+    admission_stats,
+    cohorts,
+    identity,
+    pool_slices,
+    schema,
+    statements,
+    tenant_claims,
+)
 from quotagate.store import preemption as preemption_reads
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
@@ -383,6 +391,26 @@ class Ledger:
         ):
             return []
         now = self.clock.now()
+        # With sliced pools, several admitters run: plan first for the tenants no
+        # other admitter is charging (quotagate.store.tenant_claims), and for all
+        # of them only if those had nothing that fits.
+        claimed = (tenant_claims.claim_tenants(transaction, open_tenants, tenants, sharing.roots)
+                   if snapshot.slices else open_tenants)
+        admitted, targets = self._fill(transaction, claimed, snapshot, limit, now)
+        if not admitted and len(claimed) < len(open_tenants):
+            admitted, targets = self._fill(transaction, open_tenants, snapshot, limit, now)
+        if not admitted:
+            return []
+        with admission_stats.lock_wait():
+            self._charge(transaction, admitted, snapshot)
+        self._record_admissions(transaction, admitted, targets, now, actor)
+        return admitted
+
+    def _fill(
+        self, transaction: DriverTransaction, open_tenants: Sequence[str],
+        snapshot: cohorts.Snapshot, limit: int, now: float,
+    ) -> tuple[list[Placement], dict[str, str | None]]:
+        """Plan and reserve up to ``limit`` from the heads of ``open_tenants``' queues."""
         # Most admissions are decided by the first few requests of each queue;
         # read the whole window only when those do not fill the batch.
         window = min(self.admission_window, max(4, 2 * limit))
@@ -402,12 +430,7 @@ class Ledger:
             # The wider read no longer sees what was just reserved (it is not
             # waiting any more), and plans on usage that includes it.
             window = self.admission_window
-        if not admitted:
-            return []
-        with admission_stats.lock_wait():
-            self._charge(transaction, admitted, snapshot)
-        self._record_admissions(transaction, admitted, targets, now, actor)
-        return admitted
+        return admitted, targets
 
     def _plan_and_reserve(
         self,
