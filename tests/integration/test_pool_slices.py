@@ -175,6 +175,28 @@ def test_a_bad_slice_count_is_refused_and_changes_nothing(gate: Quotagate, slice
     assert snapshot(gate) == before
 
 
+def test_with_sliced_pools_an_admission_serves_the_tenants_no_other_admitter_holds(
+    gate: Quotagate, backend: str,
+) -> None:
+    if backend == "sqlite":
+        pytest.skip("SQLite has one writer: there is no second admitter to step around")
+    gate.set_tenant("team-a", {"gpu": 8})
+    gate.set_tenant("team-b", {"gpu": 8})
+    gate.set_pool("pool-1", {"gpu": 8}, slices=2)
+    gate.submit("a-0", "team-a", {"gpu": 1})
+    gate.submit("b-0", "team-b", {"gpu": 1})
+    quota = schema.tenant_quota
+    with gate.engine.connect() as other_admitter:
+        # Another transaction holds team-a's quota rows, as an admitter charging it would.
+        with other_admitter.begin():
+            other_admitter.execute(sa.select(quota.c.tenant).where(quota.c.tenant == "team-a")
+                                   .with_for_update()).all()
+            placed = gate.admit(4)
+            assert [placement.id for placement in placed] == ["b-0"]
+    assert [placement.id for placement in gate.admit(4)] == ["a-0"]
+    assert gate.check_invariants() == []
+
+
 ADMITTERS = 8
 SUBMITTERS = 2
 PER_SUBMITTER = 120
