@@ -18,7 +18,8 @@ from sqlalchemy.exc import DBAPIError
 
 from quotagate.store.dialect import retry_cause
 
-# stale_snapshot: a conditional charge missed because another admitter charged first;
+# stale_snapshot: a conditional charge missed because another admitter charged first
+# (or a sliced pool had the room but no slice did, and it was rebalanced);
 # lock_timeout: a lock was not granted in time (or SQLite was busy);
 # deadlock: a deadlock or serialization failure rolled the transaction back.
 RERUN_CAUSES = ("stale_snapshot", "lock_timeout", "deadlock")

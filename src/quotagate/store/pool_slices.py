@@ -33,7 +33,7 @@ from quotagate.domain.placement import Placement
 from quotagate.domain.slices import MAX_SLICES, concentrate, spread
 from quotagate.errors import Conflict, InvalidInput
 from quotagate.store import schema, statements
-from quotagate.store.dialect import locks_named_tables, supports_skip_locked
+from quotagate.store.dialect import locks_named_tables, reserves_with_lock, supports_skip_locked
 from quotagate.store.driver import DriverTransaction
 
 __all__ = ["SliceFragmented", "charge", "check", "configure", "rebalance", "validate_slices"]
@@ -111,6 +111,60 @@ def _claim(
     return int(found[0][0]) if found else None
 
 
+@lru_cache(maxsize=64)
+def _claim_and_charge_statement(others: int, count: int) -> sa.Update:
+    """PostgreSQL: claim a slice as :func:`_claim_query` does and charge it, one round trip.
+
+    The claim is a SKIP LOCKED sub-select; the slice's rows are then locked in
+    resource order (as the lock order wants) and charged conditionally, with
+    ``charge_resource_i`` / ``charge_amount_i`` for the ``count`` resources.
+    Returns the charged rows' slice: ``count`` rows, or fewer when it missed.
+    """
+    capacity = schema.pool_capacity
+    claimed = _claim_query(True, others, True).scalar_subquery()
+    resources: list[sa.BindParameter[Any]] = [
+        sa.bindparam(f"charge_resource_{index}") for index in range(count)]
+    locked = (
+        sa.select(capacity.c.slice, capacity.c.resource)
+        .where(capacity.c.pool == sa.bindparam("pool"), capacity.c.slice == claimed,
+               capacity.c.resource.in_(resources))
+        .order_by(capacity.c.resource)
+        .with_for_update()
+        .subquery("locked")
+    )
+    amount = sa.case(*((capacity.c.resource == resources[index],
+                        sa.bindparam(f"charge_amount_{index}", type_=sa.BigInteger))
+                       for index in range(count)))
+    return (
+        capacity.update()
+        .where(capacity.c.pool == sa.bindparam("pool"), capacity.c.slice == locked.c.slice,
+               capacity.c.resource == locked.c.resource, capacity.c.used + amount <= capacity.c.cap)
+        .values(used=capacity.c.used + amount)
+        .returning(capacity.c.slice)
+    )
+
+
+def _claim_and_charge(
+    transaction: DriverTransaction, pool: str, claim: str, amounts: Mapping[str, int]
+) -> int | None:
+    """The slice claimed and charged in one statement, or None if none could be had."""
+    others = sorted(resource for resource in amounts if resource != claim)
+    parameters: dict[str, Any] = {"pool": pool, "claim": claim, "amount": amounts.get(claim, 0)}
+    for index, resource in enumerate(others):
+        parameters[f"resource_{index}"] = resource
+        parameters[f"amount_{index}"] = amounts[resource]
+    for index, (resource, amount) in enumerate(sorted(amounts.items())):
+        parameters[f"charge_resource_{index}"] = resource
+        parameters[f"charge_amount_{index}"] = amount
+    rows = transaction.rows(_claim_and_charge_statement(len(others), len(amounts)), parameters)
+    if not rows:
+        return None
+    if len(rows) != len(amounts):
+        # A slice was claimed but one of its other resources had no room after all.
+        raise SliceFragmented(pool, amounts)
+    return int(rows[0][0])
+
+
 def charge(
     transaction: DriverTransaction,
     placements: Sequence[Placement],
@@ -142,6 +196,12 @@ def charge(
         slice_number = 0
         if pool in slices:
             claim = min(pools[pool])
+            if reserves_with_lock(transaction):
+                charged = _claim_and_charge(transaction, pool, claim, amounts)
+                if charged is not None:
+                    chosen.update((placement.id, charged) for placement in placements
+                                  if placement.pool == pool)
+                    continue
             found = _claim(transaction, pool, claim, amounts)
             if found is None:
                 raise SliceFragmented(pool, amounts)
