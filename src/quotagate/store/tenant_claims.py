@@ -20,23 +20,35 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from quotagate.domain.model import RequestState
 from quotagate.store import schema
-from quotagate.store.dialect import supports_skip_locked
+from quotagate.store.dialect import locks_named_tables, supports_skip_locked
 from quotagate.store.driver import DriverTransaction
 
 __all__ = ["claim_tenants"]
 
 
-@lru_cache(maxsize=64)
-def _claim_query(count: int) -> sa.Select[Any]:
-    """Lock the quota rows of ``count`` tenants (``tenant_0`` …) that nobody holds."""
-    quota = schema.tenant_quota
-    return (
+@lru_cache(maxsize=128)
+def _claim_query(count: int, waiting_only: bool) -> sa.Select[Any]:
+    """Lock the quota rows of ``count`` tenants (``tenant_0`` …) that nobody holds.
+
+    With ``waiting_only`` (where ``FOR UPDATE OF`` keeps the lock off the
+    request rows) only tenants with a waiting request: near the end of a
+    drain, claiming a tenant with an empty queue would leave the admission
+    nothing to plan but the other admitters' tenants.
+    """
+    quota, request = schema.tenant_quota, schema.request
+    query = (
         sa.select(quota.c.tenant, quota.c.resource)
         .where(quota.c.tenant.in_([sa.bindparam(f"tenant_{index}") for index in range(count)]))
         .order_by(quota.c.tenant, quota.c.resource)
-        .with_for_update(skip_locked=True)
     )
+    if waiting_only:
+        query = query.where(sa.exists().where(
+            request.c.tenant == quota.c.tenant,
+            request.c.state == RequestState.WAITING.value))
+        return query.with_for_update(skip_locked=True, of=quota)
+    return query.with_for_update(skip_locked=True)
 
 
 def claim_tenants(
@@ -59,7 +71,8 @@ def claim_tenants(
         return list(tenants)
     parameters = {f"tenant_{index}": tenant for index, tenant in enumerate(plain)}
     locked: dict[str, set[str]] = {}
-    for tenant, resource in transaction.rows(_claim_query(len(plain)), parameters):
+    query = _claim_query(len(plain), locks_named_tables(transaction))
+    for tenant, resource in transaction.rows(query, parameters):
         locked.setdefault(tenant, set()).add(resource)
     got = {tenant for tenant in plain if locked.get(tenant, set()) >= set(usage.get(tenant, {}))}
     if not got:
