@@ -186,13 +186,12 @@ def test_with_sliced_pools_an_admission_serves_the_tenants_no_other_admitter_hol
     gate.submit("a-0", "team-a", {"gpu": 1})
     gate.submit("b-0", "team-b", {"gpu": 1})
     quota = schema.tenant_quota
-    with gate.engine.connect() as other_admitter:
-        # Another transaction holds team-a's quota rows, as an admitter charging it would.
-        with other_admitter.begin():
-            other_admitter.execute(sa.select(quota.c.tenant).where(quota.c.tenant == "team-a")
-                                   .with_for_update()).all()
-            placed = gate.admit(4)
-            assert [placement.id for placement in placed] == ["b-0"]
+    # Another transaction holds team-a's quota rows, as an admitter charging it would.
+    with gate.engine.connect() as other_admitter, other_admitter.begin():
+        other_admitter.execute(sa.select(quota.c.tenant).where(quota.c.tenant == "team-a")
+                               .with_for_update()).all()
+        placed = gate.admit(4)
+        assert [placement.id for placement in placed] == ["b-0"]
     assert [placement.id for placement in gate.admit(4)] == ["a-0"]
     assert gate.check_invariants() == []
 

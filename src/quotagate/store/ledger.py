@@ -394,11 +394,10 @@ class Ledger:
         # With sliced pools, several admitters run: plan first for the tenants no
         # other admitter is charging (quotagate.store.tenant_claims), and for all
         # of them only if those had nothing that fits.
-        claimed = (tenant_claims.claim_tenants(transaction, open_tenants, tenants, sharing.roots)
-                   if snapshot.slices else open_tenants)
-        admitted, targets = self._fill(transaction, claimed, snapshot, limit, now)
-        if not admitted and len(claimed) < len(open_tenants):
-            admitted, targets = self._fill(transaction, open_tenants, snapshot, limit, now)
+        admitted, targets, narrowed = self._fill(transaction, open_tenants, snapshot, limit, now,
+                                                 claim=bool(snapshot.slices))
+        if not admitted and narrowed:
+            admitted, targets, _ = self._fill(transaction, open_tenants, snapshot, limit, now)
         if not admitted:
             return []
         with admission_stats.lock_wait():
@@ -408,17 +407,32 @@ class Ledger:
 
     def _fill(
         self, transaction: DriverTransaction, open_tenants: Sequence[str],
-        snapshot: cohorts.Snapshot, limit: int, now: float,
-    ) -> tuple[list[Placement], dict[str, str | None]]:
-        """Plan and reserve up to ``limit`` from the heads of ``open_tenants``' queues."""
+        snapshot: cohorts.Snapshot, limit: int, now: float, *, claim: bool = False,
+    ) -> tuple[list[Placement], dict[str, str | None], bool]:
+        """Plan and reserve up to ``limit`` from the heads of ``open_tenants``' queues.
+
+        With ``claim`` (sliced pools: several admitters) only the tenants with
+        waiting requests whose quota rows no other admitter holds are planned
+        for (quotagate.store.tenant_claims); the last value says whether that
+        left any out.
+        """
         # Most admissions are decided by the first few requests of each queue;
         # read the whole window only when those do not fill the batch.
         window = min(self.admission_window, max(4, 2 * limit))
         admitted: list[Placement] = []
         targets: dict[str, str | None] = {}
+        claimed: set[str] | None = None
+        narrowed = False
         while True:
             candidates, window_targets = self._candidates(transaction, open_tenants, window)
             targets.update(window_targets)
+            if claim:
+                if claimed is None:
+                    waiting = sorted({candidate.tenant for candidate in candidates})
+                    claimed = set(tenant_claims.claim_tenants(
+                        transaction, waiting, snapshot.tenants, snapshot.sharing.roots))
+                    narrowed = len(claimed) < len(waiting)
+                candidates = [c for c in candidates if c.tenant in claimed]
             admitted += self._plan_and_reserve(
                 transaction, candidates, snapshot, limit - len(admitted), now
             )
@@ -430,7 +444,7 @@ class Ledger:
             # The wider read no longer sees what was just reserved (it is not
             # waiting any more), and plans on usage that includes it.
             window = self.admission_window
-        return admitted, targets
+        return admitted, targets, narrowed
 
     def _plan_and_reserve(
         self,

@@ -6,8 +6,9 @@ quota rows, and a batch spans every open tenant: the second admitter would
 still queue on the first one's tenant rows until it commits. So where some
 pool is sliced (the ledger runs several admitters), an admission first locks
 the quota rows of the plain tenants it may serve with ``FOR UPDATE SKIP
-LOCKED`` and plans only for the tenants whose rows it got, leaving the others
-to the admitters charging them right now (docs/decisions/030-admitters-claim-tenants.md).
+LOCKED`` — those with waiting requests at the head it read — and plans only
+for the tenants whose rows it got, leaving the others to the admitters
+charging them right now (docs/decisions/030-admitters-claim-tenants.md).
 
 Without a sliced pool nothing here runs: one admitter, today's statements.
 """
@@ -20,35 +21,23 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from quotagate.domain.model import RequestState
 from quotagate.store import schema
-from quotagate.store.dialect import locks_named_tables, supports_skip_locked
+from quotagate.store.dialect import supports_skip_locked
 from quotagate.store.driver import DriverTransaction
 
 __all__ = ["claim_tenants"]
 
 
-@lru_cache(maxsize=128)
-def _claim_query(count: int, waiting_only: bool) -> sa.Select[Any]:
-    """Lock the quota rows of ``count`` tenants (``tenant_0`` …) that nobody holds.
-
-    With ``waiting_only`` (where ``FOR UPDATE OF`` keeps the lock off the
-    request rows) only tenants with a waiting request: near the end of a
-    drain, claiming a tenant with an empty queue would leave the admission
-    nothing to plan but the other admitters' tenants.
-    """
-    quota, request = schema.tenant_quota, schema.request
-    query = (
+@lru_cache(maxsize=64)
+def _claim_query(count: int) -> sa.Select[Any]:
+    """Lock the quota rows of ``count`` tenants (``tenant_0`` …) that nobody holds."""
+    quota = schema.tenant_quota
+    return (
         sa.select(quota.c.tenant, quota.c.resource)
         .where(quota.c.tenant.in_([sa.bindparam(f"tenant_{index}") for index in range(count)]))
         .order_by(quota.c.tenant, quota.c.resource)
+        .with_for_update(skip_locked=True)
     )
-    if waiting_only:
-        query = query.where(sa.exists().where(
-            request.c.tenant == quota.c.tenant,
-            request.c.state == RequestState.WAITING.value))
-        return query.with_for_update(skip_locked=True, of=quota)
-    return query.with_for_update(skip_locked=True)
 
 
 def claim_tenants(
@@ -71,8 +60,7 @@ def claim_tenants(
         return list(tenants)
     parameters = {f"tenant_{index}": tenant for index, tenant in enumerate(plain)}
     locked: dict[str, set[str]] = {}
-    query = _claim_query(len(plain), locks_named_tables(transaction))
-    for tenant, resource in transaction.rows(query, parameters):
+    for tenant, resource in transaction.rows(_claim_query(len(plain)), parameters):
         locked.setdefault(tenant, set()).add(resource)
     got = {tenant for tenant in plain if locked.get(tenant, set()) >= set(usage.get(tenant, {}))}
     if not got:
