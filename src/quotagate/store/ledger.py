@@ -272,14 +272,21 @@ class Ledger:
         if limit < 1:
             raise InvalidInput("admit limit must be at least 1", code="invalid_limit")
         self._expire_if_due()
+        claim = True
         for _ in range(50):
             try:
                 # On the driver connection: SQLAlchemy's Connection would cost more
                 # than the database does here (quotagate.store.driver).
                 admitted = run_driver_transaction(
-                    self.engine, lambda transaction: self._admit(transaction, limit, actor),
+                    self.engine, partial(self._admit, limit=limit, actor=actor, claim=claim),
                     on_retry=admission_stats.count_database_rerun,
                 )
+            except tenant_claims.ClaimsTooNarrow:
+                # The tenants this admitter could claim had nothing to admit. Waiting on
+                # the others' tenant rows while holding its claims could deadlock
+                # another admitter doing the same: roll back, run once unclaimed.
+                claim = False
+                continue
             except CapacityChanged:
                 admission_stats.count_rerun("stale_snapshot")
                 continue
@@ -376,7 +383,9 @@ class Ledger:
                                                victim.id, f"{chosen.kind} for {chosen.preemptor}"))
         return chosen
 
-    def _admit(self, transaction: DriverTransaction, limit: int, actor: str) -> list[Placement]:
+    def _admit(
+        self, transaction: DriverTransaction, limit: int, actor: str, *, claim: bool = True
+    ) -> list[Placement]:
         snapshot = cohorts.snapshot_from_rows(
             transaction.rows(statements.admission_snapshot_query(), {}))
         tenants, pools, sharing = snapshot.tenants, snapshot.pools, snapshot.sharing
@@ -395,9 +404,9 @@ class Ledger:
         # other admitter is charging (quotagate.store.tenant_claims), and for all
         # of them only if those had nothing that fits.
         admitted, targets, narrowed = self._fill(transaction, open_tenants, snapshot, limit, now,
-                                                 claim=bool(snapshot.slices))
+                                                 claim=claim and bool(snapshot.slices))
         if not admitted and narrowed:
-            admitted, targets, _ = self._fill(transaction, open_tenants, snapshot, limit, now)
+            raise tenant_claims.ClaimsTooNarrow
         if not admitted:
             return []
         with admission_stats.lock_wait():

@@ -25,7 +25,12 @@ from quotagate.store import schema
 from quotagate.store.dialect import supports_skip_locked
 from quotagate.store.driver import DriverTransaction
 
-__all__ = ["claim_tenants"]
+__all__ = ["ClaimsTooNarrow", "claim_tenants"]
+
+
+class ClaimsTooNarrow(Exception):
+    """The claimed tenants had nothing to admit while others were left out: roll back and
+    run the admission once without claims, taking tenant rows in order like before."""
 
 
 @lru_cache(maxsize=64)
@@ -51,9 +56,11 @@ def claim_tenants(
     Cohort ``members`` are kept as they are (their rows and their cohort's
     room are charged by :mod:`quotagate.store.cohorts`, waiting in its order).
     A plain tenant is kept if every one of its quota rows was free to lock.
-    If no plain tenant could be had, all are kept and the charge waits as it
-    always did: an admission must not answer "nothing fits" only because
-    other admitters were busy.
+    If those kept admit nothing while some were left out, the ledger raises
+    :class:`ClaimsTooNarrow`, rolls back (giving up every claim, also the
+    rows of a tenant only partly had) and runs once without claims, waiting
+    in the usual order: an admission must not answer "nothing fits" only
+    because other admitters were busy, nor wait while holding claims.
     """
     plain = [tenant for tenant in tenants if tenant not in members]
     if not plain or not supports_skip_locked(transaction):
@@ -63,6 +70,4 @@ def claim_tenants(
     for tenant, resource in transaction.rows(_claim_query(len(plain)), parameters):
         locked.setdefault(tenant, set()).add(resource)
     got = {tenant for tenant in plain if locked.get(tenant, set()) >= set(usage.get(tenant, {}))}
-    if not got:
-        return list(tenants)
     return [tenant for tenant in tenants if tenant in got or tenant in members]
