@@ -196,6 +196,16 @@ def test_with_sliced_pools_an_admission_serves_the_tenants_no_other_admitter_hol
     assert gate.check_invariants() == []
 
 
+def test_slices_for_a_pool_without_capacity_are_refused_and_change_nothing(
+    gate: Quotagate,
+) -> None:
+    before = snapshot(gate)
+    with pytest.raises(InvalidInput) as refused:
+        gate.set_pool("empty", {}, slices=4)
+    assert refused.value.code == "slices_without_capacity"
+    assert snapshot(gate) == before
+
+
 ADMITTERS = 8
 SUBMITTERS = 2
 PER_SUBMITTER = 120

@@ -109,18 +109,19 @@ class Configuration:
                 connection.execute(holder_table.insert().values(name=name, created=now))
             if holder == "pool":
                 pool_slices.configure(connection, name, caps, slices)
-            for resource, cap in caps.items() if holder != "pool" else ():
-                updated = connection.execute(
-                    cap_table.update()
-                    .where(cap_table.c[holder] == name, cap_table.c.resource == resource)
-                    .values(cap=cap)
-                )
-                if updated.rowcount == 0:
-                    connection.execute(
-                        cap_table.insert().values(
-                            {holder: name, "resource": resource, "cap": cap, "used": 0}
-                        )
+            else:
+                for resource, cap in caps.items():
+                    updated = connection.execute(
+                        cap_table.update()
+                        .where(cap_table.c[holder] == name, cap_table.c.resource == resource)
+                        .values(cap=cap)
                     )
+                    if updated.rowcount == 0:
+                        connection.execute(
+                            cap_table.insert().values(
+                                {holder: name, "resource": resource, "cap": cap, "used": 0}
+                            )
+                        )
             change = ",".join(f"{resource}={cap}" for resource, cap in caps.items())
             if slices is not None:
                 change = ",".join(part for part in (change, f"slices={slices}") if part)

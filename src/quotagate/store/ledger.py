@@ -400,9 +400,9 @@ class Ledger:
         ):
             return []
         now = self.clock.now()
-        # With sliced pools, several admitters run: plan first for the tenants no
-        # other admitter is charging (quotagate.store.tenant_claims), and for all
-        # of them only if those had nothing that fits.
+        # With sliced pools, several admitters run: plan for the tenants no other
+        # admitter is charging (quotagate.store.tenant_claims); if those had nothing
+        # that fits, roll back and run once for all of them (Ledger.admit).
         admitted, targets, narrowed = self._fill(transaction, open_tenants, snapshot, limit, now,
                                                  claim=claim and bool(snapshot.slices))
         if not admitted and narrowed:

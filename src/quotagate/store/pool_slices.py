@@ -312,6 +312,10 @@ def configure(
     requests charged to a slice give their cost back to that slice.
     """
     current = _locked_slices(connection, pool)
+    if slices is not None and not (set(current) | set(caps)):
+        # The slice count lives in the capacity rows: a pool without any has none to keep.
+        raise InvalidInput(f"pool {pool!r} has no capacity to split into slices; set a "
+                           "capacity with the slices", code="slices_without_capacity")
     count_now = max((len(by_slice) for by_slice in current.values()), default=1)
     count = count_now if slices is None else slices
     if count < count_now:
