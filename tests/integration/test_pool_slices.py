@@ -206,6 +206,28 @@ def test_slices_for_a_pool_without_capacity_are_refused_and_change_nothing(
     assert snapshot(gate) == before
 
 
+def test_the_migration_makes_every_capacity_row_slice_0_and_keeps_the_charges(
+    empty_db_url: str,
+) -> None:
+    from alembic import command
+
+    from quotagate.store.migrate import alembic_config
+
+    with Quotagate.connect(empty_db_url) as gate:
+        config = alembic_config()
+        with gate.engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, "0009")
+        with gate.engine.begin() as connection:
+            connection.execute(schema.pool.insert().values(name="pool-1", created=1.0))
+            connection.execute(sa.text(
+                "INSERT INTO qg_pool_capacity (pool, resource, cap, used) "
+                "VALUES ('pool-1', 'gpu', 8, 3)"))
+        gate.init()
+        assert _slices(gate, "pool-1") == {(0, "gpu"): (3, 8)}
+        assert gate.pool("pool-1")["slices"] == 1
+
+
 ADMITTERS = 8
 SUBMITTERS = 2
 PER_SUBMITTER = 120
