@@ -95,6 +95,7 @@ class Consumer:
         dlq_max_len: int = 100_000,
     ) -> None:
         validate_part(group, "group")
+        validate_part(name, "consumer name")  # says "consumer", not the lease's "worker"
         validate_owner(name)
         if batch < 1 or max_deliveries < 1 or visibility_timeout <= 0:
             raise InvalidInput("batch and max deliveries must be at least 1, the visibility "
