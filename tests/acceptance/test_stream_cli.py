@@ -7,7 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import redis
 
+from quotagate.streams.keys import StreamKeys
 from support.cli import QUOTAGATE, run
 from support.redis_servers import RedisServer
 from support.streams import new_tenant
@@ -98,3 +100,49 @@ def test_bad_input_is_refused_with_a_code(db: str, tmp_path: Path) -> None:
     bad = run("topic", "create", "a:b", "--tenant", tenant, "--partitions", "1",
               "--parallelism", "1", db=db, cwd=tmp_path, expect=2)
     assert "error: invalid_topic:" in bad.stderr
+
+
+def test_the_stream_redis_comes_from_quotagate_redis(
+    db: str, tmp_path: Path, private_redis: RedisServer
+) -> None:
+    tenant, env = new_tenant(), {"QUOTAGATE_REDIS": private_redis.url}
+    run("tenant", "set", tenant, "--quota", "partitions=1", "--quota", "parallelism=1",
+        db=db, cwd=tmp_path)
+    run("topic", "create", "orders", "--tenant", tenant, "--partitions", "1", "--parallelism",
+        "1", db=db, cwd=tmp_path, env=env)
+    run("stream", "produce", "--tenant", tenant, "--topic", "orders", "hello", db=db,
+        cwd=tmp_path, env=env)
+    client = redis.Redis.from_url(private_redis.url)
+    assert client.xlen(StreamKeys(tenant).partition("orders", 0)) == 1
+    client.close()
+    status = json.loads(run("stream", "status", "--tenant", tenant, "--topic", "orders",
+                            "--json", db=db, cwd=tmp_path, env=env).stdout)
+    assert status["partitions"][0]["length"] == 1
+
+
+def test_tenant_stream_settings_refused_change_nothing(
+    db: str, tmp_path: Path, private_redis: RedisServer
+) -> None:
+    tenant, redis_option = new_tenant(), ["--redis", private_redis.url]
+    run("tenant", "set", tenant, "--quota", "partitions=1", "--quota", "parallelism=1",
+        db=db, cwd=tmp_path)
+
+    def state() -> tuple[object, object, int]:
+        shown = json.loads(run("tenant", "show", tenant, "--json", db=db, cwd=tmp_path).stdout)
+        audit = json.loads(run("audit", "--tenant", tenant, "--json", db=db, cwd=tmp_path).stdout)
+        return shown["quota"], shown["streams"], len(audit)
+
+    before = state()
+    bad = run("tenant", "set", tenant, "--quota", "partitions=9", "--redis", "http://x",
+              db=db, cwd=tmp_path, expect=2)
+    assert "error: invalid_redis_url:" in bad.stderr
+    run("tenant", "set", tenant, "--quota", "partitions=9", "--stream-max-len", "0", db=db,
+        cwd=tmp_path, expect=2)
+    assert state() == before
+    run("topic", "create", "orders", "--tenant", tenant, "--partitions", "1", "--parallelism",
+        "1", *redis_option, db=db, cwd=tmp_path)
+    before = state()
+    moved = run("tenant", "set", tenant, "--quota", "partitions=9", "--redis",
+                "redis://127.0.0.1:6390/0", db=db, cwd=tmp_path, expect=3)
+    assert "error: tenant_has_topics:" in moved.stderr
+    assert state() == before
