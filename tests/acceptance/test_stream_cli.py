@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import signal
+import socket
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
 from quotagate.streams.keys import StreamKeys
 from support.cli import QUOTAGATE, run
+from support.http_servers import free_port
 from support.redis_servers import RedisServer
 from support.streams import new_tenant
+from support.waiting import wait_for
 
 
 @pytest.fixture
@@ -146,3 +151,47 @@ def test_tenant_stream_settings_refused_change_nothing(
                 "redis://127.0.0.1:6390/0", db=db, cwd=tmp_path, expect=3)
     assert "error: tenant_has_topics:" in moved.stderr
     assert state() == before
+
+
+def test_a_consumer_process_serves_its_stream_counters(
+    db: str, tmp_path: Path, private_redis: RedisServer
+) -> None:
+    tenant, redis_option = new_tenant(), ["--redis", private_redis.url]
+    run("tenant", "set", tenant, "--quota", "partitions=1", "--quota", "parallelism=1",
+        db=db, cwd=tmp_path)
+    run("topic", "create", "orders", "--tenant", tenant, "--partitions", "1", "--parallelism",
+        "1", *redis_option, db=db, cwd=tmp_path)
+    port = free_port()
+    consumer = subprocess.Popen(
+        [*QUOTAGATE, "stream", "consume", "--tenant", tenant, "--topic", "orders", "--group",
+         "g", "--name", "c1", "--print", "--metrics-port", str(port), "--db", db,
+         *redis_option], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        run("stream", "produce", "--tenant", tenant, "--topic", "orders", "a", "b", "c",
+            *redis_option, db=db, cwd=tmp_path)
+        acked = f'quotagate_stream_acked_total{{tenant="{tenant}",topic="orders"}} 3.0'
+
+        def counted() -> bool:
+            try:
+                return acked in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            except httpx.TransportError:
+                return False  # not listening yet
+
+        wait_for(counted, "the consumer's /metrics to count 3 acks", timeout=60)
+    finally:
+        consumer.send_signal(signal.SIGTERM)
+        out, err = consumer.communicate(timeout=60)
+    assert consumer.returncode == 0, err
+    assert out.split() == ["a", "b", "c"] and "acked 3" in err
+    taken = run("stream", "consume", "--tenant", tenant, "--topic", "orders", "--group", "g",
+                "--name", "c2", "--print", "--until-idle", "--metrics-port", str(port),
+                *redis_option, db=db, cwd=tmp_path)  # the port is free again after SIGTERM
+    assert "acked 0" in taken.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        refused = run("stream", "consume", "--tenant", tenant, "--topic", "orders", "--group",
+                      "g", "--name", "c3", "--print", "--until-idle", "--metrics-port",
+                      str(busy.getsockname()[1]), *redis_option, db=db, cwd=tmp_path, expect=2)
+    assert "error: metrics_port_unavailable:" in refused.stderr
