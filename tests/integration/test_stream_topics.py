@@ -9,7 +9,7 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from quotagate import Conflict, InvalidInput, NotFound, Quotagate
+from quotagate import Conflict, InvalidInput, NotFound, Quotagate, StoreUnavailable
 from quotagate.domain.bucket import parse_rate
 from quotagate.store import schema
 from quotagate.streams.keys import StreamKeys
@@ -209,3 +209,38 @@ def test_bad_stream_settings_are_refused_with_nothing_changed(
     assert refused.value.code == code
     assert gate.streams.settings(tenant) == StreamSettings(tenant)
     assert _audit(gate, tenant) == audit_before
+
+
+def test_a_delete_refused_while_the_stream_redis_is_unreachable_changes_nothing(
+    gate: Quotagate, db_url: str, client: redis.Redis
+) -> None:
+    tenant = tenant_with_quota(gate)
+    gate.streams.create_topic(tenant, "orders", partitions=2, parallelism=1)
+    audit_before = _audit(gate, tenant)
+    with stream_gate(db_url, "redis://127.0.0.1:1/0") as cut_off, pytest.raises(
+            StoreUnavailable) as refused:
+        cut_off.streams.delete_topic(tenant, "orders")
+    assert refused.value.code == "stream_store_unavailable"
+    assert [spec.name for spec in gate.streams.list_topics(tenant)] == ["orders"]
+    assert _used(gate, tenant) == {"partitions": 2, "parallelism": 1}
+    assert _audit(gate, tenant) == audit_before
+    assert client.exists(StreamKeys(tenant).meta("orders"))
+    gate.streams.delete_topic(tenant, "orders")
+
+
+def test_a_topic_created_again_starts_empty_whatever_an_earlier_one_left(
+    gate: Quotagate, client: redis.Redis
+) -> None:
+    """Keys an interrupted delete left behind (streams, DLQ, a group's frontier) are no part
+    of a new topic of the same name."""
+    tenant = tenant_with_quota(gate)
+    keys = StreamKeys(tenant)
+    client.xadd(keys.partition("orders", 0), {"data": "old"})
+    client.xgroup_create(keys.partition("orders", 0), "g", id="0")
+    client.set(keys.frontier("orders", "g", 0), "1-0")
+    client.xadd(keys.dlq("orders"), {"data": "old"})
+    gate.streams.create_topic(tenant, "orders", partitions=1, parallelism=1)
+    status = gate.streams.status(tenant, "orders")
+    assert status.partitions[0].length == 0 and status.partitions[0].groups == []
+    assert status.dlq_length == 0 and not client.exists(keys.frontier("orders", "g", 0))
+    gate.streams.delete_topic(tenant, "orders")
