@@ -115,9 +115,13 @@ class Streams:
         streams = [keys.partition(topic, partition) for partition in range(spec.partitions)]
         groups: set[str] = set()
         with connection.errors():
+            # One round trip for every partition's groups (a missing stream answers an error).
+            pipeline = connection.client.pipeline(transaction=False)
             for stream in streams:
-                if connection.client.exists(stream):
-                    groups |= {_text(group["name"]) for group in connection.client.xinfo_groups(stream)}
+                pipeline.xinfo_groups(stream)
+            for reply in pipeline.execute(raise_on_error=False):
+                if not isinstance(reply, Exception):
+                    groups |= {_text(group["name"]) for group in reply}
             names = [*streams, keys.dlq(topic), keys.meta(topic)]
             for group in sorted(groups):
                 names += [keys.retry(topic, group), keys.members(topic, group)]
