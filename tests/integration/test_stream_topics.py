@@ -244,3 +244,19 @@ def test_a_topic_created_again_starts_empty_whatever_an_earlier_one_left(
     assert status.partitions[0].length == 0 and status.partitions[0].groups == []
     assert status.dlq_length == 0 and not client.exists(keys.frontier("orders", "g", 0))
     gate.streams.delete_topic(tenant, "orders")
+
+
+def test_a_topic_created_while_the_stream_redis_is_unreachable_leaves_nothing(
+    gate: Quotagate, db_url: str
+) -> None:
+    """Redis is written as the transaction's last step: its failure rolls the charge back."""
+    tenant = tenant_with_quota(gate)
+    audit_before = _audit(gate, tenant)
+    with stream_gate(db_url, "redis://127.0.0.1:1/0") as cut_off, pytest.raises(
+            StoreUnavailable):
+        cut_off.streams.create_topic(tenant, "orders", partitions=2, parallelism=1,
+                                     rate=parse_rate("capacity=5,refill=1"))
+    assert gate.streams.list_topics(tenant) == []
+    assert _used(gate, tenant) == {"partitions": 0, "parallelism": 0}
+    assert _audit(gate, tenant) == audit_before
+    assert gate.rate_status(tenant, topic="orders") is None
