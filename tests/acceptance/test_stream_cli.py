@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -76,6 +77,30 @@ def test_produce_from_stdin_and_a_rate_refusal_exits_5(
     refused = run("stream", "produce", "--tenant", tenant, "--topic", "orders", "c", "d",
                   *redis, db=db, cwd=tmp_path, expect=5)
     assert "error: rate_quota_exhausted:" in refused.stderr and "produced 0" in refused.stderr
+
+
+def test_messages_that_are_not_utf8_go_through_as_bytes(
+    db: str, tmp_path: Path, private_redis: RedisServer
+) -> None:
+    tenant, redis_option = new_tenant(), ["--redis", private_redis.url]
+    run("tenant", "set", tenant, "--quota", "partitions=1", "--quota", "parallelism=1",
+        db=db, cwd=tmp_path)
+    run("topic", "create", "raw", "--tenant", tenant, "--partitions", "1", "--parallelism",
+        "1", *redis_option, db=db, cwd=tmp_path)
+    produce = [*QUOTAGATE, "stream", "produce", "--tenant", tenant, "--topic", "raw", "--db", db,
+               *redis_option]
+    piped = subprocess.run([*produce, "-"], input=b"ok\n\xff\xfe\n", capture_output=True,
+                           cwd=tmp_path, timeout=60)
+    assert piped.returncode == 0, piped.stderr
+    argument = subprocess.run([*produce, os.fsdecode(b"a\xffb"), "h\u00e9llo"],
+                              capture_output=True, cwd=tmp_path, timeout=60)
+    assert argument.returncode == 0, argument.stderr
+    consumed = subprocess.run(
+        [*QUOTAGATE, "stream", "consume", "--tenant", tenant, "--topic", "raw", "--group", "g",
+         "--name", "c1", "--print", "--until-idle", "--db", db, *redis_option],
+        capture_output=True, cwd=tmp_path, timeout=120)
+    assert consumed.returncode == 0, consumed.stderr
+    assert consumed.stdout == b"ok\n\xff\xfe\na\xffb\nh\xc3\xa9llo\n"
 
 
 def test_a_failing_command_sends_the_entry_to_the_dlq(

@@ -140,9 +140,10 @@ def stream() -> None:
     """Produce to, consume from and inspect a tenant's topic (docs/streams.md)."""
 
 
-def _stdin_lines() -> Iterator[str]:
-    for line in sys.stdin:
-        yield line.rstrip("\n")
+def _stdin_lines() -> Iterator[bytes]:
+    # Bytes as they come: a message need not be UTF-8 (Redis keeps bytes).
+    for line in sys.stdin.buffer:
+        yield line.rstrip(b"\n")
 
 
 @stream.command("produce")
@@ -162,10 +163,13 @@ def stream_produce(
     data: tuple[str, ...], db_url: str | None, redis_url: str | None, rate_store: str | None,
 ) -> None:
     """Append one message per DATA argument, or per stdin line with '-' or no DATA.
+    Messages are bytes: text is sent as its UTF-8, anything else as it is.
 
     Refused by the rate quota: exit 5, and what was sent before stays sent.
     """
-    messages: Any = _stdin_lines() if not data or data == ("-",) else iter(data)
+    # Arguments as the bytes the shell passed (os.fsencode undoes Python's decoding).
+    messages: Any = (_stdin_lines() if not data or data == ("-",)
+                     else (os.fsencode(argument) for argument in data))
     produced = 0
     with open_gate(db_url, redis=redis_url, rate_store=rate_store) as gate:
         producer = gate.streams.producer(tenant, topic_name, block=block, timeout=timeout)
@@ -196,7 +200,7 @@ def _command_handler(command: str) -> Any:
 
 
 def _print_handler(entry: Entry) -> None:
-    sys.stdout.write(entry.text + "\n")
+    sys.stdout.buffer.write(entry.data + b"\n")  # the bytes as produced
     sys.stdout.flush()
 
 
