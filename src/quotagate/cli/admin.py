@@ -21,6 +21,7 @@ from quotagate.cli.stream_settings import (
 )
 from quotagate.domain.bucket import parse_rate
 from quotagate.domain.sharing import KEEP, Keep
+from quotagate.errors import NotFound
 from quotagate.store.engine import database_url, redact
 
 
@@ -81,6 +82,15 @@ def tenant_set(
     cap: object = KEEP if max_priority is None else (
         None if max_priority == "none" else parse_whole(max_priority, "max_priority"))
     with open_gate(db_url, rate_store=rate_store) as gate:
+        settings = None
+        if stream_settings:
+            # An existing tenant's stream settings first: one refused for the tenant's
+            # state (a Redis move while it has topics) leaves its quotas as they were.
+            try:
+                settings = gate.streams.set_settings(name, **stream_settings, actor="cli")
+            except NotFound as missing:
+                if missing.code != "unknown_tenant":
+                    raise
         result = gate.set_tenant(
             name, caps, actor="cli", cohort=chosen,
             borrowing_limit=parse_assignments(borrowing, "borrowing_limit", allow_none=True),
@@ -88,8 +98,8 @@ def tenant_set(
             weight=weight, max_priority=cap, reclaim=reclaim, within_tenant=within_tenant,
         )
         status = gate.set_rate(name, bucket, actor="cli") if rate is not None else None
-        settings = (gate.streams.set_settings(name, **stream_settings, actor="cli")
-                    if stream_settings else None)
+        if stream_settings and settings is None:  # a new tenant: it exists now
+            settings = gate.streams.set_settings(name, **stream_settings, actor="cli")
     _print_caps("tenant", name, result)
     if rate is not None:
         click.echo(describe_rate(status))

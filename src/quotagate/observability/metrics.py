@@ -12,7 +12,7 @@ the work. Each :class:`Metrics` has its own registry: two apps in one process
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 try:
@@ -34,7 +34,7 @@ from sqlalchemy.engine import Engine
 
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import RequestState
-from quotagate.errors import StoreUnavailable
+from quotagate.errors import InvalidInput, StoreUnavailable
 from quotagate.store import admission_stats
 from quotagate.store.counters import Counters
 from quotagate.store.counters import delivery_counters as new_delivery_counters
@@ -239,6 +239,31 @@ class StreamStatsCollector(Collector):
                     gauge.add_metric([tenant, topic, group], value)
             families.append(gauge)
         return families
+
+
+def serve_stream_metrics(host: str, port: int) -> Callable[[], None]:
+    """Export this process's stream counters on ``http://HOST:PORT/metrics``; the stop function.
+
+    A ``quotagate stream consume`` process counts what it consumed, acked,
+    redelivered and dead-lettered in its own memory, and has no HTTP server
+    whose ``/metrics`` could show it: this is that endpoint, and nothing more.
+    """
+    from prometheus_client import start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StreamStatsCollector())
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as error:
+        raise InvalidInput(f"cannot serve metrics on {host}:{port}: {error.strerror or error}",
+                           code="metrics_port_unavailable") from None
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+    return stop
 
 
 class Metrics:
