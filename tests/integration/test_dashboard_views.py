@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from quotagate import ManualClock, Quotagate
+from quotagate.domain.model import RequestState
 from quotagate.errors import NotFound, RateLimited, StoreUnavailable
 from quotagate.observability.metrics import Metrics
 from quotagate.store import schema
@@ -137,6 +138,91 @@ def test_stops_not_confirmed_are_listed_and_exported_by_state_name(
     assert value("quotagate_unconfirmed_stops", {"tenant": "team-b", "state": "cancelling"}) == 1
     assert value("quotagate_oldest_unconfirmed_stop_seconds",
                  {"tenant": "team-b", "state": "cancelling"}) == 7
+
+
+def _shared_ledger(gate: Quotagate, clock: ManualClock) -> None:
+    """team-b borrows 3 of team-a's lendable gpu (its borrowing limit); b-5 and a-1 wait."""
+    gate.set_pool("main", {"gpu": 16})
+    gate.set_cohort("org")
+    gate.set_cohort("research", parent="org")
+    gate.set_tenant("team-a", {"gpu": 4}, cohort="org", lending_limit={"gpu": 3})
+    gate.set_tenant("team-b", {"gpu": 2}, cohort="research", borrowing_limit={"gpu": 3})
+    gate.set_tenant("plain", {"gpu": 1})
+    for index in range(6):
+        gate.submit(f"b-{index}", "team-b", {"gpu": 1})
+        clock.advance(1)
+    gate.admit_until_idle()
+    gate.submit("a-0", "team-a", {"gpu": 1})
+    gate.submit("a-1", "team-a", {"gpu": 2})
+    gate.admit_until_idle()
+
+
+def test_cohort_members_show_nominal_borrowed_and_lent_and_wait_for_the_reason_explain_gives(
+    gate: Quotagate, clock: ManualClock
+) -> None:
+    _shared_ledger(gate, clock)
+    snapshot = gate.dashboard()
+    shown = {(row.name, row.resource): (row.used, row.cap, row.nominal, row.cohort, row.borrowed,
+                                        row.lent) for row in snapshot.tenants}
+    # The same numbers as GET /v1/usage (quotagate inspect).
+    usage = gate.usage()
+    assert shown == {(row["tenant"], row["resource"]): (
+        row["used"], row["cap"], row["nominal"], row["cohort"], row["borrowed"], row["lent"])
+        for row in usage["tenants"]}
+    assert shown[("team-b", "gpu")] == (5, 2, 2, "research", 3, 0)
+    assert shown[("team-a", "gpu")] == (1, 4, 4, "org", 0, 3)
+    assert shown[("plain", "gpu")] == (0, 1, 1, None, 0, 0)
+    ceilings = {row.name: row.ceiling for row in snapshot.tenants}
+    assert ceilings == {"team-a": None, "team-b": 5, "plain": 1}
+    assert [(row.name, row.resource, row.used, row.cap) for row in snapshot.cohorts] == [
+        (room["cohort"], room["resource"], room["used"], room["cap"]) for room in usage["cohorts"]]
+    # Each member's reason is the sentence `explain` gives (the dry run's verdict), not
+    # the plain quota's: b-5 is at its borrowing limit, a-1 finds the room lent out.
+    reasons = {entry.id: entry.reason for entry in snapshot.queue}
+    assert set(reasons) == {"b-5", "a-1"}
+    for request_id, reason in reasons.items():
+        assert reason == gate.explain(request_id)["reason"]
+    assert reasons["b-5"].startswith("borrowing_limit: gpu needs 1")
+    assert reasons["a-1"].startswith("cohort_capacity: gpu needs 2")
+    # A tenant's own scope: its rows with what it lends, no cohort rooms, and the same reason.
+    mine = gate.dashboard("team-a")
+    assert [(row.name, row.lent) for row in mine.tenants] == [("team-a", 3)]
+    assert mine.cohorts == []
+    assert [(entry.id, entry.reason) for entry in mine.queue] == [("a-1", reasons["a-1"])]
+
+
+def test_a_preemption_shows_in_decisions_and_stops_and_is_exported_by_reason(
+    gate: Quotagate, clock: ManualClock
+) -> None:
+    gate.set_pool("main", {"gpu": 8})
+    gate.set_cohort("org")
+    gate.set_tenant("team-a", {"gpu": 2}, cohort="org", reclaim="any")
+    gate.set_tenant("team-b", {"gpu": 2}, cohort="org")
+    for index in range(4):
+        gate.submit(f"b-{index}", "team-b", {"gpu": 1})
+        clock.advance(1)
+    gate.admit_until_idle()
+    gate.submit("a-0", "team-a", {"gpu": 1})
+    assert gate.admit() == []
+    snapshot = gate.dashboard()
+    [victim] = [entry for entry in snapshot.decisions if entry.operation == "preempt"]
+    assert (victim.tenant, victim.outcome, victim.reason) == ("team-b", "stopping",
+                                                              "reclaim for a-0")
+    [stop] = snapshot.stops
+    assert (stop.id, stop.state, stop.reason) == (victim.target, "preempting",
+                                                  "preempted (reclaim) by a-0")
+    value = Metrics(gate.engine, clock=clock).registry.get_sample_value
+    assert value("quotagate_unconfirmed_stops", {"tenant": "team-b", "state": "preempting"}) == 1
+    assert value("quotagate_preempted_requests_total",
+                 {"tenant": "team-b", "reason": "reclaim"}) is None
+    # The executor confirms the stop: the victim ends preempted and is counted by its reason.
+    assert victim.target is not None
+    gate.ledger.release(victim.target, RequestState.CANCELLED, stopped=True)
+    assert gate.dashboard().stops == []
+    value = Metrics(gate.engine, clock=clock).registry.get_sample_value
+    assert value("quotagate_preempted_requests_total",
+                 {"tenant": "team-b", "reason": "reclaim"}) == 1
+    assert value("quotagate_unconfirmed_stops", {"tenant": "team-b", "state": "preempting"}) is None
 
 
 _SLOW_READ = {

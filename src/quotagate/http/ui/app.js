@@ -57,9 +57,10 @@ function buildCell(spec) {
   if (spec === null || spec === undefined) return ["", null];
   if (typeof spec !== "object") return [String(spec), null];
   if (spec.bar) {
-    const { used, cap } = spec.bar;
+    const { used, cap, borrowing } = spec.bar;
     const share = cap > 0 ? Math.min(1, used / cap) : (used > 0 ? 1 : 0);
-    const level = share >= 1 ? "bar full" : share >= 0.8 ? "bar high" : "bar";
+    // A cohort member above its nominal share is borrowing, not over a cap.
+    const level = borrowing ? "bar borrowing" : share >= 1 ? "bar full" : share >= 0.8 ? "bar high" : "bar";
     const fill = el("span");
     fill.style.width = `${(share * 100).toFixed(1)}%`;
     const bar = el("div", { class: level, role: "meter", "aria-valuemin": "0",
@@ -159,10 +160,30 @@ async function api(path) {
 
 // -- views ----------------------------------------------------------------------
 
-function usageRows(rows, holder) {
+function usageRows(rows) {
   return rows.map((row) => ({
     key: `${row.name}/${row.resource}`,
     cells: [row.name, row.resource, { bar: { used: row.used, cap: row.cap } }],
+  }));
+}
+
+function amount(value) {
+  return { text: value === null || value === undefined ? "–" : number(value), cls: "num" };
+}
+
+// A tenant row: used against its cap, which in a cohort is its nominal share, then
+// what it borrows and lends. A budget is shown only when the server reports one.
+function tenantRows(rows) {
+  return rows.map((row) => ({
+    key: `${row.name}/${row.resource}`,
+    cells: [
+      row.name, row.resource,
+      { bar: { used: row.used, cap: row.cap, borrowing: row.cohort && row.used > row.cap } },
+      { text: row.cohort || "–", cls: "sharing" },
+      { ...amount(row.cohort ? row.borrowed : null), cls: "num sharing" },
+      { ...amount(row.cohort ? row.lent : null), cls: "num sharing" },
+      { ...amount(row.budget_left), cls: "num budget" },
+    ],
   }));
 }
 
@@ -174,8 +195,16 @@ function renderOverview(data) {
   $("tile-stops").textContent = data.stops.length;
   $("tile-admitted").textContent = admitted;
   $("tile-rejected").textContent = rejected;
-  renderRows($("tenants").tBodies[0], usageRows(data.tenants, "tenant"), "No tenant has a quota yet.", 3);
-  renderRows($("pools").tBodies[0], usageRows(data.pools, "pool"), "No pool yet.", 3);
+  const tenants = $("tenants");
+  // The fair-sharing columns appear once some tenant is in a cohort.
+  tenants.classList.toggle("plain", !data.tenants.some((row) => row.cohort));
+  tenants.classList.toggle("budgets", data.tenants.some((row) => row.budget_left !== undefined && row.budget_left !== null));
+  tenants.rows[0].cells[2].textContent = tenants.classList.contains("plain") ? "Used / cap" : "Used / nominal";
+  renderRows(tenants.tBodies[0], tenantRows(data.tenants), "No tenant has a quota yet.", 7);
+  renderRows($("pools").tBodies[0], usageRows(data.pools), "No pool yet.", 3);
+  const cohorts = data.cohorts || [];
+  $("cohorts-card").hidden = cohorts.length === 0;
+  renderRows($("cohorts").tBodies[0], usageRows(cohorts), "No cohort yet.", 3);
   renderChart(data.history);
 }
 
