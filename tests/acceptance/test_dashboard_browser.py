@@ -299,3 +299,55 @@ def test_a_tenant_sees_its_stream_topics_and_the_lag_falls_as_a_consumer_reads(
             timeout=LIVE_TIMEOUT_MS)
     assert page.evaluate("window.notReloaded") is True
     assert other not in page.locator("#view-streams").inner_text()
+
+
+def test_members_show_what_they_borrow_and_lend_and_a_reclaim_shows_its_reason(
+    page: Any, site: Site
+) -> None:
+    cohort = f"c-{uuid.uuid4().hex[:8]}"
+    response = site.admin.put(f"/v1/cohorts/{cohort}", json={})
+    assert response.status_code == 200, response.text
+    response = site.admin.put(f"/v1/pools/p-{cohort}", json={"capacity": {"gpu": 8}})
+    assert response.status_code == 200, response.text
+    lender, _ = site.tenant({"gpu": 2})
+    borrower, borrower_token = site.tenant({"gpu": 1})
+    for name, extra in ((lender, {"reclaim": "any"}), (borrower, {})):
+        response = site.admin.put(f"/v1/tenants/{name}", json={"cohort": cohort, **extra})
+        assert response.status_code == 200, response.text
+    for number in range(3):
+        assert site.submit(borrower, f"{borrower}-{number}").status_code == 202
+    wait_for(lambda: all(site.admin.get(f"/v1/tenants/{borrower}/requests/{borrower}-{n}")
+                         .json()["state"] != "waiting" for n in range(3)),
+             "the borrower's three requests admitted")
+    sign_in(page, site, site.admin_token)
+    shown = row(page, "tenants", f"{borrower}/gpu")
+    shown.locator('td[data-label="Borrowed"]').filter(has_text="2").wait_for(
+        timeout=LIVE_TIMEOUT_MS)
+    assert shown.locator('td[data-label="Cohort"]').inner_text() == cohort
+    assert shown.locator(".bar.borrowing").count() == 1
+    lending = row(page, "tenants", f"{lender}/gpu")
+    assert lending.locator('td[data-label="Lent"]').inner_text() == "2"
+    assert page.locator("#tenants thead").inner_text().lower().count("used / nominal") == 1
+    row(page, "cohorts", f"{cohort}/gpu").wait_for()
+    page.screenshot(path=str(site.screenshots / "overview-cohorts-desktop.png"), full_page=True)
+    # The lender wants its nominal back: borrowed work is preempted, and the page says why.
+    page.goto(f"{site.page_url}#/decisions")
+    assert site.submit(lender, f"{lender}-back", gpu=2).status_code == 202
+    entry = page.locator("#decisions tbody tr").filter(has_text=f"reclaim for {lender}-back")
+    entry.first.wait_for(timeout=LIVE_TIMEOUT_MS)
+    assert entry.first.locator(".badge").inner_text() == "stopping"
+    assert entry.first.locator("td").nth(2).inner_text() == "preempt"
+    page.screenshot(path=str(site.screenshots / "decisions-preemption-desktop.png"))
+    victim = entry.first.locator("a").inner_text()
+    entry.first.locator("a").click()
+    page.locator("#request-title").filter(has_text=victim).wait_for()
+    page.locator("#request-facts").filter(
+        has_text=f"preempted (reclaim) by {lender}-back").wait_for(timeout=LIVE_TIMEOUT_MS)
+    # The borrower's own token sees its rows and its victim, not the lender's.
+    page.goto(f"{site.page_url}#/overview")
+    sign_in_again = page.locator("#sign-out")
+    sign_in_again.click()
+    sign_in(page, site, borrower_token)
+    row(page, "tenants", f"{borrower}/gpu").wait_for()
+    assert page.locator("#cohorts-card").is_hidden()
+    assert lender not in page.locator("#tenants").inner_text()

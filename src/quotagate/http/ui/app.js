@@ -65,7 +65,7 @@ function buildCell(spec) {
     fill.style.width = `${(share * 100).toFixed(1)}%`;
     const bar = el("div", { class: level, role: "meter", "aria-valuemin": "0",
       "aria-valuemax": String(cap), "aria-valuenow": String(used),
-      "aria-label": `${number(used)} of ${number(cap)}` }, fill);
+      "aria-label": `${number(used)} of ${number(cap)}${borrowing ? ", borrowing above it" : ""}` }, fill);
     return [el("div", { class: "usage" }, bar,
       el("span", { class: "amount" }, `${number(used)} / ${number(cap)}`)), null];
   }
@@ -199,7 +199,9 @@ function renderOverview(data) {
   // The fair-sharing columns appear once some tenant is in a cohort.
   tenants.classList.toggle("plain", !data.tenants.some((row) => row.cohort));
   tenants.classList.toggle("budgets", data.tenants.some((row) => row.budget_left !== undefined && row.budget_left !== null));
-  tenants.rows[0].cells[2].textContent = tenants.classList.contains("plain") ? "Used / cap" : "Used / nominal";
+  const plain = tenants.classList.contains("plain");
+  tenants.rows[0].cells[2].textContent = plain ? "Used / cap" : "Used / nominal";
+  $("tenants-sub").textContent = plain ? "" : "in a cohort the cap is a nominal share; a purple bar is borrowing above it";
   renderRows(tenants.tBodies[0], tenantRows(data.tenants), "No tenant has a quota yet.", 7);
   renderRows($("pools").tBodies[0], usageRows(data.pools), "No pool yet.", 3);
   const cohorts = data.cohorts || [];
