@@ -20,6 +20,7 @@ import pytest
 
 from quotagate import Quotagate
 from quotagate.delivery.registry import TargetStore
+from quotagate.domain.model import RequestState
 from support.browser import DESKTOP, PHONE, chromium, collect_page_errors
 from support.databases import BACKENDS, fresh_database
 from support.executor import running_executor
@@ -107,6 +108,10 @@ def sign_in(page: Any, site: Site, token: str) -> None:
     page.keyboard.press("Enter")
     page.locator("#session").wait_for(state="visible")
     page.wait_for_function("() => document.getElementById('scope').textContent.length > 0")
+
+
+def requests_href(tenant: str, request_id: str) -> str:
+    return f"#/requests/{tenant}/{request_id}"
 
 
 def row(page: Any, table: str, key: str) -> Any:
@@ -343,6 +348,28 @@ def test_members_show_what_they_borrow_and_lend_and_a_reclaim_shows_its_reason(
     page.locator("#request-title").filter(has_text=victim).wait_for()
     page.locator("#request-facts").filter(
         has_text=f"preempted (reclaim) by {lender}-back").wait_for(timeout=LIVE_TIMEOUT_MS)
+    # This executor does not confirm stops: the victims are stuck, still charged, and listed.
+    page.goto(f"{site.page_url}#/delivery")
+    stuck = row(page, "stops", victim)
+    stuck.wait_for(timeout=LIVE_TIMEOUT_MS)
+    assert stuck.locator(".badge").inner_text() == "preempting"
+    assert f"preempted (reclaim) by {lender}-back" in stuck.inner_text()
+    # An operator sees the target's answer to the stop.
+    stuck.locator('td[data-label="Last answer"]').filter(has_text="DELETE answered 501").wait_for(
+        timeout=3 * LIVE_TIMEOUT_MS)
+    page.screenshot(path=str(site.screenshots / "delivery-stuck-preemption-desktop.png"))
+    # The executor's confirmation (as the worker records it): the row leaves the list, and
+    # the victim's story says it ended preempted after it had been delivered.
+    with Quotagate.connect(site.db_url) as gate:
+        gate.ledger.release(victim, RequestState.CANCELLED, stopped=True)
+    stuck.wait_for(state="detached", timeout=LIVE_TIMEOUT_MS)
+    page.goto(f"{site.page_url}{requests_href(borrower, victim)}")
+    page.locator("#request-facts .badge").filter(has_text="preempted").wait_for(
+        timeout=LIVE_TIMEOUT_MS)
+    page.locator("#request-delivery").filter(
+        has_text="its outbox row went when its stop was confirmed").wait_for(
+        timeout=LIVE_TIMEOUT_MS)
+    page.screenshot(path=str(site.screenshots / "request-preempted-desktop.png"), full_page=True)
     # The borrower's own token sees its rows and its victim, not the lender's.
     page.goto(f"{site.page_url}#/overview")
     sign_in_again = page.locator("#sign-out")
@@ -351,3 +378,10 @@ def test_members_show_what_they_borrow_and_lend_and_a_reclaim_shows_its_reason(
     row(page, "tenants", f"{borrower}/gpu").wait_for()
     assert page.locator("#cohorts-card").is_hidden()
     assert lender not in page.locator("#tenants").inner_text()
+    # The other victim is still stuck; its tenant sees that the stop failed, not the answer.
+    page.goto(f"{site.page_url}#/delivery")
+    [other] = [f"{borrower}-{n}" for n in range(3) if site.admin.get(
+        f"/v1/tenants/{borrower}/requests/{borrower}-{n}").json()["state"] == "preempting"]
+    answer = row(page, "stops", other).locator('td[data-label="Last answer"]')
+    answer.wait_for(timeout=LIVE_TIMEOUT_MS)
+    assert answer.inner_text() == "the last attempt failed (the target's answer is shown to admins)"

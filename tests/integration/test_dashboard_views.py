@@ -140,6 +140,37 @@ def test_stops_not_confirmed_are_listed_and_exported_by_state_name(
                  {"tenant": "team-b", "state": "cancelling"}) == 7
 
 
+def test_a_targets_error_text_is_shown_to_operators_and_only_its_failure_to_a_tenant(
+    gate: Quotagate, clock: ManualClock
+) -> None:
+    _busy_ledger(gate, clock)
+    detail = "webhook answered 500 at http://receiver.internal:9000/jobs"
+    with gate.engine.begin() as connection:
+        connection.execute(schema.outbox.update().where(schema.outbox.c.request_id == "b-1")
+                           .values(attempts=2, last_error=detail))
+        # A stop the target did not confirm keeps its answer on the outbox row too.
+        connection.execute(schema.request.update().where(schema.request.c.id == "a-1")
+                           .values(state="cancelling", updated=clock.now()))
+        connection.execute(schema.outbox.update().where(schema.outbox.c.request_id == "a-1")
+                           .values(stopping=True, attempts=3, last_error=detail))
+    operator = gate.dashboard()
+    failing = {entry.request_id: entry for entry in operator.deliveries}["b-1"]
+    assert (failing.attempts, failing.last_error, failing.failing) == (2, detail, True)
+    [stop] = operator.stops
+    assert (stop.id, stop.attempts, stop.last_error, stop.failing) == ("a-1", 3, detail, True)
+    assert gate.request_story("b-1")["delivery"]["last_error"] == detail
+    tenant_b = gate.dashboard("team-b")
+    [hidden] = tenant_b.deliveries
+    assert (hidden.request_id, hidden.last_error, hidden.failing) == ("b-1", None, True)
+    [stop] = gate.dashboard("team-a").stops
+    assert (stop.attempts, stop.last_error, stop.failing) == (3, None, True)
+    story = gate.request_story("b-1", tenant="team-b")["delivery"]
+    assert (story["last_error"], story["failing"]) == (None, True)
+    # An admin looking at one tenant is still an operator.
+    [shown] = gate.dashboard("team-b", operator=True).deliveries
+    assert shown.last_error == detail
+
+
 def _shared_ledger(gate: Quotagate, clock: ManualClock) -> None:
     """team-b borrows 3 of team-a's lendable gpu (its borrowing limit); b-5 and a-1 wait."""
     gate.set_pool("main", {"gpu": 16})

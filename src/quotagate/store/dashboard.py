@@ -111,7 +111,10 @@ class DeliveryEntry:
     next_attempt_in: float
     claimed_by: str | None
     fencing_token: int
+    # The target's own words are for operators (docs/decisions/214): None for a tenant,
+    # who sees only that the last attempt failed.
     last_error: str | None
+    failing: bool = False
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,10 @@ class StopEntry:
     cost: dict[str, int]
     since_seconds: float
     reason: str | None
+    # Stop attempts the target did not confirm, and (operators only) its last answer.
+    attempts: int = 0
+    last_error: str | None = None
+    failing: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,7 +195,9 @@ class DashboardViews:
         self._finished: dict[str | None, dict[int, tuple[int, int, int, int]]] = {}
         self._history_lock = threading.Lock()
 
-    def snapshot(self, tenant: str | None = None) -> Snapshot:
+    def snapshot(self, tenant: str | None = None, *, operator: bool | None = None) -> Snapshot:
+        """``operator`` (default: an unscoped read) also gets the targets' error texts."""
+        operator = tenant is None if operator is None else operator
         now = self.clock.now()
         with reading(self.engine) as connection:
             # Usage, limits and rooms as admission plans on them, in one round trip:
@@ -200,8 +209,8 @@ class DashboardViews:
                 .order_by(schema.tenant.c.name)).all())
             waiting, queue = self._queue(connection, tenant, usage, list(tenant_cohorts), now)
             decisions = self._decisions(connection, tenant)
-            backlog, deliveries = self._deliveries(connection, tenant, now)
-            stops = self._stops(connection, tenant, now)
+            backlog, deliveries = self._deliveries(connection, tenant, now, operator)
+            stops = self._stops(connection, tenant, now, operator)
             buckets = self._buckets(connection, tenant)
             history = self._history(connection, tenant, waiting, now)
         return Snapshot(
@@ -212,8 +221,10 @@ class DashboardViews:
             cohorts=_usage_rows(usage.sharing.cohorts) if tenant is None else [],
         )
 
-    def story(self, request_id: str, tenant: str | None = None) -> dict[str, Any]:
+    def story(self, request_id: str, tenant: str | None = None, *,
+              operator: bool | None = None) -> dict[str, Any]:
         """A request's whole story: its row, every audit entry about it, binding and outbox."""
+        operator = tenant is None if operator is None else operator
         request, audit, binding, outbox = schema.request, schema.audit, schema.binding, schema.outbox
         with reading(self.engine) as connection:
             row = connection.execute(
@@ -247,7 +258,8 @@ class DashboardViews:
                 "next_attempt_at": delivery["next_attempt_at"],
                 "claimed_by": delivery["claimed_by"],
                 "fencing_token": delivery["claim_token"],
-                "last_error": delivery["last_error"],
+                "last_error": delivery["last_error"] if operator else None,
+                "failing": delivery["last_error"] is not None,
             },
         }
 
@@ -327,7 +339,7 @@ class DashboardViews:
         return [DecisionEntry(**dict(row)) for row in rows]
 
     def _deliveries(
-        self, connection: sa.Connection, tenant: str | None, now: float
+        self, connection: sa.Connection, tenant: str | None, now: float, operator: bool
     ) -> tuple[int, list[DeliveryEntry]]:
         outbox, request = schema.outbox, schema.request
         query = (
@@ -351,25 +363,31 @@ class DashboardViews:
                 attempts=int(row.attempts), age_seconds=round(max(0.0, now - row.created), 3),
                 next_attempt_in=round(max(0.0, row.next_attempt_at - now), 3),
                 claimed_by=row.claimed_by, fencing_token=int(row.claim_token),
-                last_error=row.last_error,
+                last_error=row.last_error if operator else None,
+                failing=row.last_error is not None,
             )
             for row in rows
         ]
         return (int(rows[0].total) if rows else 0), entries
 
-    def _stops(self, connection: sa.Connection, tenant: str | None, now: float) -> list[StopEntry]:
-        request = schema.request
+    def _stops(self, connection: sa.Connection, tenant: str | None, now: float,
+               operator: bool) -> list[StopEntry]:
+        request, outbox = schema.request, schema.outbox
         query = sa.select(
             request.c.id, request.c.tenant, request.c.state, request.c.pool, request.c.cost,
-            request.c.updated, request.c.reason,
-        ).where(request.c.state.in_(UNCONFIRMED_STOP_STATES))
+            request.c.updated, request.c.reason, outbox.c.attempts, outbox.c.last_error,
+        ).select_from(request.outerjoin(outbox, outbox.c.request_id == request.c.id)).where(
+            request.c.state.in_(UNCONFIRMED_STOP_STATES))
         if tenant is not None:
             query = query.where(request.c.tenant == tenant)
         rows = connection.execute(query.order_by(request.c.updated).limit(self.rows)).all()
         return [
             StopEntry(id=row.id, tenant=row.tenant, state=row.state, pool=row.pool,
                       cost=decode_cost(row.cost),
-                      since_seconds=round(max(0.0, now - row.updated), 3), reason=row.reason)
+                      since_seconds=round(max(0.0, now - row.updated), 3), reason=row.reason,
+                      attempts=int(row.attempts or 0),
+                      last_error=row.last_error if operator else None,
+                      failing=row.last_error is not None)
             for row in rows
         ]
 

@@ -277,12 +277,15 @@ function renderQueue(data) {
   })), "Nothing is waiting.", 8);
 }
 
+// Audit operations whose target is a request: its steps, and the state a release ends it in.
+const REQUEST_OPERATIONS = ["submit", "admit", "expire", "deliver", "delivered", "cancel",
+  "cancelling", "cancelled", "preempt", "preempted", "completed", "failed", "requeued"];
+
 function targetCell(entry) {
   if (!entry.target) return "";
   // Entries about one request name it as their target; others name a tenant, a pool, a bucket.
   const looksLikeRequest = entry.tenant && !entry.target.includes("/") && entry.operation !== "tenant.set";
-  return looksLikeRequest && ["submit", "admit", "expire", "completed", "failed", "cancelled",
-    "cancelling", "preempt", "deliver", "delivered"].includes(entry.operation)
+  return looksLikeRequest && REQUEST_OPERATIONS.includes(entry.operation)
     ? { text: entry.target, href: requestHref(entry.tenant, entry.target), cls: "mono" }
     : { text: entry.target, cls: "mono" };
 }
@@ -291,11 +294,17 @@ function renderDecisions(data) {
   renderRows($("decisions").tBodies[0], data.decisions.map((entry) => ({
     key: String(entry.id),
     cells: [
-      clock(entry.at), entry.tenant || "–", entry.operation,
+      clock(entry.at), { text: entry.tenant || "–", cls: "nowrap" }, entry.operation,
       { badge: entry.outcome, text: entry.outcome },
       targetCell(entry), { text: entry.reason || "", cls: "reason" }, { text: entry.actor, cls: "mono" },
     ],
   })), "No decisions recorded yet.", 7);
+}
+
+// A target's own words are for operators; a tenant's token gets only that it failed.
+function lastError(entry) {
+  if (entry.last_error) return entry.last_error;
+  return entry.failing ? "the last attempt failed (the target's answer is shown to admins)" : "";
 }
 
 function renderDelivery(data) {
@@ -308,7 +317,7 @@ function renderDelivery(data) {
       { text: String(entry.attempts), cls: "num" }, { text: seconds(entry.age_seconds), cls: "num" },
       { text: entry.next_attempt_in > 0 ? `in ${seconds(entry.next_attempt_in)}` : "now", cls: "num" },
       { text: entry.claimed_by || "–", cls: "mono" }, { text: String(entry.fencing_token), cls: "num" },
-      { text: entry.last_error || "", cls: "reason" },
+      { text: lastError(entry), cls: "reason" },
     ],
   })), "Every admitted request has been delivered.", 10);
   renderRows($("stops").tBodies[0], data.stops.map((entry) => ({
@@ -317,8 +326,9 @@ function renderDelivery(data) {
       { text: entry.id, href: requestHref(entry.tenant, entry.id), cls: "mono" }, entry.tenant,
       { badge: entry.state, text: entry.state }, entry.pool || "–", costText(entry.cost),
       { text: seconds(entry.since_seconds), cls: "num" }, { text: entry.reason || "", cls: "reason" },
+      { text: String(entry.attempts ?? 0), cls: "num" }, { text: lastError(entry), cls: "reason" },
     ],
-  })), "No stop is waiting for its executor.", 7);
+  })), "No stop is waiting for its executor.", 9);
 }
 
 function renderRates(data) {
@@ -364,6 +374,15 @@ function renderStreams(data) {
   renderRows($("stream-groups").tBodies[0], groups, "No consumer group yet.", 6);
 }
 
+// Why a request has no outbox row: never admitted; ended before delivery (the row
+// goes with the release); or stopped after it (the row goes with the confirmed stop).
+function outboxGone(request, story) {
+  if (["waiting", "rejected", "expired"].includes(request.state)) return "none: the request was never admitted";
+  const delivered = story.history.find((entry) => entry.operation === "deliver" && entry.outcome === "delivered");
+  if (delivered) return `delivered at ${clock(delivered.at)}; its outbox row went when its stop was confirmed`;
+  return "none: it ended before it was delivered";
+}
+
 function renderStory(story) {
   const request = story.request;
   $("request-title").textContent = `Request ${request.id}`;
@@ -403,9 +422,8 @@ function renderStory(story) {
     ["Attempts", String(delivery.attempts)],
     ["Fencing token", String(delivery.fencing_token)],
     ["Claimed by", { text: delivery.claimed_by || "–", cls: "mono" }],
-    ["Last error", delivery.last_error || "–"],
-  ] : [["Outbox", request.state === "waiting" || request.state === "rejected" || request.state === "expired"
-    ? "none: the request was never admitted" : "none: it ended before it was delivered"]]);
+    ["Last error", lastError(delivery) || "–"],
+  ] : [["Outbox", outboxGone(request, story)]]);
   renderRows($("story").tBodies[0], story.history.map((entry) => ({
     key: String(entry.id),
     cells: [clock(entry.at), entry.operation, { badge: entry.outcome, text: entry.outcome },
