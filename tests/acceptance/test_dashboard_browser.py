@@ -129,6 +129,11 @@ def test_an_admin_sees_every_view_and_each_is_photographed(page: Any, site: Site
     assert site.submit(quiet, f"{quiet}-job-2").status_code == 429
     sign_in(page, site, site.admin_token)
     assert page.locator("#scope").inner_text() == "admin · all tenants"
+    # The token is kept in this tab's sessionStorage only: no cookie, no localStorage, no URL.
+    assert page.evaluate("sessionStorage.getItem('quotagate.token')") == site.admin_token
+    assert page.evaluate("localStorage.length") == 0
+    assert page.context.cookies() == [] and page.evaluate("document.cookie") == ""
+    assert site.admin_token not in page.url
     # Both tenants' usage rows, each with a bar.
     row(page, "tenants", f"{busy}/gpu").wait_for()
     row(page, "tenants", f"{quiet}/gpu").wait_for()
@@ -142,6 +147,9 @@ def test_an_admin_sees_every_view_and_each_is_photographed(page: Any, site: Site
             page.wait_for_function(
                 "() => document.getElementById('live').textContent.startsWith('updated')")
             page.screenshot(path=str(site.screenshots / f"{view}-{label}.png"))
+            # Readable without scrolling sideways, at 1280x800 and at phone width.
+            assert page.evaluate(
+                "document.documentElement.scrollWidth <= window.innerWidth"), (view, label)
         page.goto(f"{site.page_url}#/requests/{busy}/{busy}-job-3")
         page.locator("#request-title").filter(has_text=f"{busy}-job-3").wait_for()
         page.screenshot(path=str(site.screenshots / f"request-waiting-{label}.png"),
@@ -160,6 +168,21 @@ def test_an_admin_sees_every_view_and_each_is_photographed(page: Any, site: Site
     explained = site.admin.get(f"/v1/tenants/{busy}/requests/{busy}-job-3").json()["queue"]
     assert page.locator("#request-queue").inner_text().count(explained["reason"]) == 1
     assert errors == []
+    # Semantic tables: every column has a header cell; the views are links a keyboard reaches.
+    assert page.evaluate("""() => Array.from(document.querySelectorAll('table')).every(table =>
+        table.tHead && table.tHead.rows[0].cells.length > 0 &&
+        Array.from(table.tHead.rows[0].cells).every(cell => cell.tagName === 'TH'
+                                                   && cell.scope === 'col'))""")
+    page.goto(f"{site.page_url}#/overview")
+    page.locator("#view-overview").wait_for(state="visible")
+    page.focus('nav a[data-view="queue"]')
+    page.keyboard.press("Enter")
+    page.locator("#view-queue").wait_for(state="visible")
+    # Signing out forgets the token.
+    page.locator("#sign-out").click()
+    page.locator("#sign-in").wait_for(state="visible")
+    assert page.evaluate("sessionStorage.length") == 0
+    assert page.context.cookies() == []
 
 
 def test_a_tenant_sees_only_its_own_rows_and_cannot_open_another_tenants_request(
@@ -372,8 +395,7 @@ def test_members_show_what_they_borrow_and_lend_and_a_reclaim_shows_its_reason(
     page.screenshot(path=str(site.screenshots / "request-preempted-desktop.png"), full_page=True)
     # The borrower's own token sees its rows and its victim, not the lender's.
     page.goto(f"{site.page_url}#/overview")
-    sign_in_again = page.locator("#sign-out")
-    sign_in_again.click()
+    page.locator("#sign-out").click()
     sign_in(page, site, borrower_token)
     row(page, "tenants", f"{borrower}/gpu").wait_for()
     assert page.locator("#cohorts-card").is_hidden()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -169,6 +171,50 @@ def test_a_targets_error_text_is_shown_to_operators_and_only_its_failure_to_a_te
     # An admin looking at one tenant is still an operator.
     [shown] = gate.dashboard("team-b", operator=True).deliveries
     assert shown.last_error == detail
+
+
+def _statements(gate: Quotagate, read: Callable[[], object]) -> list[str]:
+    """The SQL statements ``read`` sends to the database."""
+    sent: list[str] = []
+
+    def record(_connection: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        sent.append(statement)
+
+    sa.event.listen(gate.engine, "before_cursor_execute", record)
+    try:
+        read()
+    finally:
+        sa.event.remove(gate.engine, "before_cursor_execute", record)
+    return sent
+
+
+def test_a_poll_costs_the_same_statements_on_a_ledger_with_many_more_rows(
+    gate: Quotagate, clock: ManualClock
+) -> None:
+    _busy_ledger(gate, clock)
+    gate.dashboard()  # the first poll reads the whole last hour; later ones two minutes
+    small = _statements(gate, gate.dashboard)
+    # Every view grows: more tenants, waiting and admitted requests, decisions, buckets, stops.
+    for index in range(12):
+        tenant = f"grown-{index}"
+        gate.set_tenant(tenant, {"gpu": 1}, cohort=None)
+        gate.set_rate(tenant, "capacity=5,refill=0")
+        for number in range(3):
+            gate.submit(f"{tenant}-{number}", tenant, {"gpu": 1})
+    admitted = gate.admit(50)
+    assert len(admitted) == 5  # the pool is full
+    with gate.engine.begin() as connection:
+        connection.execute(schema.request.update().where(schema.request.c.id == admitted[0].id)
+                           .values(state="cancelling", updated=clock.now()))
+    grown = _statements(gate, gate.dashboard)
+    snapshot = gate.dashboard()
+    assert snapshot.waiting == 32 and len(snapshot.queue) == 32 and len(snapshot.buckets) == 13
+    assert len(snapshot.deliveries) == 8 and len(snapshot.stops) == 1
+    assert len(snapshot.tenants) == 14 and len(snapshot.decisions) == 50
+    # One statement per view, whatever the number of rows in it.
+    assert len(grown) == len(small), (small, grown)
+    story = _statements(gate, lambda: gate.request_story("grown-0-1"))
+    assert len(_statements(gate, lambda: gate.request_story("a-2"))) == len(story)
 
 
 def _shared_ledger(gate: Quotagate, clock: ManualClock) -> None:
