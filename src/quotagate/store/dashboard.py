@@ -286,7 +286,8 @@ class DashboardViews:
         names = [tenant] if scoped else every_tenant
         # The first rows of the whole queue are among the first rows of each tenant's
         # queue: one bounded index range scan per tenant, merged here, as admission reads it.
-        heads = sorted(connection.execute(_head_query(len(names), self.rows),
+        heads = sorted(connection.execute(_head_query(len(names),
+                                                      max(self.rows, self.admission_window)),
                                           {f"tenant_{i}": name for i, name in enumerate(names)}),
                        key=lambda row: (row.queue_key, row.created, row.id))
         rows = [row for row in heads if tenant is None or row.tenant == tenant][:self.rows]
