@@ -228,6 +228,14 @@ def test_a_submit_appears_in_the_queue_and_moves_to_admitted_without_a_reload(
     waiting = row(page, "queue", request_id)
     waiting.wait_for(timeout=LIVE_TIMEOUT_MS)
     assert "tenant quota: gpu needs 1, 0 of 1 left" in waiting.inner_text()
+    # Polls update rows in place: after two more polls the row is still the same element
+    # (no flicker, no table rebuilt).
+    element = waiting.element_handle()
+    for _ in range(2):
+        shown = page.locator("#live").inner_text()
+        page.wait_for_function(f"() => document.getElementById('live').textContent !== {shown!r}",
+                               timeout=LIVE_TIMEOUT_MS)
+    assert element.evaluate("node => node.isConnected") is True
     # Make room: the admission loop admits it, and the page follows by itself.
     response = site.admin.put(f"/v1/tenants/{tenant}", json={"quota": {"gpu": 2}})
     assert response.status_code == 200, response.text
