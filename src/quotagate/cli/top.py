@@ -88,7 +88,7 @@ def render(data: dict[str, Any]) -> Any:
         # Fair-sharing columns only when some tenant is in a cohort; a budget only
         # when the server reports one (docs/dashboard.md).
         shared = any(row.get("cohort") for row in rows)
-        budgets = any(row.get("budget_left") is not None for row in rows)
+        budgets = any(row.get("budget_left_hours") is not None for row in rows)
         extra = (["cohort", "borrowed", "lent"] if shared else []) + (
             ["budget left"] if budgets else [])
         for name in extra:
@@ -104,7 +104,8 @@ def render(data: dict[str, Any]) -> Any:
                 cells += [row.get("cohort") or "-", str(row.get("borrowed", 0)),
                           str(row.get("lent", 0))]
             if budgets:
-                cells.append("-" if row.get("budget_left") is None else str(row["budget_left"]))
+                left = row.get("budget_left_hours")
+                cells.append("-" if left is None else f"{left}h of {row.get('budget_limit') or '?'}")
             table.add_row(*cells)
         if not rows:
             table.add_row(f"no {holder} yet", "", "", "", *([""] * len(extra)))

@@ -171,6 +171,13 @@ function amount(value) {
   return { text: value === null || value === undefined ? "–" : number(value), cls: "num" };
 }
 
+// Resource-hours left of a budget (issue 12), with its limit when the server names it.
+function budgetText(row) {
+  if (row.budget_left_hours === undefined || row.budget_left_hours === null) return "–";
+  const left = `${number(row.budget_left_hours)} h`;
+  return row.budget_limit ? `${left} of ${row.budget_limit}` : left;
+}
+
 // A tenant row: used against its cap, which in a cohort is its nominal share, then
 // what it borrows and lends. A budget is shown only when the server reports one.
 function tenantRows(rows) {
@@ -182,7 +189,7 @@ function tenantRows(rows) {
       { text: row.cohort || "–", cls: "sharing" },
       { ...amount(row.cohort ? row.borrowed : null), cls: "num sharing" },
       { ...amount(row.cohort ? row.lent : null), cls: "num sharing" },
-      { ...amount(row.budget_left), cls: "num budget" },
+      { text: budgetText(row), cls: "num budget" },
     ],
   }));
 }
@@ -198,7 +205,7 @@ function renderOverview(data) {
   const tenants = $("tenants");
   // The fair-sharing columns appear once some tenant is in a cohort.
   tenants.classList.toggle("plain", !data.tenants.some((row) => row.cohort));
-  tenants.classList.toggle("budgets", data.tenants.some((row) => row.budget_left !== undefined && row.budget_left !== null));
+  tenants.classList.toggle("budgets", data.tenants.some((row) => row.budget_left_hours !== undefined && row.budget_left_hours !== null));
   const plain = tenants.classList.contains("plain");
   tenants.rows[0].cells[2].textContent = plain ? "Used / cap" : "Used / nominal";
   $("tenants-sub").textContent = plain ? "" : "in a cohort the cap is a nominal share; a purple bar is borrowing above it";
