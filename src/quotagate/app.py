@@ -480,11 +480,14 @@ class Quotagate:
                                forget=forget, progress=progress, max_batches=max_batches)
 
     # dashboard (docs/dashboard.md)
-    def dashboard(self, tenant: str | None = None) -> Snapshot:
-        """Everything the dashboard shows, for one tenant or (None) for everyone."""
+    def dashboard(self, tenant: str | None = None, *, operator: bool | None = None) -> Snapshot:
+        """Everything the dashboard shows, for one tenant or (None) for everyone.
+
+        ``operator`` (default: ``tenant is None``) also gets the delivery targets'
+        error texts, which are for operators (docs/decisions/214)."""
         if tenant is not None:
             validate_name(tenant, "tenant")
-        snapshot = replace(self.dashboard_views.snapshot(tenant),
+        snapshot = replace(self.dashboard_views.snapshot(tenant, operator=operator),
                            streams=streams_overview(self.streams, tenant))
         if self.rates.in_transaction or not snapshot.buckets:
             return snapshot
@@ -497,9 +500,10 @@ class Quotagate:
         ]
         return replace(snapshot, buckets=buckets)
 
-    def request_story(self, request_id: str, tenant: str | None = None) -> dict[str, Any]:
+    def request_story(self, request_id: str, tenant: str | None = None, *,
+                      operator: bool | None = None) -> dict[str, Any]:
         """A request's states, audit entries, binding, fencing token and why it waits."""
-        story = self.dashboard_views.story(request_id, tenant)
+        story = self.dashboard_views.story(request_id, tenant, operator=operator)
         story["queue"] = None
         if story["request"]["state"] == RequestState.WAITING.value:
             explained = self.views.explain(request_id, tenant=tenant)

@@ -101,16 +101,18 @@ class LedgerCollector(Collector):
         rejected = CounterMetricFamily("quotagate_rejected_requests",
                                        "Requests recorded as rejected (ledger-wide)",
                                        labels=["tenant"])
-        # Victims of preemption (docs/fair-sharing.md#preemption); the audit log names
-        # each one's preemptor.
+        # Victims of preemption (docs/fair-sharing.md#preemption), by the victim's tenant
+        # and the kind of preemption; the audit log names each one's preemptor.
         preempted = CounterMetricFamily("quotagate_preempted_requests",
-                                        "Requests ended by preemption (ledger-wide)",
-                                        labels=["tenant"])
+                                        "Requests ended by preemption, by reason: reclaim "
+                                        "or within-tenant (ledger-wide)",
+                                        labels=["tenant", "reason"])
         families_by_state = {RequestState.EXPIRED.value: expired,
-                             RequestState.REJECTED.value: rejected,
-                             RequestState.PREEMPTED.value: preempted}
+                             RequestState.REJECTED.value: rejected}
         for (tenant, state), count in gauges.ended.items():
             families_by_state[state].add_metric([tenant], count)
+        for (tenant, kind), count in gauges.preempted.items():
+            preempted.add_metric([tenant, kind], count)
         families += [expired, rejected, preempted]
         backlog = GaugeMetricFamily("quotagate_outbox_backlog", "Undelivered outbox rows",
                                     labels=["tenant"])
