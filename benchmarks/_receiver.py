@@ -1,8 +1,9 @@
 """A fast local webhook receiver for benchmarks/pipeline.py, run in its own process.
 
 It accepts every delivery (``POST /hooks``: 201, the body echoed back with an
-``id``; ``POST /hooks/_batch``: the same for each item, docs/delivery.md), notes when each request arrived, and ends the work at once in one of
-three ways:
+``id``; ``POST /hooks/_batch``: the same for each item, docs/delivery.md),
+notes when each request arrived, and ends the work at once in one of three
+ways:
 
 * ``callback``: it calls ``POST …/requests/{id}/complete`` on quotagate with an
   executor token and the delivery's fencing token (accepted even before the
