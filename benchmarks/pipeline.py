@@ -17,7 +17,7 @@ the bar (docs/delivery.md: completed/s end to end at least half of it).
 
     .venv/bin/python benchmarks/pipeline.py [--backends postgresql,mysql] [--requests 2000] \\
         [--clients 8] [--outcome callback|callback-batch|read] [--batch 1] [--batch-deliver 1] \\
-        [--timeout 300]
+        [--rounds 1] [--timeout 300]
 
 Needs the ``bench`` extra (pgqueuer) and the services of the test suite.
 """
@@ -296,32 +296,57 @@ def main() -> None:
                         "values give one row each, in the same run.")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="Seconds to wait for every request to complete.")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="Run pgqueuer and every row this many times, in turns; with more "
+                        "than one, also print each row's median and its median ratio to the "
+                        "pgqueuer drain of its own round.")
     arguments = parser.parse_args()
     backends = [name.strip() for name in arguments.backends.split(",") if name.strip()]
-    rows: list[list[Any]] = []
+    sizes = [int(size) for size in arguments.batch_deliver.split(",") if size.strip()]
+    rates: dict[tuple[str, str], list[float]] = {}
+    ratios: dict[tuple[str, str], list[float]] = {}
     try:
-        if "postgresql" in backends:
-            print("postgresql: pgqueuer", file=sys.stderr)
-            rows.append(run_pgqueuer(arguments.requests // arguments.clients * arguments.clients))
-        sizes = [int(size) for size in arguments.batch_deliver.split(",") if size.strip()]
-        for backend in backends:
-            for size in sizes:
-                print(f"{backend}: quotagate pipeline", file=sys.stderr)
-                rows.append(run_pipeline(backend, arguments.requests, arguments.clients,
-                                         arguments.outcome, arguments.timeout, arguments.batch,
-                                         size))
+        for round_number in range(arguments.rounds):
+            rows = _round(arguments, backends, sizes)
+            if arguments.rounds > 1:
+                print(f"round {round_number + 1} of {arguments.rounds}")
+            print(render_table(
+                ["backend", "system", "requests", "submits/s", "completed/s", "completed",
+                 "p50 submit→delivered ms", "p99 ms"], rows,
+            ))
+            bar = next((float(row[4]) for row in rows if row[1].startswith("pgqueuer")), None)
+            for row in rows:
+                rates.setdefault((row[0], row[1]), []).append(float(row[4]))
+                if bar and row[1].startswith("quotagate"):
+                    ratios.setdefault((row[0], row[1]), []).append(float(row[4]) / bar)
+                    print(f"{row[0]}: completed/s is {float(row[4]) / bar:.2f}x pgqueuer's "
+                          "drain rate (target: at least 0.5x)")
     except ServerUnavailable as error:
         sys.exit(f"skipped: {error}")
-    print(render_table(
-        ["backend", "system", "requests", "submits/s", "completed/s", "completed",
-         "p50 submit→delivered ms", "p99 ms"], rows,
-    ))
-    bar = next((float(row[4]) for row in rows if row[1].startswith("pgqueuer")), None)
-    if bar:
-        for row in rows:
-            if row[1].startswith("quotagate"):
-                print(f"{row[0]}: completed/s is {float(row[4]) / bar:.2f}x pgqueuer's drain rate "
-                      "(target: at least 0.5x)")
+    if arguments.rounds > 1:
+        print(f"medians of {arguments.rounds} rounds")
+        print(render_table(
+            ["backend", "system", "completed/s (median)", "range", "x pgqueuer (median)"],
+            [[backend, system, f"{statistics.median(values):.1f}",
+              f"{min(values):.0f}-{max(values):.0f}",
+              f"{statistics.median(ratios[(backend, system)]):.2f}"
+              if (backend, system) in ratios else "-"]
+             for (backend, system), values in rates.items()],
+        ))
+
+
+def _round(arguments: argparse.Namespace, backends: list[str], sizes: list[int]) -> list[Any]:
+    rows: list[list[Any]] = []
+    if "postgresql" in backends:
+        print("postgresql: pgqueuer", file=sys.stderr)
+        rows.append(run_pgqueuer(arguments.requests // arguments.clients * arguments.clients))
+    for backend in backends:
+        for size in sizes:
+            print(f"{backend}: quotagate pipeline", file=sys.stderr)
+            rows.append(run_pipeline(backend, arguments.requests, arguments.clients,
+                                     arguments.outcome, arguments.timeout, arguments.batch,
+                                     size))
+    return rows
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ A real receiver on 127.0.0.1 (tests/support/receiver.py) answers ``POST
 from __future__ import annotations
 
 import json
+import signal
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -24,7 +25,7 @@ from quotagate.errors import InvalidInput
 from quotagate.store import schema
 from support.receiver import Receiver, running_receiver
 from support.waiting import wait_for
-from support.worker_processes import table
+from support.worker_processes import finish, start_worker, stop_all, table
 
 ITEM_KEYS = {"name", "ledger_id", "request_id", "tenant", "cost", "payload", "fencing_token",
              "idempotency_key"}
@@ -172,6 +173,51 @@ def test_a_stale_generations_batched_delivery_writes_nothing(
     for row in table(ledger, schema.binding):
         assert row["fencing_token"] > stale_tokens[row["request_id"]]
     assert len(receiver.objects) == 5 and ledger.check_invariants() == []
+
+
+@pytest.mark.parametrize("crash_at", ["after_claim", "after_create", "after_binding"])
+def test_a_worker_killed_at_each_step_of_a_batched_delivery_is_replaced_exactly_once(
+    ledger: Quotagate, db_url: str, receiver: Receiver, crash_at: str
+) -> None:
+    receiver.initial_state = "completed"
+    batched_target(ledger, receiver.url, 4)
+    ids = submit_and_admit(ledger, 6)
+    assert finish(start_worker(db_url, "w1", "--batch", "4", crash_at=crash_at)) == (
+        -signal.SIGKILL)
+    bindings = table(ledger, schema.binding)
+    if crash_at == "after_claim":
+        assert receiver.objects == {} and bindings == []
+    elif crash_at == "after_create":
+        assert len(receiver.objects) == 4 and bindings == []  # the chunk's reply was "lost"
+    else:
+        assert len(receiver.objects) == len(bindings) == 4
+    assert finish(start_worker(db_url, "w1", "--until-idle")) == 0
+    assert {ledger.show(i).state for i in ids} == {RequestState.COMPLETED}
+    bindings = table(ledger, schema.binding)
+    assert sorted(receiver.objects) == sorted(b["external_name"] for b in bindings)
+    assert {b["uid"] for b in bindings} == {o["id"] for o in receiver.objects.values()}
+    assert Counter(o["request_id"] for o in receiver.objects.values()) == Counter(ids)
+    assert int(ledger.usage()["tenants"][0]["used"]) == 0 and ledger.check_invariants() == []
+
+
+def test_concurrent_workers_with_batched_deliveries_never_deliver_one_request_twice_at_once(
+    ledger: Quotagate, db_url: str, receiver: Receiver
+) -> None:
+    receiver.initial_state = "completed"
+    receiver.post_delay = 0.01  # per item: long enough for concurrent chunks to overlap
+    batched_target(ledger, receiver.url, 4)
+    ids = submit_and_admit(ledger, 48)
+    workers = [start_worker(db_url, f"w{n}", "--concurrency", "4", "--batch", "8",
+                            "--lease-ttl", "10") for n in range(3)]
+    try:
+        wait_for(lambda: all(ledger.show(i).state == RequestState.COMPLETED for i in ids),
+                 "every request to complete", timeout=120)
+    finally:
+        stop_all(workers)
+    assert set(receiver.most_in_flight.values()) == {1}
+    items = Counter(item["idempotency_key"] for batch in batch_items(receiver) for item in batch)
+    assert items == Counter(ids)  # each request in exactly one delivered item
+    assert int(ledger.usage()["tenants"][0]["used"]) == 0 and ledger.check_invariants() == []
 
 
 # -- the target alone ------------------------------------------------------------------
