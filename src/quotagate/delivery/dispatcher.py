@@ -324,7 +324,7 @@ class Dispatcher:
             for start in range(0, len(group), target.batch_size)
         ]
         calls: list[Callable[[], object]] = [
-            functools.partial(self._create_chunk, *chunk) for chunk in chunks]
+            functools.partial(self._create_chunk, target, chunk) for _config, target, chunk in chunks]
         calls += [functools.partial(self._create, claim) for claim in singles]
         answers = self._in_pool(calls)
         results: dict[str, tuple[str, ExternalObject] | BaseException] = {}
@@ -345,7 +345,7 @@ class Dispatcher:
                 created.append((claim, target_name, obtained))
         return created, failed
 
-    def _create_chunk(self, config: TargetConfig, target: CreatesMany,
+    def _create_chunk(self, target: CreatesMany,
                       claims: list[Claim]) -> list[ExternalObject | Exception]:
         results = target.create_many([self._spec(claim) for claim in claims])
         self._crash_point("after_create")
