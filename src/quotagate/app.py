@@ -82,6 +82,7 @@ class Quotagate:
         admission_window: int = DEFAULT_ADMISSION_WINDOW,
         rate_store: RateStore | None = None,
         redis: str | None = None,
+        token_cache_ttl: float = 0.0,
     ) -> None:
         self.engine = engine
         self.clock: Clock = clock or SystemClock()
@@ -108,7 +109,9 @@ class Quotagate:
             engine, clock=self.clock, aging_interval=aging_interval,
             admission_window=admission_window,
         )
-        self.api_tokens = TokenStore(engine, clock=self.clock)
+        # token_cache_ttl > 0: a verified token is believed that long without its row
+        # (revocations made elsewhere count within it; docs/decisions/237).
+        self.api_tokens = TokenStore(engine, clock=self.clock, cache_ttl=token_cache_ttl)
         self.targets = TargetStore(engine, clock=self.clock)
         self.leases = LeaseStore(engine, counters=self.delivery_counters)
 

@@ -310,8 +310,18 @@ class Metrics:
         self, admitted: Sequence[Any], created_by_id: dict[str, float], now: float
     ) -> None:
         """Count placements (objects with id, tenant, pool) and observe their waits."""
+        self.count_admissions(admitted)
+        self.observe_admission_waits(admitted, created_by_id, now)
+
+    def count_admissions(self, admitted: Sequence[Any]) -> None:
         for placement in admitted:
             self.admissions.labels(placement.tenant, placement.pool).inc()
+
+    def observe_admission_waits(
+        self, admitted: Sequence[Any], created_by_id: dict[str, float], now: float
+    ) -> None:
+        """How long each placement waited: ``now`` (its admission) minus its submission."""
+        for placement in admitted:
             created = created_by_id.get(placement.id)
             if created is not None:
                 self.admission_wait.labels(placement.tenant).observe(max(0.0, now - created))
