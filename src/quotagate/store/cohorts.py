@@ -26,6 +26,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from quotagate.domain.budget import Budgets
 from quotagate.domain.placement import Placement
 from quotagate.domain.sharing import (
     KEEP,
@@ -70,6 +71,9 @@ class Snapshot:
     weights: dict[str, int]
     # Tenants' preemption policies (reclaim, within-tenant); absent: never, never.
     policies: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Tenants with a budget (their state is read apart: quotagate.store.budgets).
+    budgeted: set[str] = field(default_factory=set)
+    budgets: Budgets = field(default_factory=Budgets)
 
 
 def snapshot_from_rows(rows: Iterable[Sequence[Any]]) -> Snapshot:
@@ -88,6 +92,8 @@ def snapshot_from_rows(rows: Iterable[Sequence[Any]]) -> Snapshot:
             sharing.cohorts.setdefault(holder, {})[resource] = (int(used), int(cap))
         elif kind == "w":
             snapshot.weights[holder] = int(used)
+        elif kind == "g":
+            snapshot.budgeted.add(holder)
         else:
             snapshot.policies[holder] = (resource, root)
     return snapshot

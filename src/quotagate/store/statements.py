@@ -45,7 +45,7 @@ def head_query(tenant_count: int, window: int) -> sa.Select[Any] | sa.CompoundSe
     heads = [
         sa.select(
             request.c.id, request.c.tenant, request.c.cost, request.c.queue_key,
-            request.c.created, request.c.target,
+            request.c.created, request.c.target, request.c.reserved_runtime,
         )
         .where(request.c.tenant == sa.bindparam(f"tenant_{index}"), request.c.state == _WAITING)
         .order_by(request.c.queue_key, request.c.created, request.c.id)
@@ -112,7 +112,8 @@ def reserve_statement(count: int, *, lock: bool = False) -> sa.Update:
     statement = (
         statement
         .where(request.c.id.in_(chosen), request.c.state == _WAITING)
-        .values(state=RequestState.RESERVED.value, pool=pool_of, updated=sa.bindparam("now"))
+        .values(state=RequestState.RESERVED.value, pool=pool_of, updated=sa.bindparam("now"),
+                admitted=sa.bindparam("now"))
     )
     return statement.returning(request.c.id) if lock else statement
 
@@ -246,7 +247,8 @@ def submission_facts_query(with_target: bool) -> sa.CompoundSelect[Any]:
     ``target`` if the named target exists and serves the tenant,
     ``default_closed`` if no target is named and the default target serves only
     other tenants, ``bucket`` if the tenant has a rate quota, ``max_priority``
-    (as text) if the tenant has a maximum priority. Parameters: ``id``,
+    (as text) if the tenant has a maximum priority, ``default_max_runtime``
+    (as text) if it has a default max-runtime. Parameters: ``id``,
     ``tenant``, ``resources`` (a list), ``target``.
     """
     request, capacity = schema.request, schema.pool_capacity
@@ -264,6 +266,10 @@ def submission_facts_query(with_target: bool) -> sa.CompoundSelect[Any]:
                   sa.cast(schema.tenant.c.max_priority, sa.String(16)).label("value"))
         .where(schema.tenant.c.name == sa.bindparam("tenant"),
                schema.tenant.c.max_priority.is_not(None)),
+        sa.select(sa.literal("default_max_runtime").label("fact"),
+                  sa.cast(schema.tenant.c.default_max_runtime, sa.String(16)).label("value"))
+        .where(schema.tenant.c.name == sa.bindparam("tenant"),
+               schema.tenant.c.default_max_runtime.is_not(None)),
     ]
     target, allowed = schema.delivery_target, schema.target_tenant
     limited = sa.exists().where(allowed.c.target == target.c.name)
@@ -296,10 +302,13 @@ def admission_snapshot_query() -> sa.CompoundSelect[Any]:
     ``p`` pool rows, ``c`` the shared room of each root cohort, ``w`` the
     weight (in ``used``) of each tenant whose weight is not 1, ``x`` the
     preemption policies (reclaim in ``resource``, within-tenant in the last
-    column) of each tenant that has one. Without cohorts, weights and policies
-    the last three parts read nothing.
+    column) of each tenant that has one, ``g`` each budgeted (tenant,
+    resource), whose state admission then reads (quotagate.store.budgets).
+    Without cohorts, weights, policies and budgets the last four parts read
+    nothing.
     """
     quota, capacity, shared = schema.tenant_quota, schema.pool_capacity, schema.cohort_usage
+    budget = schema.tenant_budget
     tenant = schema.tenant
     none = sa.cast(sa.null(), sa.BigInteger)
     no_root = sa.cast(sa.null(), schema.NAME)
@@ -317,6 +326,8 @@ def admission_snapshot_query() -> sa.CompoundSelect[Any]:
         sa.select(sa.literal("x"), tenant.c.name, sa.cast(tenant.c.reclaim, schema.RESOURCE),
                   none, none, none, none, sa.cast(tenant.c.within_tenant, schema.NAME))
         .where(sa.or_(tenant.c.reclaim != "never", tenant.c.within_tenant != "never")),
+        sa.select(sa.literal("g"), budget.c.tenant, budget.c.resource, none, none, none, none,
+                  no_root),
     )
 
 

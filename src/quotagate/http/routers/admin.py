@@ -30,6 +30,9 @@ def put_tenant(
         weight=body.weight,
         max_priority=body.max_priority if "max_priority" in body.model_fields_set else KEEP,
         reclaim=body.reclaim, within_tenant=body.within_tenant,
+        budget=body.budget,
+        default_max_runtime=body.default_max_runtime
+        if "default_max_runtime" in body.model_fields_set else KEEP,
     )
     if "rate" in body.model_fields_set:
         context.gate.set_rate(tenant, rate, actor=actor.name)

@@ -1,0 +1,351 @@
+"""Budgets in the store: the budget rows, the usage buckets, and every change of them.
+
+The rules are pure (:mod:`quotagate.domain.budget`). Here (docs/decisions/710):
+
+- admission reads every budget row with the closed usage of its window in one
+  statement (:func:`read_budgets`), and charges the reservations of what it
+  admits with one conditional UPDATE per (tenant, resource) row, after the
+  pools (:func:`charge`): the row's live ``reserved`` and ``accrued`` enter the
+  condition, so whatever committed since the read is counted, exactly;
+- release (:func:`accrue`) locks the tenants' budget rows, adds each released
+  request's cost * seconds held to the hour buckets and to ``accrued``, and
+  takes its reservation back;
+- an admin change (:func:`apply`) locks the tenant's running requests, then its
+  budget rows, and recounts ``reserved`` from those requests.
+
+Lock order (extends :mod:`quotagate.store.ledger`'s): request rows, quota rows,
+rooms, pools, budget rows, usage buckets.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import sqlalchemy as sa
+
+from quotagate.domain.budget import (
+    BUCKET,
+    BudgetLimit,
+    Budgets,
+    BudgetState,
+    buckets,
+    format_duration,
+    parse_budget,
+    parse_duration,
+    reservation,
+    window_start,
+)
+from quotagate.domain.model import CHARGED_STATES, validate_resource
+from quotagate.domain.placement import Placement
+from quotagate.domain.sharing import KEEP
+from quotagate.store import schema
+from quotagate.store.driver import DriverTransaction
+from quotagate.store.rows import decode_cost
+
+__all__ = ["BudgetChange", "accrue", "apply", "budget_change", "charge", "check", "describe",
+           "read_budgets"]
+
+_CHARGED = [state.value for state in CHARGED_STATES]
+
+
+@dataclass(frozen=True)
+class BudgetChange:
+    """An admin change of a tenant's budgets: per resource a limit, or None to remove it;
+    ``default_max_runtime``: seconds, None to remove it, absent (``keep``) to keep it."""
+
+    limits: Mapping[str, BudgetLimit | None]
+    default_max_runtime: int | None = None
+    keep_default: bool = True
+    clear: bool = False  # remove every budget of the tenant first (``--budget none``)
+
+    def describe(self) -> str:
+        parts = ["budget=none"] if self.clear else []
+        parts += [f"budget.{resource}={'none' if limit is None else limit.describe()}"
+                 for resource, limit in sorted(self.limits.items())]
+        if not self.keep_default:
+            parts.append("default_max_runtime=" + (
+                "none" if self.default_max_runtime is None
+                else format_duration(self.default_max_runtime)))
+        return ",".join(parts)
+
+
+def budget_change(
+    limits: Mapping[str, object] | None, clear: bool, default_max_runtime: object
+) -> BudgetChange | None:
+    """Validate an admin change of budgets (before anything is written); None: no change.
+
+    ``limits``: per resource ``"100h/30d"`` or None (removed); ``default_max_runtime``:
+    a duration, None (removed) or :data:`~quotagate.domain.sharing.KEEP`.
+    """
+    keep = default_max_runtime is KEEP
+    if not limits and not clear and keep:
+        return None
+    parsed: dict[str, BudgetLimit | None] = {}
+    for resource, text in (limits or {}).items():
+        validate_resource(resource)
+        parsed[resource] = None if text is None else parse_budget(text)
+    default = None if keep or default_max_runtime is None else parse_duration(
+        default_max_runtime, what="default_max_runtime")
+    return BudgetChange(parsed, default, keep_default=keep, clear=clear)
+
+
+@lru_cache(maxsize=1)
+def budget_query() -> sa.Select[Any]:
+    """Every budget row with the closed usage its window counts (``now``), one statement.
+
+    A bucket ``b`` covers ``[b, b + BUCKET)``; it overlaps the window ``[now -
+    window, now]`` when ``b > now - window - BUCKET``, and is counted whole.
+    """
+    budget, usage = schema.tenant_budget, schema.budget_usage
+    spent = (
+        sa.select(sa.func.coalesce(sa.func.sum(usage.c.amount), 0.0))
+        .where(usage.c.tenant == budget.c.tenant, usage.c.resource == budget.c.resource,
+               usage.c.bucket > sa.bindparam("now", type_=sa.Double)
+               - budget.c.window_length - BUCKET)
+        .scalar_subquery()
+    )
+    return sa.select(budget.c.tenant, budget.c.resource, budget.c.amount,
+                     budget.c.window_length, budget.c.reserved, budget.c.accrued,
+                     spent.label("spent"))
+
+
+def budgets_from_rows(rows: Iterable[Any]) -> Budgets:
+    return Budgets({
+        (row[0], row[1]): BudgetState(int(row[2]), int(row[3]), int(row[4]), float(row[6]),
+                                      float(row[5]))
+        for row in rows
+    })
+
+
+def read_budgets(connection: sa.Connection, now: float) -> Budgets:
+    return budgets_from_rows(connection.execute(budget_query(), {"now": now}))
+
+
+@lru_cache(maxsize=2)
+def _charge_statement(strict: bool) -> sa.Update:
+    """Reserve ``n`` on one budget row if it fits.
+
+    ``spent - seen`` is the window's usage as read, minus ``accrued`` as read;
+    adding the live ``accrued`` counts every release committed since (time
+    passing only drops buckets, so the sum can over-count, never under-count).
+    ``strict``: a request without a max-runtime reserves nothing and needs
+    something left (docs/decisions/711).
+    """
+    budget = schema.tenant_budget
+    used = (budget.c.reserved + sa.bindparam("n", type_=sa.BigInteger)
+            + sa.bindparam("spent_less_seen", type_=sa.Double) + budget.c.accrued)
+    condition = used < budget.c.amount if strict else used <= budget.c.amount
+    return (
+        budget.update()
+        .where(budget.c.tenant == sa.bindparam("t"), budget.c.resource == sa.bindparam("r"),
+               condition)
+        .values(reserved=budget.c.reserved + sa.bindparam("n", type_=sa.BigInteger))
+    )
+
+
+def charge(transaction: DriverTransaction, placements: Iterable[Placement],
+           budgets: Budgets) -> bool:
+    """Reserve the budgets of admitted work; False if one no longer fits (roll back)."""
+    amounts: dict[tuple[str, str], int] = defaultdict(int)
+    for placement in placements:
+        if placement.tenant not in budgets.tenants:
+            continue
+        needs = reservation(placement.cost, placement.runtime)
+        for resource in placement.cost:
+            if (placement.tenant, resource) in budgets.states:
+                amounts[placement.tenant, resource] += needs.get(resource, 0)
+    for (tenant, resource), amount in sorted(amounts.items()):
+        state = budgets.states[tenant, resource]
+        count = transaction.rowcount(_charge_statement(amount == 0), {
+            "t": tenant, "r": resource, "n": amount,
+            "spent_less_seen": state.spent - state.accrued})
+        if count != 1:
+            return False
+    return True
+
+
+def accrue(connection: sa.Connection, rows: Iterable[Mapping[str, Any]], now: float) -> None:
+    """Released requests' usage into their tenants' budgets, in the release's transaction.
+
+    ``rows``: the locked request rows whose cost came back (tenant, cost,
+    admitted, reserved_runtime). Usage is cost * (now - admitted), split into
+    hour buckets; the reservation made at admission is taken back.
+    """
+    by_tenant: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_tenant[row["tenant"]].append(row)
+    if not by_tenant:
+        return
+    budget, usage = schema.tenant_budget, schema.budget_usage
+    budgeted = connection.execute(
+        sa.select(budget.c.tenant, budget.c.resource)
+        .where(budget.c.tenant.in_(sorted(by_tenant)))
+        .order_by(budget.c.tenant, budget.c.resource)
+        .with_for_update()
+    ).all()
+    for tenant, resource in budgeted:
+        accrued = 0.0
+        returned = 0
+        spent: dict[int, float] = defaultdict(float)
+        for row in by_tenant[tenant]:
+            amount = decode_cost(row["cost"]).get(resource, 0)
+            if not amount:
+                continue
+            returned += amount * (row["reserved_runtime"] or 0)
+            if row["admitted"] is None:
+                continue  # admitted before budgets existed: nothing known to accrue
+            for bucket, seconds in buckets(row["admitted"], now):
+                spent[bucket] += amount * seconds
+                accrued += amount * seconds
+        if not returned and not accrued:
+            continue
+        connection.execute(
+            budget.update()
+            .where(budget.c.tenant == tenant, budget.c.resource == resource)
+            .values(reserved=sa.case((budget.c.reserved >= returned,
+                                      budget.c.reserved - returned), else_=0),
+                    accrued=budget.c.accrued + accrued))
+        # Under the budget row's lock: no other transaction writes these buckets.
+        for bucket, held in sorted(spent.items()):
+            where = (usage.c.tenant == tenant, usage.c.resource == resource,
+                     usage.c.bucket == bucket)
+            if connection.execute(usage.update().where(*where)
+                                  .values(amount=usage.c.amount + held)).rowcount == 0:
+                connection.execute(usage.insert().values(tenant=tenant, resource=resource,
+                                                         bucket=bucket, amount=held))
+
+
+def _running(connection: sa.Connection, tenant: str | None, *, lock: bool = False) -> list[Any]:
+    request = schema.request
+    query = (sa.select(request.c.id, request.c.tenant, request.c.cost, request.c.admitted,
+                       request.c.reserved_runtime)
+             .where(request.c.state.in_(_CHARGED)).order_by(request.c.id))
+    if tenant is not None:
+        query = query.where(request.c.tenant == tenant)
+    if lock:
+        query = query.with_for_update()
+    return list(connection.execute(query))
+
+
+def _reserved_by(running: Iterable[Any]) -> dict[tuple[str, str], int]:
+    reserved: dict[tuple[str, str], int] = defaultdict(int)
+    for row in running:
+        for resource, amount in reservation(decode_cost(row.cost), row.reserved_runtime).items():
+            reserved[row.tenant, resource] += amount
+    return reserved
+
+
+def apply(connection: sa.Connection, tenant: str, change: BudgetChange) -> None:
+    """Set or remove budgets of ``tenant`` (its tenant row locked by the caller).
+
+    The running requests are locked first (the order release takes), so none
+    is released between the recount of ``reserved`` and the write of it.
+    """
+    if not change.keep_default:
+        connection.execute(schema.tenant.update().where(schema.tenant.c.name == tenant)
+                           .values(default_max_runtime=change.default_max_runtime))
+    budget, usage = schema.tenant_budget, schema.budget_usage
+    if change.clear:
+        connection.execute(budget.delete().where(budget.c.tenant == tenant))
+        connection.execute(usage.delete().where(usage.c.tenant == tenant))
+    if not change.limits:
+        return
+    reserved = _reserved_by(_running(connection, tenant, lock=True))
+    existing = set(connection.execute(
+        sa.select(budget.c.resource).where(budget.c.tenant == tenant)
+        .order_by(budget.c.resource).with_for_update()).scalars())
+    for resource, limit in sorted(change.limits.items()):
+        if limit is None:
+            connection.execute(budget.delete().where(budget.c.tenant == tenant,
+                                                     budget.c.resource == resource))
+            connection.execute(usage.delete().where(usage.c.tenant == tenant,
+                                                    usage.c.resource == resource))
+            continue
+        values = {"amount": limit.amount, "window_length": limit.window,
+                  "reserved": reserved.get((tenant, resource), 0)}
+        if resource in existing:
+            connection.execute(budget.update().where(budget.c.tenant == tenant,
+                                                     budget.c.resource == resource)
+                               .values(values))
+        else:
+            connection.execute(budget.insert().values(tenant=tenant, resource=resource,
+                                                      accrued=0.0, **values))
+
+
+def _hours(seconds: float) -> float:
+    return round(seconds / 3600, 3)
+
+
+def describe(connection: sa.Connection, tenant: str, now: float) -> dict[str, Any]:
+    """``tenant show``'s budgets: per resource spent, reserved, left (resource-hours) and
+    when the window next frees usage (``frees_at``, epoch seconds; None: nothing spent)."""
+    budget, usage = schema.tenant_budget, schema.budget_usage
+    rows = connection.execute(
+        sa.select(budget).where(budget.c.tenant == tenant).order_by(budget.c.resource)
+    ).mappings().all()
+    default = connection.execute(sa.select(schema.tenant.c.default_max_runtime)
+                                 .where(schema.tenant.c.name == tenant)).scalar()
+    described: dict[str, Any] = {"default_max_runtime": default, "budget": {}}
+    if not rows:
+        return described
+    running = _running(connection, tenant)
+    for row in rows:
+        resource, window = row["resource"], int(row["window_length"])
+        first = window_start(now, window)
+        closed = connection.execute(
+            sa.select(usage.c.bucket, usage.c.amount)
+            .where(usage.c.tenant == tenant, usage.c.resource == resource,
+                   usage.c.bucket >= first)
+            .order_by(usage.c.bucket)).all()
+        spent = sum(float(amount) for _bucket, amount in closed)
+        ahead = 0.0
+        oldest = closed[0][0] if closed else None
+        for request in running:
+            amount = decode_cost(request.cost).get(resource, 0)
+            if not amount or request.admitted is None:
+                continue
+            start = max(float(request.admitted), now - window)
+            spent += amount * max(0.0, now - start)
+            if request.reserved_runtime:
+                ahead += amount * max(0.0, float(request.admitted) + request.reserved_runtime
+                                      - now)
+            began = int(float(request.admitted) // BUCKET) * BUCKET
+            oldest = began if oldest is None else min(oldest, max(began, first))
+        described["budget"][resource] = {
+            "limit": f"{format_duration(row['amount'])}/{format_duration(window)}",
+            "amount_hours": _hours(row["amount"]),
+            "spent_hours": _hours(spent),
+            "reserved_ahead_hours": _hours(ahead),
+            "left_hours": _hours(max(0.0, row["amount"] - spent - ahead)),
+            # The oldest usage counted leaves the window a window after its hour ends.
+            "frees_at": None if oldest is None else float(oldest + BUCKET + window),
+        }
+    return described
+
+
+def check(connection: sa.Connection) -> list[str]:
+    """Budget rows against the requests and buckets: reserved and accrued recounted."""
+    budget, usage = schema.tenant_budget, schema.budget_usage
+    rows = connection.execute(sa.select(budget.c.tenant, budget.c.resource, budget.c.reserved,
+                                        budget.c.accrued)).all()
+    if not rows:
+        return []
+    reserved = _reserved_by(_running(connection, None))
+    totals = {(tenant, resource): float(total) for tenant, resource, total in connection.execute(
+        sa.select(usage.c.tenant, usage.c.resource, sa.func.sum(usage.c.amount))
+        .group_by(usage.c.tenant, usage.c.resource))}
+    violations = []
+    for tenant, resource, held, accrued in sorted(rows):
+        expected = reserved.get((tenant, resource), 0)
+        if int(held) != expected:
+            violations.append(f"budget {tenant} {resource}: reserved {held} but running work "
+                              f"reserves {expected}")
+        total = totals.get((tenant, resource), 0.0)
+        if abs(float(accrued) - total) > 1e-6 * max(1.0, total):
+            violations.append(f"budget {tenant} {resource}: accrued {accrued} but its usage "
+                              f"buckets hold {total}")
+    return violations
