@@ -14,6 +14,7 @@ from quotagate.auth.tokens import CreatedToken, TokenInfo, TokenStore
 from quotagate.delivery.cleanup import remove_run_directories
 from quotagate.delivery.registry import TargetConfig, TargetStore
 from quotagate.domain.bucket import BucketConfig, config_from_mapping, parse_rate
+from quotagate.domain.budget import parse_duration
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.lease import Lease
 from quotagate.domain.model import (
@@ -214,6 +215,17 @@ class Quotagate:
     ) -> dict[str, Any]:
         """Create a cohort, or move it under ``parent`` (None: make it a root)."""
         return self.config.set_cohort(name, parent=parent, actor=actor)
+
+    def set_fair_share(self, *, half_life: object, actor: str = "admin") -> dict[str, Any]:
+        """Set the ledger's fair-share half-life (``"1h"``, seconds; None: current use only),
+        docs/fair-sharing.md#half-life."""
+        return self.config.set_fair_share(
+            None if half_life is None else parse_duration(half_life, what="half_life"),
+            actor=actor)
+
+    def fair_share(self) -> dict[str, Any]:
+        """The fair-share settings: ``{"half_life": seconds or None}``."""
+        return self.config.fair_share()
 
     def set_pool(self, name: str, capacity: Mapping[str, object], *, actor: str = "admin") -> dict[str, dict[str, int]]:
         return self.config.set_pool(name, capacity, actor=actor)

@@ -82,6 +82,7 @@ def _before(
     sharing: Sharing,
     weights: Mapping[str, int] | None,
     budgets: Budgets,
+    history: Mapping[str, float] | None = None,
 ) -> tuple[dict[str, dict[str, tuple[int, int]]], dict[str, dict[str, tuple[int, int]]], Sharing]:
     """The usage left when the request's turn comes, placing what comes before it
     exactly as admission's planner would (fair share between tenants with ``weights``);
@@ -92,7 +93,7 @@ def _before(
     candidates = list(queue)
     for placement in plan_admissions(candidates, tenant_usage, pool_usage, len(candidates),
                                      left, weights, stop_before=request.id,
-                                     budgets=budgets or None):
+                                     budgets=budgets or None, history=history):
         budgets.charge(placement.tenant, placement.cost, placement.runtime)
         if left.is_member(placement.tenant):
             left.charge(placement.tenant, placement.cost, tenant_usage[placement.tenant])
@@ -135,6 +136,7 @@ def judge(
     rate_tokens: float | None = None,
     max_priority: tuple[int, int] | None = None,
     budgets: Budgets | None = None,
+    history: Mapping[str, float] | None = None,
 ) -> Verdict:
     """The verdict for ``request``, a candidate among ``queue`` (heads in queue order).
 
@@ -143,7 +145,7 @@ def judge(
     ``max_priority``: (the request's priority, the tenant's maximum) when above it.
     ``budgets``: the snapshot's budgets; a request whose reservation does not fit
     what its budget has left is ``budget_exhausted`` (needed, available:
-    resource-hours).
+    resource-hours). ``history``: tenants' decayed past shares (a half-life).
     """
     reasons: list[Reason] = []
     if max_priority is not None:
@@ -152,7 +154,7 @@ def judge(
         reasons.append(Reason(RATE_LIMITED, "tokens", 1, round(max(rate_tokens, 0.0), 3)))
     budgets_left = budgets.copy() if budgets else Budgets()
     tenant_usage, pool_usage, left = _before(request, queue, tenants, pools, sharing, weights,
-                                             budgets_left)
+                                             budgets_left, history)
     # Budgets in resource-hours, as they are set (gpu=100h/30d).
     reasons += [Reason(BUDGET_EXHAUSTED, block.resource, round(block.needed / 3600, 3),
                        round(block.available / 3600, 3))

@@ -80,6 +80,7 @@ def plan_admissions(
     *,
     stop_before: str | None = None,
     budgets: Budgets | None = None,
+    history: Mapping[str, float] | None = None,
 ) -> list[Placement]:
     """Walk candidates and place each that fits, up to ``limit``.
 
@@ -95,6 +96,7 @@ def plan_admissions(
     ``stop_before``: stop when that candidate's turn comes (the dry run: what is
     placed before it). ``budgets``: a budgeted tenant's request must also fit
     what its budget has left (quotagate.domain.budget); not changed either.
+    ``history``: tenants' decayed past shares, blended into the fair order.
     """
     sharing = sharing.copy() if sharing else None
     budgets = budgets.copy() if budgets else None
@@ -104,7 +106,7 @@ def plan_admissions(
     order: Iterator[Candidate]
     fair: FairOrder[Candidate] | None = None
     if weights is not None:
-        fair = FairOrder(candidates, tenant_usage, weights)
+        fair = FairOrder(candidates, tenant_usage, weights, history)
         order = iter(fair)
     else:
         order = iter(candidates)

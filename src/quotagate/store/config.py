@@ -13,7 +13,7 @@ from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import validate_amounts, validate_name
 from quotagate.domain.sharing import KEEP, Keep, TenantSharing
 from quotagate.errors import Conflict, NotFound
-from quotagate.store import budgets, cohorts, schema
+from quotagate.store import budgets, cohorts, fair_history, schema
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.budgets import BudgetChange
 from quotagate.store.dialect import reading, run_transaction
@@ -71,6 +71,22 @@ class Configuration:
     def get_cohort(self, name: str) -> dict[str, Any]:
         with reading(self.engine) as connection:
             return cohorts.describe_cohort(connection, name)
+
+    def set_fair_share(self, half_life: int | None, *, actor: str = "admin") -> dict[str, Any]:
+        """Set or remove the ledger-wide fair-share half-life (docs/decisions/712)."""
+
+        def work(connection: sa.Connection) -> dict[str, Any]:
+            fair_history.set_half_life(connection, half_life)
+            record(connection, self.clock.now(), AuditEntry(
+                actor, "fair_share.set", "ok", None, "fair-share",
+                f"half_life={'none' if half_life is None else half_life}"))
+            return {"half_life": half_life}
+
+        return run_transaction(self.engine, work)
+
+    def fair_share(self) -> dict[str, Any]:
+        with reading(self.engine) as connection:
+            return {"half_life": fair_history.half_life(connection)}
 
     def set_pool(
         self, name: str, capacity: Mapping[str, object], *, actor: str = "admin"

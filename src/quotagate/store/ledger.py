@@ -35,7 +35,15 @@ from quotagate.domain.preemption import Preemption, choose_preemption
 from quotagate.domain.rate_refusal import rate_limited
 from quotagate.domain.sharing import Sharing
 from quotagate.errors import Conflict, InvalidInput, QuotagateError
-from quotagate.store import admission_stats, budgets, cohorts, identity, schema, statements
+from quotagate.store import (
+    admission_stats,
+    budgets,
+    cohorts,
+    fair_history,
+    identity,
+    schema,
+    statements,
+)
 from quotagate.store import preemption as preemption_reads
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
@@ -432,7 +440,7 @@ class Ledger:
             plan = plan_admissions(
                 [c for c in candidates if c.id not in skipped] if skipped else candidates,
                 tenants, pools, limit, sharing, snapshot.weights,
-                budgets=snapshot.budgets or None,
+                budgets=snapshot.budgets or None, history=fair_history.history(snapshot, now),
             )
             if not plan:
                 return []

@@ -84,6 +84,10 @@ tenant_quota = sa.Table(
     # read it from the very row they charge, so a concurrent move in the tree (which
     # rewrites these rows) cannot slip between reading the root and charging its room.
     sa.Column("cohort_root", NAME, nullable=True),
+    # With a fair-share half-life (docs/decisions/712): the tenant's past use of the
+    # resource, resource-seconds decayed to ``decayed_at``; raised at every release.
+    sa.Column("decayed", sa.Double, nullable=False, server_default="0"),
+    sa.Column("decayed_at", TIME, nullable=True),
 )
 
 # A tenant's budget per resource (docs/decisions/710): ``amount`` resource-seconds

@@ -16,7 +16,7 @@ from quotagate.domain.ordering import effective_priority, queue_key
 from quotagate.domain.placement import Candidate, total_cost
 from quotagate.domain.preemption import choose_preemption
 from quotagate.errors import Conflict, NotFound
-from quotagate.store import budgets, cohorts, schema, statements
+from quotagate.store import budgets, cohorts, fair_history, schema, statements
 from quotagate.store.dialect import reading
 from quotagate.store.preemption import running_work
 from quotagate.store.rows import all_usage, decode_cost, request_from_row
@@ -325,7 +325,8 @@ class LedgerViews:
                      tenants=snapshot.tenants, pools=snapshot.pools, sharing=snapshot.sharing,
                      weights=snapshot.weights, tenant_position=tenant_position,
                      admission_window=self.admission_window, rate_tokens=rate_tokens,
-                     max_priority=max_priority, budgets=snapshot.budgets)
+                     max_priority=max_priority, budgets=snapshot.budgets,
+                     history=fair_history.history(snapshot, self.clock.now()))
 
     def simulate(
         self, submission: Submission, *, rate_tokens: float | None = None,

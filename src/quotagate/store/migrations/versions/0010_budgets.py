@@ -1,4 +1,4 @@
-"""budgets: resource-hours per rolling window, max-runtime, admission time
+"""budgets: resource-hours per rolling window, max-runtime, admission time; decayed past use
 
 Revision ID: 0010
 Revises: 0009
@@ -38,6 +38,9 @@ def upgrade() -> None:
     )
     with op.batch_alter_table('qg_tenant', schema=None) as batch_op:
         batch_op.add_column(sa.Column('default_max_runtime', sa.BigInteger(), nullable=True))
+    with op.batch_alter_table('qg_tenant_quota', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('decayed', sa.Double(), server_default='0', nullable=False))
+        batch_op.add_column(sa.Column('decayed_at', sa.Double(), nullable=True))
     with op.batch_alter_table('qg_request', schema=None) as batch_op:
         batch_op.add_column(sa.Column('max_runtime', sa.BigInteger(), nullable=True))
         batch_op.add_column(sa.Column('reserved_runtime', sa.BigInteger(), nullable=True))
@@ -49,6 +52,9 @@ def downgrade() -> None:
         batch_op.drop_column('admitted')
         batch_op.drop_column('reserved_runtime')
         batch_op.drop_column('max_runtime')
+    with op.batch_alter_table('qg_tenant_quota', schema=None) as batch_op:
+        batch_op.drop_column('decayed_at')
+        batch_op.drop_column('decayed')
     with op.batch_alter_table('qg_tenant', schema=None) as batch_op:
         batch_op.drop_column('default_max_runtime')
     op.drop_table('qg_budget_usage')
