@@ -229,3 +229,16 @@ def test_a_sigkilled_admitter_loses_no_accrual(db_url: str) -> None:
         gate.complete("job")
         assert _budget(gate)["spent_hours"] == 4.5  # 3 gpu x 1.5 h
         assert gate.check_invariants() == []
+
+
+def test_no_work_is_preempted_for_a_request_its_budget_keeps_waiting(gate: Quotagate) -> None:
+    gate.set_pool("pool-1", {"gpu": 1})
+    gate.set_tenant("team-a", {"gpu": 1}, within_tenant="lower-priority",
+                    budget={"gpu": "2h/1d"})
+    gate.submit("low", "team-a", {"gpu": 1}, max_runtime="1h")
+    gate.admit()
+    gate.submit("high", "team-a", {"gpu": 1}, priority=5, max_runtime="3h")  # over the budget
+    assert gate.admit() == []
+    assert gate.show("low").state.value == "reserved"
+    assert gate.simulate("team-a", {"gpu": 1}, priority=5, max_runtime="3h")[
+        "reasons"][0]["code"] == "budget_exhausted"

@@ -343,8 +343,15 @@ class Ledger:
         priorities = {row.id: int(row.priority) for row in connection.execute(
             sa.select(request.c.id, request.c.priority)
             .where(request.c.id.in_([head.id for head in heads])))}
+        candidates = [Candidate(head.id, head.tenant, dict(_cost_items(head.cost)),
+                                head.reserved_runtime) for head in heads]
+        if snapshot.budgeted:
+            # Never stop work for a request its budget keeps waiting anyway.
+            budget = budgets.read_budgets(connection, self.clock.now())
+            candidates = [candidate for candidate in candidates
+                          if budget.fits(candidate.tenant, candidate.cost, candidate.runtime)]
         chosen = choose_preemption(
-            [Candidate(head.id, head.tenant, dict(_cost_items(head.cost))) for head in heads],
+            candidates,
             priorities, tenants=snapshot.tenants, pools=snapshot.pools,
             sharing=snapshot.sharing, policies=policies, running=running)
         if chosen is None:
