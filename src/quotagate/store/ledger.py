@@ -6,7 +6,8 @@ database decides. A stale snapshot makes a conditional UPDATE miss, which rolls
 the whole transaction back and runs it again on fresh numbers.
 
 Lock order, to keep concurrent transactions from deadlocking: request rows,
-then tenant quota rows (by tenant, resource), then pool rows (by pool, resource).
+then tenant quota rows (by tenant, resource), then pool rows (by pool, resource),
+then budget rows (quotagate.store.budgets).
 """
 
 from __future__ import annotations
