@@ -53,8 +53,8 @@ def test_held_time_is_split_over_the_hours_it_covers() -> None:
 
 def test_a_reservation_fits_what_is_left_or_the_request_is_blocked() -> None:
     budgets = Budgets({("team-a", "gpu"): BudgetState(amount=36000, window=86400,
-                                                      reserved=14400, spent=7200.0,
-                                                      accrued=7200.0)})
+                                                      reserved=14400, spent=7200,
+                                                      accrued=7200)})
     assert reservation({"gpu": 2, "cpu": 1}, 3600) == {"gpu": 7200, "cpu": 3600}
     assert budgets.fits("team-a", {"gpu": 2}, 7200)  # 14400 of 14400 left
     assert not budgets.fits("team-a", {"gpu": 2}, 7201)
@@ -70,7 +70,7 @@ def test_a_reservation_fits_what_is_left_or_the_request_is_blocked() -> None:
 
 
 def test_without_a_max_runtime_something_must_be_left() -> None:
-    full = Budgets({("team-a", "gpu"): BudgetState(3600, 86400, 0, 3600.0, 3600.0)})
+    full = Budgets({("team-a", "gpu"): BudgetState(3600, 86400, 0, 3600, 3600)})
     assert not full.fits("team-a", {"gpu": 1}, None)
     assert full.blocking("team-a", {"gpu": 1}, None)[0].needed == 0
 

@@ -24,6 +24,8 @@ Cost = Mapping[str, int]
 
 # The width of a usage bucket, seconds (docs/decisions/710).
 BUCKET = 3600
+# What a request without a max-runtime needs left: one resource-second.
+SOMETHING_LEFT = 1
 # The longest max-runtime accepted: a year.
 MAX_RUNTIME = 366 * 86400
 # The longest budget window: 10,000 hours (416 days).
@@ -91,7 +93,11 @@ def format_duration(seconds: float) -> str:
 
 
 def buckets(start: float, end: float) -> Iterator[tuple[int, float]]:
-    """The hour buckets ``[start, end)`` overlaps, with the seconds it spends in each."""
+    """The hour buckets ``[start, end)`` overlaps, with the seconds it spends in each.
+
+    Released usage is stored per bucket as ``ceil(cost * seconds)``: whole
+    resource-seconds, rounded up (at most one per bucket more than held).
+    """
     if end <= start:
         return
     bucket = math.floor(start / BUCKET) * BUCKET
@@ -126,19 +132,19 @@ class BudgetState:
     amount: int
     window: int
     reserved: int
-    spent: float
-    accrued: float
+    spent: int
+    accrued: int
 
     @property
-    def left(self) -> float:
+    def left(self) -> int:
         return self.amount - self.spent - self.reserved
 
 
 @dataclass(frozen=True)
 class BudgetBlock:
     resource: str
-    needed: float
-    available: float
+    needed: int
+    available: int
 
 
 class Budgets:
@@ -170,8 +176,9 @@ class Budgets:
                 continue
             needed = needs.get(resource, 0)
             left = state.left
-            if (needed and needed > left) or (not needed and left <= 0):
-                blocks.append(BudgetBlock(resource, needed, max(0.0, round(left, 3))))
+            # The same integer condition the budget row's UPDATE checks (store.budgets).
+            if left < max(needed, SOMETHING_LEFT):
+                blocks.append(BudgetBlock(resource, needed, max(0, left)))
         return blocks
 
     def fits(self, tenant: str, cost: Cost, runtime: int | None) -> bool:

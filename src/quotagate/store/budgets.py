@@ -19,6 +19,7 @@ rooms, pools, budget rows, usage buckets.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ import sqlalchemy as sa
 
 from quotagate.domain.budget import (
     BUCKET,
+    SOMETHING_LEFT,
     BudgetLimit,
     Budgets,
     BudgetState,
@@ -43,6 +45,7 @@ from quotagate.domain.model import CHARGED_STATES, validate_resource
 from quotagate.domain.placement import Placement
 from quotagate.domain.sharing import KEEP
 from quotagate.store import schema
+from quotagate.store.dialect import reserves_with_lock
 from quotagate.store.driver import DriverTransaction
 from quotagate.store.rows import decode_cost
 
@@ -102,7 +105,7 @@ def budget_query() -> sa.Select[Any]:
     """
     budget, usage = schema.tenant_budget, schema.budget_usage
     spent = (
-        sa.select(sa.func.coalesce(sa.func.sum(usage.c.amount), 0.0))
+        sa.select(sa.func.coalesce(sa.func.sum(usage.c.amount), 0))
         .where(usage.c.tenant == budget.c.tenant, usage.c.resource == budget.c.resource,
                usage.c.bucket > sa.bindparam("now", type_=sa.Double)
                - budget.c.window_length - BUCKET)
@@ -115,8 +118,8 @@ def budget_query() -> sa.Select[Any]:
 
 def budgets_from_rows(rows: Iterable[Any]) -> Budgets:
     return Budgets({
-        (row[0], row[1]): BudgetState(int(row[2]), int(row[3]), int(row[4]), float(row[6]),
-                                      float(row[5]))
+        (row[0], row[1]): BudgetState(int(row[2]), int(row[3]), int(row[4]), int(row[6]),
+                                      int(row[5]))
         for row in rows
     })
 
@@ -125,26 +128,38 @@ def read_budgets(connection: sa.Connection, now: float) -> Budgets:
     return budgets_from_rows(connection.execute(budget_query(), {"now": now}))
 
 
-@lru_cache(maxsize=2)
-def _charge_statement(strict: bool) -> sa.Update:
-    """Reserve ``n`` on one budget row if it fits.
+@lru_cache(maxsize=64)
+def _charge_statement(count: int, *, lock_in_order: bool) -> sa.Update:
+    """Reserve ``n_i`` on ``count`` budget rows (``t_i``, ``r_i``) in one UPDATE, each
+    only where it fits; the caller checks that ``count`` rows changed.
 
-    ``spent - seen`` is the window's usage as read, minus ``accrued`` as read;
-    adding the live ``accrued`` counts every release committed since (time
-    passing only drops buckets, so the sum can over-count, never under-count).
-    ``strict``: a request without a max-runtime reserves nothing and needs
-    something left (docs/decisions/711).
+    ``s_i`` is the window's usage as read, minus ``accrued`` as read (plus
+    one resource-second for a request without a max-runtime, which needs
+    something left: ``Budgets.blocking``'s condition exactly): adding the live
+    ``accrued`` counts every release committed since, exactly (time passing
+    only drops buckets, so the sum can over-count, never under-count). With
+    ``lock_in_order`` (PostgreSQL) the rows are locked in key order first, as
+    :func:`quotagate.store.statements.charge_statement` does.
     """
     budget = schema.tenant_budget
-    used = (budget.c.reserved + sa.bindparam("n", type_=sa.BigInteger)
-            + sa.bindparam("spent_less_seen", type_=sa.Double) + budget.c.accrued)
-    condition = used < budget.c.amount if strict else used <= budget.c.amount
-    return (
-        budget.update()
-        .where(budget.c.tenant == sa.bindparam("t"), budget.c.resource == sa.bindparam("r"),
-               condition)
-        .values(reserved=budget.c.reserved + sa.bindparam("n", type_=sa.BigInteger))
-    )
+    rows = [sa.and_(budget.c.tenant == sa.bindparam(f"t_{i}"),
+                    budget.c.resource == sa.bindparam(f"r_{i}")) for i in range(count)]
+    amount = sa.case(*((row, sa.bindparam(f"n_{i}", type_=sa.BigInteger))
+                       for i, row in enumerate(rows)))
+    slack = sa.case(*((row, sa.bindparam(f"s_{i}", type_=sa.BigInteger))
+                      for i, row in enumerate(rows)))
+    statement = budget.update().where(
+        budget.c.reserved + amount + slack + budget.c.accrued <= budget.c.amount)
+    if lock_in_order:
+        locked = (
+            sa.select(budget.c.tenant.label("tenant"), budget.c.resource.label("resource"))
+            .where(sa.or_(*rows)).order_by(budget.c.tenant, budget.c.resource)
+            .with_for_update().subquery("locked"))
+        statement = statement.where(budget.c.tenant == locked.c.tenant,
+                                    budget.c.resource == locked.c.resource)
+    else:
+        statement = statement.where(sa.or_(*rows))
+    return statement.values(reserved=budget.c.reserved + amount)
 
 
 def charge(transaction: DriverTransaction, placements: Iterable[Placement],
@@ -158,14 +173,16 @@ def charge(transaction: DriverTransaction, placements: Iterable[Placement],
         for resource in placement.cost:
             if (placement.tenant, resource) in budgets.states:
                 amounts[placement.tenant, resource] += needs.get(resource, 0)
-    for (tenant, resource), amount in sorted(amounts.items()):
+    if not amounts:
+        return True
+    parameters: dict[str, Any] = {}
+    for index, ((tenant, resource), amount) in enumerate(sorted(amounts.items())):
         state = budgets.states[tenant, resource]
-        count = transaction.rowcount(_charge_statement(amount == 0), {
-            "t": tenant, "r": resource, "n": amount,
-            "spent_less_seen": state.spent - state.accrued})
-        if count != 1:
-            return False
-    return True
+        parameters.update({f"t_{index}": tenant, f"r_{index}": resource, f"n_{index}": amount,
+                           f"s_{index}": state.spent - state.accrued
+                           + (0 if amount else SOMETHING_LEFT)})
+    statement = _charge_statement(len(amounts), lock_in_order=reserves_with_lock(transaction))
+    return transaction.rowcount(statement, parameters) == len(amounts)
 
 
 def accrue(connection: sa.Connection, rows: Iterable[Mapping[str, Any]], now: float) -> None:
@@ -181,16 +198,16 @@ def accrue(connection: sa.Connection, rows: Iterable[Mapping[str, Any]], now: fl
     if not by_tenant:
         return
     budget, usage = schema.tenant_budget, schema.budget_usage
+    # No lock here: the UPDATE below takes the row's, and an admin change of the
+    # tenant's budgets first locks its running requests, which this release holds.
     budgeted = connection.execute(
         sa.select(budget.c.tenant, budget.c.resource)
         .where(budget.c.tenant.in_(sorted(by_tenant)))
         .order_by(budget.c.tenant, budget.c.resource)
-        .with_for_update()
     ).all()
     for tenant, resource in budgeted:
-        accrued = 0.0
+        held: dict[int, float] = defaultdict(float)
         returned = 0
-        spent: dict[int, float] = defaultdict(float)
         for row in by_tenant[tenant]:
             amount = decode_cost(row["cost"]).get(resource, 0)
             if not amount:
@@ -199,24 +216,26 @@ def accrue(connection: sa.Connection, rows: Iterable[Mapping[str, Any]], now: fl
             if row["admitted"] is None:
                 continue  # admitted before budgets existed: nothing known to accrue
             for bucket, seconds in buckets(row["admitted"], now):
-                spent[bucket] += amount * seconds
-                accrued += amount * seconds
+                held[bucket] += amount * seconds
+        spent = {bucket: math.ceil(value) for bucket, value in held.items()}
+        accrued = sum(spent.values())
         if not returned and not accrued:
             continue
-        connection.execute(
+        if connection.execute(
             budget.update()
             .where(budget.c.tenant == tenant, budget.c.resource == resource)
             .values(reserved=sa.case((budget.c.reserved >= returned,
                                       budget.c.reserved - returned), else_=0),
-                    accrued=budget.c.accrued + accrued))
+                    accrued=budget.c.accrued + accrued)).rowcount == 0:
+            continue
         # Under the budget row's lock: no other transaction writes these buckets.
-        for bucket, held in sorted(spent.items()):
+        for bucket, used in sorted(spent.items()):
             where = (usage.c.tenant == tenant, usage.c.resource == resource,
                      usage.c.bucket == bucket)
             if connection.execute(usage.update().where(*where)
-                                  .values(amount=usage.c.amount + held)).rowcount == 0:
+                                  .values(amount=usage.c.amount + used)).rowcount == 0:
                 connection.execute(usage.insert().values(tenant=tenant, resource=resource,
-                                                         bucket=bucket, amount=held))
+                                                         bucket=bucket, amount=used))
 
 
 def _running(connection: sa.Connection, tenant: str | None, *, lock: bool = False) -> list[Any]:
@@ -248,13 +267,15 @@ def apply(connection: sa.Connection, tenant: str, change: BudgetChange) -> None:
     if not change.keep_default:
         connection.execute(schema.tenant.update().where(schema.tenant.c.name == tenant)
                            .values(default_max_runtime=change.default_max_runtime))
+    if not change.limits and not change.clear:
+        return
+    # Running requests first (release's lock order): no release of this tenant is
+    # between its accrual and our write, and the recount below is exact.
+    reserved = _reserved_by(_running(connection, tenant, lock=True))
     budget, usage = schema.tenant_budget, schema.budget_usage
     if change.clear:
         connection.execute(budget.delete().where(budget.c.tenant == tenant))
         connection.execute(usage.delete().where(usage.c.tenant == tenant))
-    if not change.limits:
-        return
-    reserved = _reserved_by(_running(connection, tenant, lock=True))
     existing = set(connection.execute(
         sa.select(budget.c.resource).where(budget.c.tenant == tenant)
         .order_by(budget.c.resource).with_for_update()).scalars())
@@ -273,7 +294,7 @@ def apply(connection: sa.Connection, tenant: str, change: BudgetChange) -> None:
                                .values(values))
         else:
             connection.execute(budget.insert().values(tenant=tenant, resource=resource,
-                                                      accrued=0.0, **values))
+                                                      accrued=0, **values))
 
 
 def _hours(seconds: float) -> float:
@@ -335,7 +356,7 @@ def check(connection: sa.Connection) -> list[str]:
     if not rows:
         return []
     reserved = _reserved_by(_running(connection, None))
-    totals = {(tenant, resource): float(total) for tenant, resource, total in connection.execute(
+    totals = {(tenant, resource): int(total) for tenant, resource, total in connection.execute(
         sa.select(usage.c.tenant, usage.c.resource, sa.func.sum(usage.c.amount))
         .group_by(usage.c.tenant, usage.c.resource))}
     violations = []
@@ -344,8 +365,8 @@ def check(connection: sa.Connection) -> list[str]:
         if int(held) != expected:
             violations.append(f"budget {tenant} {resource}: reserved {held} but running work "
                               f"reserves {expected}")
-        total = totals.get((tenant, resource), 0.0)
-        if abs(float(accrued) - total) > 1e-6 * max(1.0, total):
+        total = totals.get((tenant, resource), 0)
+        if int(accrued) != total:
             violations.append(f"budget {tenant} {resource}: accrued {accrued} but its usage "
                               f"buckets hold {total}")
     return violations

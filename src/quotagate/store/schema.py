@@ -102,17 +102,18 @@ tenant_budget = sa.Table(
     sa.Column("amount", sa.BigInteger, nullable=False),
     sa.Column("window_length", sa.BigInteger, nullable=False),
     sa.Column("reserved", sa.BigInteger, nullable=False, server_default="0"),
-    sa.Column("accrued", sa.Double, nullable=False, server_default="0"),
+    sa.Column("accrued", sa.BigInteger, nullable=False, server_default="0"),
 )
 
-# Released work's usage, resource-seconds per hour bucket (``bucket``: its start).
+# Released work's usage, whole resource-seconds (rounded up) per hour bucket
+# (``bucket``: its start). Integers, so admission's check and the database's agree exactly.
 budget_usage = sa.Table(
     "qg_budget_usage",
     metadata,
     sa.Column("tenant", NAME, primary_key=True),
     sa.Column("resource", RESOURCE, primary_key=True),
     sa.Column("bucket", sa.BigInteger, primary_key=True),
-    sa.Column("amount", sa.Double, nullable=False),
+    sa.Column("amount", sa.BigInteger, nullable=False),
 )
 
 pool = sa.Table(

@@ -24,7 +24,7 @@ def upgrade() -> None:
     sa.Column('amount', sa.BigInteger(), nullable=False),
     sa.Column('window_length', sa.BigInteger(), nullable=False),
     sa.Column('reserved', sa.BigInteger(), server_default='0', nullable=False),
-    sa.Column('accrued', sa.Double(), server_default='0', nullable=False),
+    sa.Column('accrued', sa.BigInteger(), server_default='0', nullable=False),
     sa.PrimaryKeyConstraint('tenant', 'resource', name=op.f('pk_qg_tenant_budget')),
     mysql_charset='utf8mb4', mysql_collate='utf8mb4_bin',
     )
@@ -32,7 +32,7 @@ def upgrade() -> None:
     sa.Column('tenant', sa.String(length=63), nullable=False),
     sa.Column('resource', sa.String(length=32), nullable=False),
     sa.Column('bucket', sa.BigInteger(), nullable=False),
-    sa.Column('amount', sa.Double(), nullable=False),
+    sa.Column('amount', sa.BigInteger(), nullable=False),
     sa.PrimaryKeyConstraint('tenant', 'resource', 'bucket', name=op.f('pk_qg_budget_usage')),
     mysql_charset='utf8mb4', mysql_collate='utf8mb4_bin',
     )
