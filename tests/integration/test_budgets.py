@@ -205,6 +205,29 @@ def test_several_admitting_processes_never_overshoot_a_budget(db_url: str) -> No
         assert gate.tenant("team-a")["budget"]["gpu"]["reserved_ahead_hours"] <= 10.0
 
 
+def test_admitters_racing_releasers_keep_the_budget(db_url: str) -> None:
+    """6 processes admit and release at once: what was spent plus what is reserved never
+    passes the budget, and every release's usage is in the buckets."""
+    with Quotagate.connect(db_url) as gate:
+        gate.set_pool("pool-1", {"gpu": 100})
+        gate.set_tenant("team-a", {"gpu": 100}, budget={"gpu": "2h/1d"})
+        for index in range(200):
+            gate.submit(f"a-{index}", "team-a", {"gpu": 1}, max_runtime="30m")
+    admitted = sum(race(budget_workers.admit_and_release, db_url, 15, processes=6))
+    assert admitted > 4  # releases gave reservations back: more than 2h / 30m were admitted
+    budget, usage = schema.tenant_budget, schema.budget_usage
+    with Quotagate.connect(db_url) as gate, gate.engine.connect() as connection:
+        reserved, accrued, amount = connection.execute(
+            sa.select(budget.c.reserved, budget.c.accrued, budget.c.amount)).one()
+        spent = connection.execute(sa.select(sa.func.sum(usage.c.amount))).scalar_one()
+        assert int(spent) == accrued and reserved + accrued <= amount
+        completed = connection.execute(
+            sa.select(sa.func.count()).select_from(schema.request)
+            .where(schema.request.c.state == "completed")).scalar_one()
+        assert completed == admitted
+        assert gate.check_invariants() == []
+
+
 def test_a_sigkilled_admitter_loses_no_accrual(db_url: str) -> None:
     """Accrual runs from the admission time stored with the request: whoever releases it
     later, after the process that admitted it died, accrues the whole time held."""

@@ -28,3 +28,17 @@ def admit_and_die(url: str, admitted: Any) -> None:
         admitted.close()
         admitted.join_thread()  # the answer is out before the process dies
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def admit_and_release(url: str, rounds: int, barrier: Any, results: Any) -> None:
+    """Admit one and complete it at once, ``rounds`` times, racing the other processes:
+    admissions and the releases that accrue usage interleave on the same budget rows."""
+    admitted = 0
+    with Quotagate.connect(url) as gate:
+        gate.engine.connect().close()
+        barrier.wait(timeout=120)
+        for _ in range(rounds):
+            for placement in gate.admit(1):
+                admitted += 1
+                gate.complete(placement.id)
+    results.put(admitted)
