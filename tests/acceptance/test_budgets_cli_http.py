@@ -65,5 +65,8 @@ def test_budgets_over_http(db_url: str, tmp_path: Path) -> None:
         submitted = admin.post("/v1/tenants/team-a/requests",
                                json={"id": "a-1", "cost": {"gpu": 2}, "max_runtime": 7200})
         assert submitted.status_code == 202, submitted.text
+        budgets = admin.get("/v1/usage").json()["budgets"]
+        assert [(row["tenant"], row["resource"], row["limit"]) for row in budgets] == [
+            ("team-a", "gpu", "4h/1d")]
         removed = admin.put("/v1/tenants/team-a", json={"budget": {"gpu": None}})
         assert removed.status_code == 200 and removed.json()["budget"] == {}

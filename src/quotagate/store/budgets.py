@@ -50,7 +50,7 @@ from quotagate.store.driver import DriverTransaction
 from quotagate.store.rows import decode_cost
 
 __all__ = ["BudgetChange", "accrue", "apply", "budget_change", "charge", "check", "describe",
-           "read_budgets"]
+           "describe_all", "read_budgets"]
 
 _CHARGED = [state.value for state in CHARGED_STATES]
 
@@ -346,6 +346,15 @@ def describe(connection: sa.Connection, tenant: str, now: float) -> dict[str, An
             "frees_at": None if oldest is None else float(oldest + BUCKET + window),
         }
     return described
+
+
+def describe_all(connection: sa.Connection, now: float) -> list[dict[str, Any]]:
+    """Every budget as :func:`describe` gives it, one row per (tenant, resource)."""
+    tenants = connection.execute(sa.select(schema.tenant_budget.c.tenant).distinct()
+                                 .order_by(schema.tenant_budget.c.tenant)).scalars().all()
+    return [{"tenant": tenant, "resource": resource, **state}
+            for tenant in tenants
+            for resource, state in describe(connection, tenant, now)["budget"].items()]
 
 
 def check(connection: sa.Connection) -> list[str]:

@@ -93,6 +93,8 @@ class Usage(TypedDict):
     tenants: list[TenantUsage]
     pools: list[PoolUsage]
     cohorts: list[CohortRoom]
+    # Per budgeted tenant and resource: spent, reserved ahead, left, frees_at (store.budgets).
+    budgets: NotRequired[list[dict[str, Any]]]
 
 
 class InspectedRequest(TypedDict):
@@ -168,7 +170,9 @@ class LedgerViews:
 
     def usage(self) -> Usage:
         with reading(self.engine) as connection:
-            return _usage_view(connection)
+            usage = _usage_view(connection)
+            usage["budgets"] = budgets.describe_all(connection, self.clock.now())
+            return usage
 
     def inspect(self, limit: int = 20) -> Inspection:
         """The troubleshooting query: recent requests with their outbox row and binding."""

@@ -84,7 +84,7 @@ def get_pool(pool: str, context: Context, actor: CurrentActor) -> dict[str, Any]
 
 
 @router.get("/usage", summary="Used and cap per tenant and pool resource; nominal, borrowed "
-            "and lent per tenant; the shared room of each cohort")
+            "and lent per tenant; the shared room of each cohort; budgets")
 def get_usage(context: Context, actor: CurrentActor) -> dict[str, list[dict[str, Any]]]:
     authorize(context, actor, None, operations.USAGE_READ)
     usage = context.gate.usage()
@@ -92,5 +92,7 @@ def get_usage(context: Context, actor: CurrentActor) -> dict[str, list[dict[str,
     # cohorts are not its business (its own rows say what it borrows).
     tenants = [row for row in usage["tenants"] if actor.admin or row["tenant"] == actor.tenant]
     cohorts = usage.get("cohorts", []) if actor.admin else []
+    budgets = [row for row in usage.get("budgets", [])
+               if actor.admin or row["tenant"] == actor.tenant]
     return {"tenants": [dict(row) for row in tenants], "pools": [dict(row) for row in usage["pools"]],
-            "cohorts": [dict(row) for row in cohorts]}
+            "cohorts": [dict(row) for row in cohorts], "budgets": budgets}
