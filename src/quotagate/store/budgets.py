@@ -39,7 +39,6 @@ from quotagate.domain.budget import (
     parse_budget,
     parse_duration,
     reservation,
-    window_start,
 )
 from quotagate.domain.model import CHARGED_STATES, validate_resource
 from quotagate.domain.placement import Placement
@@ -49,8 +48,8 @@ from quotagate.store.dialect import reserves_with_lock
 from quotagate.store.driver import DriverTransaction
 from quotagate.store.rows import decode_cost
 
-__all__ = ["BudgetChange", "accrue", "apply", "budget_change", "charge", "check", "describe",
-           "describe_all", "read_budgets"]
+__all__ = ["BudgetChange", "accrue", "apply", "budget_change", "charge", "read_budgets",
+           "reserved_by", "running_requests"]
 
 _CHARGED = [state.value for state in CHARGED_STATES]
 
@@ -238,7 +237,9 @@ def accrue(connection: sa.Connection, rows: Iterable[Mapping[str, Any]], now: fl
                                                          bucket=bucket, amount=used))
 
 
-def _running(connection: sa.Connection, tenant: str | None, *, lock: bool = False) -> list[Any]:
+def running_requests(connection: sa.Connection, tenant: str | None, *,
+                     lock: bool = False) -> list[Any]:
+    """Charged requests (of ``tenant``, or all), with what budgets need of them."""
     request = schema.request
     query = (sa.select(request.c.id, request.c.tenant, request.c.cost, request.c.admitted,
                        request.c.reserved_runtime)
@@ -250,7 +251,8 @@ def _running(connection: sa.Connection, tenant: str | None, *, lock: bool = Fals
     return list(connection.execute(query))
 
 
-def _reserved_by(running: Iterable[Any]) -> dict[tuple[str, str], int]:
+def reserved_by(running: Iterable[Any]) -> dict[tuple[str, str], int]:
+    """What ``running`` requests reserve, per (tenant, resource)."""
     reserved: dict[tuple[str, str], int] = defaultdict(int)
     for row in running:
         for resource, amount in reservation(decode_cost(row.cost), row.reserved_runtime).items():
@@ -271,7 +273,7 @@ def apply(connection: sa.Connection, tenant: str, change: BudgetChange) -> None:
         return
     # Running requests first (release's lock order): no release of this tenant is
     # between its accrual and our write, and the recount below is exact.
-    reserved = _reserved_by(_running(connection, tenant, lock=True))
+    reserved = reserved_by(running_requests(connection, tenant, lock=True))
     budget, usage = schema.tenant_budget, schema.budget_usage
     if change.clear:
         connection.execute(budget.delete().where(budget.c.tenant == tenant))
@@ -295,87 +297,3 @@ def apply(connection: sa.Connection, tenant: str, change: BudgetChange) -> None:
         else:
             connection.execute(budget.insert().values(tenant=tenant, resource=resource,
                                                       accrued=0, **values))
-
-
-def _hours(seconds: float) -> float:
-    return round(seconds / 3600, 3)
-
-
-def describe(connection: sa.Connection, tenant: str, now: float) -> dict[str, Any]:
-    """``tenant show``'s budgets: per resource spent, reserved, left (resource-hours) and
-    when the window next frees usage (``frees_at``, epoch seconds; None: nothing spent)."""
-    budget, usage = schema.tenant_budget, schema.budget_usage
-    rows = connection.execute(
-        sa.select(budget).where(budget.c.tenant == tenant).order_by(budget.c.resource)
-    ).mappings().all()
-    default = connection.execute(sa.select(schema.tenant.c.default_max_runtime)
-                                 .where(schema.tenant.c.name == tenant)).scalar()
-    described: dict[str, Any] = {"default_max_runtime": default, "budget": {}}
-    if not rows:
-        return described
-    running = _running(connection, tenant)
-    for row in rows:
-        resource, window = row["resource"], int(row["window_length"])
-        first = window_start(now, window)
-        closed = connection.execute(
-            sa.select(usage.c.bucket, usage.c.amount)
-            .where(usage.c.tenant == tenant, usage.c.resource == resource,
-                   usage.c.bucket >= first)
-            .order_by(usage.c.bucket)).all()
-        spent = sum(float(amount) for _bucket, amount in closed)
-        ahead = 0.0
-        oldest = closed[0][0] if closed else None
-        for request in running:
-            amount = decode_cost(request.cost).get(resource, 0)
-            if not amount or request.admitted is None:
-                continue
-            start = max(float(request.admitted), now - window)
-            spent += amount * max(0.0, now - start)
-            if request.reserved_runtime:
-                ahead += amount * max(0.0, float(request.admitted) + request.reserved_runtime
-                                      - now)
-            began = int(float(request.admitted) // BUCKET) * BUCKET
-            oldest = began if oldest is None else min(oldest, max(began, first))
-        described["budget"][resource] = {
-            "limit": f"{format_duration(row['amount'])}/{format_duration(window)}",
-            "amount_hours": _hours(row["amount"]),
-            "spent_hours": _hours(spent),
-            "reserved_ahead_hours": _hours(ahead),
-            "left_hours": _hours(max(0.0, row["amount"] - spent - ahead)),
-            # The oldest usage counted leaves the window a window after its hour ends.
-            "frees_at": None if oldest is None else float(oldest + BUCKET + window),
-        }
-    return described
-
-
-def describe_all(connection: sa.Connection, now: float) -> list[dict[str, Any]]:
-    """Every budget as :func:`describe` gives it, one row per (tenant, resource)."""
-    tenants = connection.execute(sa.select(schema.tenant_budget.c.tenant).distinct()
-                                 .order_by(schema.tenant_budget.c.tenant)).scalars().all()
-    return [{"tenant": tenant, "resource": resource, **state}
-            for tenant in tenants
-            for resource, state in describe(connection, tenant, now)["budget"].items()]
-
-
-def check(connection: sa.Connection) -> list[str]:
-    """Budget rows against the requests and buckets: reserved and accrued recounted."""
-    budget, usage = schema.tenant_budget, schema.budget_usage
-    rows = connection.execute(sa.select(budget.c.tenant, budget.c.resource, budget.c.reserved,
-                                        budget.c.accrued)).all()
-    if not rows:
-        return []
-    reserved = _reserved_by(_running(connection, None))
-    totals = {(tenant, resource): int(total) for tenant, resource, total in connection.execute(
-        sa.select(usage.c.tenant, usage.c.resource, sa.func.sum(usage.c.amount))
-        .group_by(usage.c.tenant, usage.c.resource))}
-    violations = []
-    for tenant, resource, held, accrued in sorted(rows):
-        expected = reserved.get((tenant, resource), 0)
-        if int(held) != expected:
-            violations.append(f"budget {tenant} {resource}: reserved {held} but running work "
-                              f"reserves {expected}")
-        total = totals.get((tenant, resource), 0)
-        if int(accrued) != total:
-            violations.append(f"budget {tenant} {resource}: accrued {accrued} but its usage "
-                              f"buckets hold {total}")
-    return violations

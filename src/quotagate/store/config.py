@@ -13,7 +13,7 @@ from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import validate_amounts, validate_name
 from quotagate.domain.sharing import KEEP, Keep, TenantSharing
 from quotagate.errors import Conflict, NotFound
-from quotagate.store import budgets, cohorts, fair_history, schema
+from quotagate.store import budget_views, budgets, cohorts, fair_history, schema
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.budgets import BudgetChange
 from quotagate.store.dialect import reading, run_transaction
@@ -163,7 +163,7 @@ class Configuration:
         described = self._get(schema.tenant, schema.tenant_quota, "tenant", name)
         with reading(self.engine) as connection:
             described.update(cohorts.describe_member(connection, name, described["quota"]))
-            described.update(budgets.describe(connection, name, self.clock.now()))
+            described.update(budget_views.describe(connection, name, self.clock.now()))
         return described
 
     def get_pool(self, name: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from quotagate.domain.ordering import effective_priority, queue_key
 from quotagate.domain.placement import Candidate, total_cost
 from quotagate.domain.preemption import choose_preemption
 from quotagate.errors import Conflict, NotFound
-from quotagate.store import budgets, cohorts, fair_history, schema, statements
+from quotagate.store import budget_views, budgets, cohorts, fair_history, schema, statements
 from quotagate.store.dialect import reading
 from quotagate.store.preemption import running_work
 from quotagate.store.rows import all_usage, decode_cost, request_from_row
@@ -171,7 +171,7 @@ class LedgerViews:
     def usage(self) -> Usage:
         with reading(self.engine) as connection:
             usage = _usage_view(connection)
-            usage["budgets"] = budgets.describe_all(connection, self.clock.now())
+            usage["budgets"] = budget_views.describe_all(connection, self.clock.now())
             return usage
 
     def inspect(self, limit: int = 20) -> Inspection:
@@ -490,5 +490,5 @@ class LedgerViews:
                         over_cap.append(f"{holder} {name} {resource}: used {used} > cap {cap}")
         violations += cohorts.check(connection_rows)
         with reading(self.engine) as connection:
-            violations += budgets.check(connection)
+            violations += budget_views.check(connection)
         return LedgerCheck(violations, over_cap)
