@@ -181,6 +181,7 @@ def test_setting_removing_and_bad_budgets(budgeted: Quotagate, clock: ManualCloc
 def test_a_replay_with_another_max_runtime_conflicts(budgeted: Quotagate) -> None:
     gate = budgeted
     gate.submit("job", "team-a", {"gpu": 1}, max_runtime="1h")
+    assert gate.show("job").max_runtime == 3600
     assert gate.submit("job", "team-a", {"gpu": 1}, max_runtime=3600).created is False
     with pytest.raises(Exception, match="max_runtime"):
         gate.submit("job", "team-a", {"gpu": 1}, max_runtime="2h")

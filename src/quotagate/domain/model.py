@@ -86,6 +86,8 @@ class Request:
     target: str | None = None
     reason: str | None = None
     updated: float | None = None
+    # Seconds, as submitted (docs/fair-sharing.md#budgets); None: none declared.
+    max_runtime: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -100,6 +102,7 @@ class Request:
             "created": self.created,
             "updated": self.updated,
             "reason": self.reason,
+            "max_runtime": self.max_runtime,
         }
 
 
