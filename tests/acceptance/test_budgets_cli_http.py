@@ -70,3 +70,10 @@ def test_budgets_over_http(db_url: str, tmp_path: Path) -> None:
             ("team-a", "gpu", "4h/1d")]
         removed = admin.put("/v1/tenants/team-a", json={"budget": {"gpu": None}})
         assert removed.status_code == 200 and removed.json()["budget"] == {}
+        fair = admin.put("/v1/fair-share", json={"half_life": 3600})
+        assert fair.status_code == 200 and fair.json() == {"half_life": 3600}
+        assert admin.get("/v1/fair-share").json() == {"half_life": 3600}
+        tenant_token = make_token(db_url, tenant="team-a")
+        refused = httpx.put(f"{server.url}/v1/fair-share", json={"half_life": None},
+                            headers=bearer(tenant_token))
+        assert refused.status_code == 403

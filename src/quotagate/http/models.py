@@ -143,6 +143,14 @@ class CohortBody(_Body):
     )
 
 
+class FairShareBody(_Body):
+    half_life: WholeNumber | None = Field(
+        description="Seconds: each tenant's past use, halved every half-life, is blended into "
+        "its fair share; null: current use only (docs/fair-sharing.md#half-life)",
+        examples=[3600], json_schema_extra={"minimum": 1, "maximum": MAX_RUNTIME},
+    )
+
+
 class PoolBody(_Body):
     capacity: dict[StrictStr, WholeNumber] = Field(
         default_factory=dict, description="Capacity per resource, e.g. {\"gpu\": 4}",

@@ -10,7 +10,7 @@ from quotagate.auth import authorizer as operations
 from quotagate.domain.model import validate_name
 from quotagate.domain.sharing import KEEP
 from quotagate.http.context import Context
-from quotagate.http.models import CohortBody, PoolBody, TenantBody
+from quotagate.http.models import CohortBody, FairShareBody, PoolBody, TenantBody
 from quotagate.http.routers.rate import rate_view
 from quotagate.http.security import CurrentActor, authorize
 
@@ -67,6 +67,18 @@ def get_cohort(cohort: str, context: Context, actor: CurrentActor) -> dict[str, 
     authorize(context, actor, None, operations.COHORT_READ)
     validate_name(cohort, "cohort")
     return context.gate.config.get_cohort(cohort)
+
+
+@router.put("/fair-share", summary="Set the ledger's fair-share half-life (admin)")
+def put_fair_share(body: FairShareBody, context: Context, actor: CurrentActor) -> dict[str, Any]:
+    authorize(context, actor, None, operations.FAIR_SHARE_SET)
+    return context.gate.set_fair_share(half_life=body.half_life, actor=actor.name)
+
+
+@router.get("/fair-share", summary="The ledger's fair-share settings (admin)")
+def get_fair_share(context: Context, actor: CurrentActor) -> dict[str, Any]:
+    authorize(context, actor, None, operations.FAIR_SHARE_READ)
+    return context.gate.fair_share()
 
 
 @router.put("/pools/{pool}", summary="Create a pool or change its capacity (admin)")
