@@ -1,8 +1,9 @@
 """A fast local webhook receiver for benchmarks/pipeline.py, run in its own process.
 
 It accepts every delivery (``POST /hooks``: 201, the body echoed back with an
-``id``), notes when each request arrived, and ends the work at once in one of
-three ways:
+``id``; ``POST /hooks/_batch``: the same for each item, docs/delivery.md),
+notes when each request arrived, and ends the work at once in one of three
+ways:
 
 * ``callback``: it calls ``POST …/requests/{id}/complete`` on quotagate with an
   executor token and the delivery's fencing token (accepted even before the
@@ -123,13 +124,12 @@ def build_app(mode: str, quotagate_url: str, executor_token: str) -> Starlette:
         if batch:
             asyncio.get_running_loop().call_later(0.05, lambda: [gather(s) for s in batch])
 
-    async def deliver(request: Request) -> JSONResponse:
-        body = await request.json()
+    def accept(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         name = body["name"]
         arrivals.setdefault(body["request_id"], time.time())
         stored = objects.get(name)
         if stored is not None:
-            return JSONResponse({"error": "exists"}, status_code=409)
+            return 409, {"error": "exists"}
         stored = {**body, "id": uuid.uuid4().hex,
                   "state": "completed" if mode == "read" else "running"}
         objects[name] = stored
@@ -139,7 +139,19 @@ def build_app(mode: str, quotagate_url: str, executor_token: str) -> Starlette:
             task.add_done_callback(pending.discard)
         elif mode == "callback-batch":
             gather(stored)
-        return JSONResponse(stored, status_code=201)
+        return 201, stored
+
+    async def deliver(request: Request) -> JSONResponse:
+        status, answer = accept(await request.json())
+        return JSONResponse(answer, status_code=status)
+
+    async def deliver_many(request: Request) -> JSONResponse:
+        # --batch-deliver: each item answered as its own POST would be.
+        results = []
+        for item in (await request.json())["deliveries"]:
+            status, answer = accept(item)
+            results.append({"status": status, "object": answer})
+        return JSONResponse({"results": results})
 
     async def read(request: Request) -> JSONResponse:
         stored = objects.get(request.path_params["name"])
@@ -165,6 +177,7 @@ def build_app(mode: str, quotagate_url: str, executor_token: str) -> Starlette:
     return Starlette(routes=[
         Route("/hooks", deliver, methods=["POST"]),
         Route("/hooks/_read", read_many, methods=["POST"]),
+        Route("/hooks/_batch", deliver_many, methods=["POST"]),
         Route("/hooks/{name}", read, methods=["GET"]),
         Route("/hooks/{name}", stop, methods=["DELETE"]),
         Route("/arrivals", report, methods=["GET"]),

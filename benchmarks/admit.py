@@ -17,6 +17,8 @@ For each backend, in its own throwaway database:
    4 cohorts of 5 where every admission borrows (each tenant's nominal is 1, one
    lender per cohort holds the room), in the same run: the cost of charging the
    cohort rooms, as a ratio to the plain rate (docs/fair-sharing.md).
+4. (part ``budgets``) the same, once plain and once with a roomy GPU budget per
+   tenant: the cost of reading and charging budget rows, as a ratio.
 
 Throughput runs for a fixed time; every run starts from the same queue (the
 requests are put back to waiting and the usage to zero between runs).
@@ -43,9 +45,11 @@ import _pgbench
 from _databases import BACKENDS, ServerUnavailable, throwaway_database
 from _raw_admission import RawAdmission
 from quotagate.cli.common import render_table
+from quotagate.domain.budget import BudgetLimit
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL, queue_key
 from quotagate.domain.sharing import TenantSharing
 from quotagate.store import schema
+from quotagate.store.budgets import BudgetChange
 from quotagate.store.config import Configuration
 from quotagate.store.engine import create_engine
 from quotagate.store.ledger import Ledger
@@ -172,6 +176,7 @@ def reset(engine: Engine) -> None:
         connection.execute(schema.tenant_quota.update().values(used=0))
         connection.execute(schema.pool_capacity.update().values(used=0))
         connection.execute(schema.cohort_usage.update().values(used=0))
+        connection.execute(schema.tenant_budget.update().values(reserved=0))
         connection.execute(schema.outbox.delete())
         connection.execute(schema.audit.delete())
     analyze(engine)
@@ -404,41 +409,59 @@ def configure_cohorts(engine: Engine) -> None:
         configuration.set_pool(pool, capacity)
 
 
+def configure_budgets(engine: Engine) -> None:
+    """The same 20 tenants, each with a roomy GPU budget: every admission charges a budget
+    row (cost x a one-hour max-runtime) after the pools (docs/decisions/710)."""
+    configure(engine, {tenant: {"gpu": ROOMY, "cpu": ROOMY} for tenant in COHORT_TENANTS})
+    configuration = Configuration(engine)
+    for tenant in COHORT_TENANTS:
+        configuration.set_tenant(tenant, {}, budget=BudgetChange(
+            {"gpu": BudgetLimit(ROOMY * 3600, 30 * 86400)}))
+
+
 def measure_cohorts(
-    backend: str, settings: Settings, pool: WorkerPool, log: Callable[[str], None]
+    backend: str, settings: Settings, pool: WorkerPool, log: Callable[[str], None],
+    scenario: str = "cohorts",
 ) -> list[list[str]]:
-    """Plain against cohort admissions, same tenants and queue, alternating round by round."""
+    """Plain against cohort (or budget) admissions, same tenants and queue, alternating
+    round by round."""
     kinds = {"admit(1)": 1, f"admit({BATCH})": BATCH}
     best: dict[tuple[str, str, int], float] = {}
-    with throwaway_database(backend) as plain_url, throwaway_database(backend) as cohort_url:
-        engines = {"plain": create_engine(plain_url), "cohorts": create_engine(cohort_url)}
-        urls = {"plain": plain_url, "cohorts": cohort_url}
+    with throwaway_database(backend) as plain_url, throwaway_database(backend) as other_url:
+        engines = {"plain": create_engine(plain_url), scenario: create_engine(other_url)}
+        urls = {"plain": plain_url, scenario: other_url}
         try:
             configure(engines["plain"], {tenant: {"gpu": ROOMY, "cpu": ROOMY}
                                          for tenant in COHORT_TENANTS})
-            configure_cohorts(engines["cohorts"])
+            if scenario == "cohorts":
+                configure_cohorts(engines[scenario])
+            else:
+                configure_budgets(engines[scenario])
             for engine in engines.values():
                 bulk_insert(engine, waiting_rows(settings.queue, COHORT_TENANTS, prefix="co",
                                                  start=time.time() - 600, span=300, priority=0))
+            if scenario == "budgets":
+                with engines[scenario].begin() as connection:
+                    connection.execute(schema.request.update().values(reserved_runtime=3600))
             for processes in (1, 4):
                 for _round in range(settings.rounds):
                     for kind, batch in kinds.items():
-                        for scenario, engine in engines.items():
+                        for name, engine in engines.items():
                             reset(engine)
                             rate = pool.throughput(
-                                Run(urls[scenario], False, batch, settings.seconds), processes)
+                                Run(urls[name], False, batch, settings.seconds), processes)
                             check_balanced(engine)
-                            log(f"  {backend}: {scenario} {kind}, {processes} process(es): "
+                            log(f"  {backend}: {name} {kind}, {processes} process(es): "
                                 f"{rate:,.0f}/s")
-                            key = (scenario, kind, processes)
+                            key = (name, kind, processes)
                             best[key] = max(rate, best.get(key, 0.0))
         finally:
             for engine in engines.values():
                 engine.dispose()
     return [
         [backend, kind, str(processes), f"{best['plain', kind, processes]:,.0f}",
-         f"{best['cohorts', kind, processes]:,.0f}",
-         _ratio(best["cohorts", kind, processes], best["plain", kind, processes])]
+         f"{best[scenario, kind, processes]:,.0f}",
+         _ratio(best[scenario, kind, processes], best["plain", kind, processes])]
         for kind in kinds for processes in (1, 4)
     ]
 
@@ -676,8 +699,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--slices", default="1",
                         help="comma-separated capacity slices per pool, one drain each "
                              "(default 1; e.g. 1,4)")
-    parser.add_argument("--parts", default="throughput,drain,latency,cohorts",
-                        help="comma-separated: throughput,drain,latency,cohorts (default: all)")
+    parser.add_argument("--parts", default="throughput,drain,latency,cohorts,budgets",
+                        help="comma-separated: throughput,drain,latency,cohorts,budgets "
+                        "(default: all)")
     arguments = parser.parse_args(argv)
     backends = [name.strip() for name in arguments.backends.split(",") if name.strip()]
     unknown = sorted(set(backends) - set(BACKENDS))
@@ -704,6 +728,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     drain_rows: list[list[str]] = []
     latency_rows: list[list[str]] = []
     cohort_rows: list[list[str]] = []
+    budget_rows: list[list[str]] = []
     skipped: list[str] = []
     pool = WorkerPool(4)
     try:
@@ -718,6 +743,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     latency_rows += measure_latency(backend, settings, log)
                 if "cohorts" in parts:
                     cohort_rows += measure_cohorts(backend, settings, pool, log)
+                if "budgets" in parts:
+                    budget_rows += measure_cohorts(backend, settings, pool, log, "budgets")
             except ServerUnavailable as error:
                 log(f"  skipped: {error}")
                 skipped.append(f"{backend} skipped: {error}")
@@ -753,6 +780,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(render_table(
             ["backend", "scenario", "processes", "plain/s", "cohorts/s", "cohorts/plain"],
             cohort_rows,
+        ))
+    if budget_rows:
+        print()
+        print(f"Budgets: the same {len(COHORT_TENANTS)} tenants plain, and each with a GPU "
+              f"budget every admission charges ({settings.queue:,} waiting at start, same run)")
+        print(render_table(
+            ["backend", "scenario", "processes", "plain/s", "budgets/s", "budgets/plain"],
+            budget_rows,
         ))
     for line in skipped:
         print(line)

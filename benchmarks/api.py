@@ -16,7 +16,7 @@ its round: on a shared machine the load moves during a run. About a minute
 with the defaults.
 
     .venv/bin/python benchmarks/api.py [--backend postgresql] [--requests 600] [--clients 4] \
-        [--servers 1,2] [--no-batch]
+        [--servers 1,2] [--no-batch] [--token-cache S]
 """
 
 from __future__ import annotations
@@ -54,12 +54,12 @@ def _free_port() -> int:
 
 
 @contextmanager
-def serve(db_url: str) -> Iterator[str]:
+def serve(db_url: str, *options: str) -> Iterator[str]:
     port = _free_port()
     environment = {key: value for key, value in os.environ.items() if key != "QUOTAGATE_DB"}
     process = subprocess.Popen(
         [QUOTAGATE, "serve", "--no-workers", "--port", str(port), "--log-level", "warning",
-         "--db", db_url],
+         "--db", db_url, *options],
         env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     url = f"http://127.0.0.1:{port}"
@@ -140,13 +140,15 @@ def _timed(function: Callable[..., tuple[float, float]], jobs: Sequence[tuple[An
 
 
 def run(backend: str, total: int, clients: int, server_counts: Sequence[int] = (1, 2),
-        batch: bool = True, rounds: int = 3) -> list[list[Any]]:
+        batch: bool = True, rounds: int = 3, token_cache: float = 0.0) -> list[list[Any]]:
     """Every path once per round, rounds interleaved, so that a machine whose load
     changes during the run (it is shared) weighs on all paths alike; each path's
     ratio to the Python API is taken within its round, then the median."""
     per_client = total // clients
     count = per_client * clients
     paths = [("python api", "-"), *(("http", n) for n in server_counts)]
+    if token_cache:
+        paths.append((f"http, token cache {token_cache:g} s", 1))
     if batch:
         paths.append((f"http batch of {BATCH}", 1))
     rates: dict[tuple[str, Any], list[float]] = {path: [] for path in paths}
@@ -165,6 +167,8 @@ def run(backend: str, total: int, clients: int, server_counts: Sequence[int] = (
             token = TokenStore(gate.engine).create(admin=True, label="benchmark").token
         with ExitStack() as stack:
             urls = [stack.enter_context(serve(db_url)) for _ in range(max(server_counts, default=1))]
+            cached = (stack.enter_context(serve(db_url, "--token-cache-ttl", str(token_cache)))
+                      if token_cache else None)
             for round_number in range(rounds):
                 baseline = 0.0
                 for index, (label, servers) in enumerate(paths):
@@ -175,7 +179,8 @@ def run(backend: str, total: int, clients: int, server_counts: Sequence[int] = (
                     else:
                         function = _batch_client if label.startswith("http batch") else _http_client
                         seconds = _timed(function, [
-                            (urls[c % int(servers)], token, f"{phase}-{c}", ids(phase, c))
+                            (cached if cached and "token cache" in label
+                             else urls[c % int(servers)], token, f"{phase}-{c}", ids(phase, c))
                             for c in range(clients)])
                     rate = count / seconds
                     baseline = baseline or rate
@@ -201,11 +206,13 @@ def main() -> None:
                         help="Server process counts to measure, comma-separated.")
     parser.add_argument("--no-batch", action="store_true", help="Skip the batch submit row.")
     parser.add_argument("--rounds", type=int, default=3, help="Interleaved rounds of every path.")
+    parser.add_argument("--token-cache", type=float, default=0.0, metavar="S",
+                        help="Also measure one serve started with --token-cache-ttl S.")
     arguments = parser.parse_args()
     counts = [int(part) for part in arguments.servers.split(",") if part.strip()]
     try:
         rows = run(arguments.backend, arguments.requests, arguments.clients, counts,
-                   not arguments.no_batch, arguments.rounds)
+                   not arguments.no_batch, arguments.rounds, arguments.token_cache)
     except ServerUnavailable as error:
         sys.exit(f"skipped: {error}")
     print(render_table(

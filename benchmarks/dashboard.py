@@ -5,6 +5,9 @@ For each backend and ledger size (waiting requests, with as many audit entries):
 - ``snapshot``: ``Quotagate.dashboard()``, the whole of one poll of ``/v1/dashboard``;
 - ``per-row``: the baseline, measured in the same run — what the queue view would cost
   built from the per-request API instead, ``explain`` for each of the 50 rows it shows;
+- ``cohorts``: the same poll once every tenant is a member of one cohort, so each queue
+  row's reason is the dry run's verdict (docs/decisions/610); its ratio to ``snapshot``
+  is what the verdicts cost;
 - ``show`` with the read deadline (5 s) and without (0): one small read-only view.
 
 Prints the median of ``--repeat`` runs in milliseconds.
@@ -72,8 +75,14 @@ def measure(backend: str, size: int, repeat: int) -> list[str]:
             without_deadline = median_ms(lambda: bare.show(first), repeat * 5)
         finally:
             bare.close()
+        gate.set_cohort("org")
+        for index in range(TENANTS):
+            gate.set_tenant(f"team-{index}", {}, cohort="org")
+        assert all(row.cohort == "org" for row in gate.dashboard().tenants)
+        shared = median_ms(gate.dashboard, repeat)
     return [backend, str(size), f"{snapshot:.1f}", f"{per_row:.1f}",
-            f"{per_row / snapshot:.1f}x", f"{with_deadline:.2f}", f"{without_deadline:.2f}"]
+            f"{per_row / snapshot:.1f}x", f"{shared:.1f}", f"{shared / snapshot:.2f}x",
+            f"{with_deadline:.2f}", f"{without_deadline:.2f}"]
 
 
 def main() -> None:
@@ -90,7 +99,7 @@ def main() -> None:
         except ServerUnavailable as error:
             print(f"{backend}: skipped ({error})", file=sys.stderr)
     headers = ["backend", "waiting", "snapshot ms", "per-row ms (baseline)", "per-row/snapshot",
-               "show ms (deadline 5 s)", "show ms (no deadline)"]
+               "cohorts ms", "cohorts/snapshot", "show ms (deadline 5 s)", "show ms (no deadline)"]
     print(render_table(headers, table))
 
 

@@ -16,7 +16,8 @@ and drains them with one ``QueueManager`` (``mode=drain``); its drain rate is
 the bar (docs/delivery.md: completed/s end to end at least half of it).
 
     .venv/bin/python benchmarks/pipeline.py [--backends postgresql,mysql] [--requests 2000] \\
-        [--clients 8] [--outcome callback|callback-batch|read] [--batch 1] [--timeout 300]
+        [--clients 8] [--outcome callback|callback-batch|read] [--batch 1] [--batch-deliver 1] \\
+        [--rounds 1] [--timeout 300]
 
 Needs the ``bench`` extra (pgqueuer) and the services of the test suite.
 """
@@ -184,7 +185,7 @@ def _drive(gate: Quotagate, url: str, tenants: list[str], tenant_tokens: list[st
 
 
 def run_pipeline(backend: str, total: int, clients: int, outcome: str, timeout: float,
-                 batch: int = 1) -> list[Any]:
+                 batch: int = 1, batch_deliver: int = 1) -> list[Any]:
     per_client = total // clients
     count = per_client * clients
     with throwaway_database(backend) as db_url, Quotagate.connect(db_url) as gate:
@@ -205,6 +206,8 @@ def run_pipeline(backend: str, total: int, clients: int, outcome: str, timeout: 
         # A worker that reads outcomes reads many per call.
         hook_config: dict[str, Any] = (
             {"poll_every": 30.0} if outcome.startswith("callback") else {"batch_read": True})
+        if batch_deliver > 1:
+            hook_config["batch_deliver"] = batch_deliver
         targets.set("receiver", "webhook", {"url": "http://127.0.0.1:9/hooks"}, default=True)
         executor = tokens.create(executor_target="receiver").token
         port = _free_port()
@@ -228,6 +231,8 @@ def run_pipeline(backend: str, total: int, clients: int, outcome: str, timeout: 
               f"{report['callback_errors']}", file=sys.stderr)
     complete_rate = done / (last - first) if done and last else 0.0
     submits = "single submits" if batch == 1 else f"batch submits of {batch}"
+    if batch_deliver > 1:
+        submits += f", deliveries in POSTs of {batch_deliver}"
     return [backend, f"quotagate ({outcome}, {submits})", count, f"{count / submit_seconds:.0f}",
             f"{complete_rate:.1f}", f"{done}/{count}",
             f"{statistics.median(latencies) * 1000:.0f}" if latencies else "-",
@@ -285,31 +290,63 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1,
                         help="Requests per submit call: 1 (POST …/requests) or more "
                         "(POST …/requests:batch).")
+    parser.add_argument("--batch-deliver", default="1",
+                        help="Deliveries per webhook POST: 1 (POST <url>) or more "
+                        "(POST <url>/_batch, the target's --batch-deliver); comma-separated "
+                        "values give one row each, in the same run.")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="Seconds to wait for every request to complete.")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="Run pgqueuer and every row this many times, in turns; with more "
+                        "than one, also print each row's median and its median ratio to the "
+                        "pgqueuer drain of its own round.")
     arguments = parser.parse_args()
     backends = [name.strip() for name in arguments.backends.split(",") if name.strip()]
-    rows: list[list[Any]] = []
+    sizes = [int(size) for size in arguments.batch_deliver.split(",") if size.strip()]
+    rates: dict[tuple[str, str], list[float]] = {}
+    ratios: dict[tuple[str, str], list[float]] = {}
     try:
-        if "postgresql" in backends:
-            print("postgresql: pgqueuer", file=sys.stderr)
-            rows.append(run_pgqueuer(arguments.requests // arguments.clients * arguments.clients))
-        for backend in backends:
-            print(f"{backend}: quotagate pipeline", file=sys.stderr)
-            rows.append(run_pipeline(backend, arguments.requests, arguments.clients,
-                                     arguments.outcome, arguments.timeout, arguments.batch))
+        for round_number in range(arguments.rounds):
+            rows = _round(arguments, backends, sizes)
+            if arguments.rounds > 1:
+                print(f"round {round_number + 1} of {arguments.rounds}")
+            print(render_table(
+                ["backend", "system", "requests", "submits/s", "completed/s", "completed",
+                 "p50 submit→delivered ms", "p99 ms"], rows,
+            ))
+            bar = next((float(row[4]) for row in rows if row[1].startswith("pgqueuer")), None)
+            for row in rows:
+                rates.setdefault((row[0], row[1]), []).append(float(row[4]))
+                if bar and row[1].startswith("quotagate"):
+                    ratios.setdefault((row[0], row[1]), []).append(float(row[4]) / bar)
+                    print(f"{row[0]}: completed/s is {float(row[4]) / bar:.2f}x pgqueuer's "
+                          "drain rate (target: at least 0.5x)")
     except ServerUnavailable as error:
         sys.exit(f"skipped: {error}")
-    print(render_table(
-        ["backend", "system", "requests", "submits/s", "completed/s", "completed",
-         "p50 submit→delivered ms", "p99 ms"], rows,
-    ))
-    bar = next((float(row[4]) for row in rows if row[1].startswith("pgqueuer")), None)
-    if bar:
-        for row in rows:
-            if row[1].startswith("quotagate"):
-                print(f"{row[0]}: completed/s is {float(row[4]) / bar:.2f}x pgqueuer's drain rate "
-                      "(target: at least 0.5x)")
+    if arguments.rounds > 1:
+        print(f"medians of {arguments.rounds} rounds")
+        print(render_table(
+            ["backend", "system", "completed/s (median)", "range", "x pgqueuer (median)"],
+            [[backend, system, f"{statistics.median(values):.1f}",
+              f"{min(values):.0f}-{max(values):.0f}",
+              f"{statistics.median(ratios[(backend, system)]):.2f}"
+              if (backend, system) in ratios else "-"]
+             for (backend, system), values in rates.items()],
+        ))
+
+
+def _round(arguments: argparse.Namespace, backends: list[str], sizes: list[int]) -> list[Any]:
+    rows: list[list[Any]] = []
+    if "postgresql" in backends:
+        print("postgresql: pgqueuer", file=sys.stderr)
+        rows.append(run_pgqueuer(arguments.requests // arguments.clients * arguments.clients))
+    for backend in backends:
+        for size in sizes:
+            print(f"{backend}: quotagate pipeline", file=sys.stderr)
+            rows.append(run_pipeline(backend, arguments.requests, arguments.clients,
+                                     arguments.outcome, arguments.timeout, arguments.batch,
+                                     size))
+    return rows
 
 
 if __name__ == "__main__":

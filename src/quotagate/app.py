@@ -14,6 +14,7 @@ from quotagate.auth.tokens import CreatedToken, TokenInfo, TokenStore
 from quotagate.delivery.cleanup import remove_run_directories
 from quotagate.delivery.registry import TargetConfig, TargetStore
 from quotagate.domain.bucket import BucketConfig, config_from_mapping, parse_rate
+from quotagate.domain.budget import parse_duration
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.lease import Lease
 from quotagate.domain.model import (
@@ -42,6 +43,7 @@ from quotagate.rate.stores import rate_store_from_url
 from quotagate.store import census, identity, migrate, retention
 from quotagate.store.audit import AuditEntry
 from quotagate.store.authority import ReleaseGuard
+from quotagate.store.budgets import budget_change
 from quotagate.store.config import Configuration
 from quotagate.store.counters import Counters, delivery_counters
 from quotagate.store.dashboard import DashboardViews, Snapshot
@@ -82,6 +84,7 @@ class Quotagate:
         admission_window: int = DEFAULT_ADMISSION_WINDOW,
         rate_store: RateStore | None = None,
         redis: str | None = None,
+        token_cache_ttl: float = 0.0,
     ) -> None:
         self.engine = engine
         self.clock: Clock = clock or SystemClock()
@@ -108,7 +111,9 @@ class Quotagate:
             engine, clock=self.clock, aging_interval=aging_interval,
             admission_window=admission_window,
         )
-        self.api_tokens = TokenStore(engine, clock=self.clock)
+        # token_cache_ttl > 0: a verified token is believed that long without its row
+        # (revocations made elsewhere count within it; docs/decisions/237).
+        self.api_tokens = TokenStore(engine, clock=self.clock, cache_ttl=token_cache_ttl)
         self.targets = TargetStore(engine, clock=self.clock)
         self.leases = LeaseStore(engine, counters=self.delivery_counters)
 
@@ -182,10 +187,16 @@ class Quotagate:
         max_priority: object = KEEP,
         reclaim: str | None = None,
         within_tenant: str | None = None,
+        budget: Mapping[str, object] | None = None,
+        clear_budgets: bool = False,
+        default_max_runtime: object = KEEP,
     ) -> dict[str, dict[str, int]]:
         """Create or change a tenant. ``cohort`` (None: leave it), limits per resource
         (a None amount removes a limit), ``weight`` and ``max_priority`` (None: no cap):
-        docs/fair-sharing.md."""
+        docs/fair-sharing.md. ``budget``: per resource ``"100h/30d"`` or None (removed);
+        ``clear_budgets`` removes every budget first; ``default_max_runtime``: ``"1h"``,
+        seconds, or None (removed)."""
+        change = budget_change(budget, clear_budgets, default_max_runtime)
         sharing = TenantSharing(
             cohort=cohort,
             borrowing_limit=validate_limits(borrowing_limit, what="borrowing_limit")
@@ -200,13 +211,24 @@ class Quotagate:
             within_tenant=None if within_tenant is None
             else validate_policy(within_tenant, WITHIN_TENANT_POLICIES, "within_tenant"),
         )
-        return self.config.set_tenant(name, quota, actor=actor, sharing=sharing)
+        return self.config.set_tenant(name, quota, actor=actor, sharing=sharing, budget=change)
 
     def set_cohort(
         self, name: str, *, parent: str | Keep | None = KEEP, actor: str = "admin"
     ) -> dict[str, Any]:
         """Create a cohort, or move it under ``parent`` (None: make it a root)."""
         return self.config.set_cohort(name, parent=parent, actor=actor)
+
+    def set_fair_share(self, *, half_life: object, actor: str = "admin") -> dict[str, Any]:
+        """Set the ledger's fair-share half-life (``"1h"``, seconds; None: current use only),
+        docs/fair-sharing.md#half-life."""
+        return self.config.set_fair_share(
+            None if half_life is None else parse_duration(half_life, what="half_life"),
+            actor=actor)
+
+    def fair_share(self) -> dict[str, Any]:
+        """The fair-share settings: ``{"half_life": seconds or None}``."""
+        return self.config.fair_share()
 
     def set_pool(self, name: str, capacity: Mapping[str, object], *, actor: str = "admin",
                  slices: int | None = None) -> dict[str, dict[str, int]]:
@@ -304,10 +326,12 @@ class Quotagate:
         payload: Any = None,
         target: str | None = None,
         actor: str = "system",
+        max_runtime: object = None,
     ) -> SubmitResult:
+        """``max_runtime`` (``"2h"`` or seconds): what a budget reserves for it."""
         submission = build_submission(
             request_id=request_id, tenant=tenant, cost=cost, priority=priority,
-            payload=payload, target=target,
+            payload=payload, target=target, max_runtime=max_runtime,
         )
         return self.ledger.submit(submission, actor=actor)
 
@@ -320,12 +344,13 @@ class Quotagate:
         payload: Any = None,
         target: str | None = None,
         request_id: str | None = None,
+        max_runtime: object = None,
     ) -> dict[str, Any]:
         """A dry run of :meth:`submit`: would it be admitted now, at which queue position,
         and if not, why (docs/fair-sharing.md#dry-run). Writes nothing, takes no token."""
         submission = build_submission(
             request_id=request_id or DRY_RUN_ID, tenant=tenant, cost=cost, priority=priority,
-            payload=payload, target=target,
+            payload=payload, target=target, max_runtime=max_runtime,
         )
         tokens: float | None = None
         try:
@@ -483,11 +508,14 @@ class Quotagate:
                                forget=forget, progress=progress, max_batches=max_batches)
 
     # dashboard (docs/dashboard.md)
-    def dashboard(self, tenant: str | None = None) -> Snapshot:
-        """Everything the dashboard shows, for one tenant or (None) for everyone."""
+    def dashboard(self, tenant: str | None = None, *, operator: bool | None = None) -> Snapshot:
+        """Everything the dashboard shows, for one tenant or (None) for everyone.
+
+        ``operator`` (default: ``tenant is None``) also gets the delivery targets'
+        error texts, which are for operators (docs/decisions/214)."""
         if tenant is not None:
             validate_name(tenant, "tenant")
-        snapshot = replace(self.dashboard_views.snapshot(tenant),
+        snapshot = replace(self.dashboard_views.snapshot(tenant, operator=operator),
                            streams=streams_overview(self.streams, tenant))
         if self.rates.in_transaction or not snapshot.buckets:
             return snapshot
@@ -500,9 +528,10 @@ class Quotagate:
         ]
         return replace(snapshot, buckets=buckets)
 
-    def request_story(self, request_id: str, tenant: str | None = None) -> dict[str, Any]:
+    def request_story(self, request_id: str, tenant: str | None = None, *,
+                      operator: bool | None = None) -> dict[str, Any]:
         """A request's states, audit entries, binding, fencing token and why it waits."""
-        story = self.dashboard_views.story(request_id, tenant)
+        story = self.dashboard_views.story(request_id, tenant, operator=operator)
         story["queue"] = None
         if story["request"]["state"] == RequestState.WAITING.value:
             explained = self.views.explain(request_id, tenant=tenant)

@@ -20,6 +20,7 @@ import pytest
 
 from quotagate import Quotagate
 from quotagate.delivery.registry import TargetStore
+from quotagate.domain.model import RequestState
 from support.browser import DESKTOP, PHONE, chromium, collect_page_errors
 from support.databases import BACKENDS, fresh_database
 from support.executor import running_executor
@@ -109,6 +110,10 @@ def sign_in(page: Any, site: Site, token: str) -> None:
     page.wait_for_function("() => document.getElementById('scope').textContent.length > 0")
 
 
+def requests_href(tenant: str, request_id: str) -> str:
+    return f"#/requests/{tenant}/{request_id}"
+
+
 def row(page: Any, table: str, key: str) -> Any:
     return page.locator(f'#{table} tbody tr[data-key="{key}"]')
 
@@ -124,6 +129,11 @@ def test_an_admin_sees_every_view_and_each_is_photographed(page: Any, site: Site
     assert site.submit(quiet, f"{quiet}-job-2").status_code == 429
     sign_in(page, site, site.admin_token)
     assert page.locator("#scope").inner_text() == "admin · all tenants"
+    # The token is kept in this tab's sessionStorage only: no cookie, no localStorage, no URL.
+    assert page.evaluate("sessionStorage.getItem('quotagate.token')") == site.admin_token
+    assert page.evaluate("localStorage.length") == 0
+    assert page.context.cookies() == [] and page.evaluate("document.cookie") == ""
+    assert site.admin_token not in page.url
     # Both tenants' usage rows, each with a bar.
     row(page, "tenants", f"{busy}/gpu").wait_for()
     row(page, "tenants", f"{quiet}/gpu").wait_for()
@@ -137,6 +147,9 @@ def test_an_admin_sees_every_view_and_each_is_photographed(page: Any, site: Site
             page.wait_for_function(
                 "() => document.getElementById('live').textContent.startsWith('updated')")
             page.screenshot(path=str(site.screenshots / f"{view}-{label}.png"))
+            # Readable without scrolling sideways, at 1280x800 and at phone width.
+            assert page.evaluate(
+                "document.documentElement.scrollWidth <= window.innerWidth"), (view, label)
         page.goto(f"{site.page_url}#/requests/{busy}/{busy}-job-3")
         page.locator("#request-title").filter(has_text=f"{busy}-job-3").wait_for()
         page.screenshot(path=str(site.screenshots / f"request-waiting-{label}.png"),
@@ -155,6 +168,21 @@ def test_an_admin_sees_every_view_and_each_is_photographed(page: Any, site: Site
     explained = site.admin.get(f"/v1/tenants/{busy}/requests/{busy}-job-3").json()["queue"]
     assert page.locator("#request-queue").inner_text().count(explained["reason"]) == 1
     assert errors == []
+    # Semantic tables: every column has a header cell; the views are links a keyboard reaches.
+    assert page.evaluate("""() => Array.from(document.querySelectorAll('table')).every(table =>
+        table.tHead && table.tHead.rows[0].cells.length > 0 &&
+        Array.from(table.tHead.rows[0].cells).every(cell => cell.tagName === 'TH'
+                                                   && cell.scope === 'col'))""")
+    page.goto(f"{site.page_url}#/overview")
+    page.locator("#view-overview").wait_for(state="visible")
+    page.focus('nav a[data-view="queue"]')
+    page.keyboard.press("Enter")
+    page.locator("#view-queue").wait_for(state="visible")
+    # Signing out forgets the token.
+    page.locator("#sign-out").click()
+    page.locator("#sign-in").wait_for(state="visible")
+    assert page.evaluate("sessionStorage.length") == 0
+    assert page.context.cookies() == []
 
 
 def test_a_tenant_sees_only_its_own_rows_and_cannot_open_another_tenants_request(
@@ -200,6 +228,14 @@ def test_a_submit_appears_in_the_queue_and_moves_to_admitted_without_a_reload(
     waiting = row(page, "queue", request_id)
     waiting.wait_for(timeout=LIVE_TIMEOUT_MS)
     assert "tenant quota: gpu needs 1, 0 of 1 left" in waiting.inner_text()
+    # Polls update rows in place: after two more polls the row is still the same element
+    # (no flicker, no table rebuilt).
+    element = waiting.element_handle()
+    for _ in range(2):
+        shown = page.locator("#live").inner_text()
+        page.wait_for_function(f"() => document.getElementById('live').textContent !== {shown!r}",
+                               timeout=LIVE_TIMEOUT_MS)
+    assert element.evaluate("node => node.isConnected") is True
     # Make room: the admission loop admits it, and the page follows by itself.
     response = site.admin.put(f"/v1/tenants/{tenant}", json={"quota": {"gpu": 2}})
     assert response.status_code == 200, response.text
@@ -299,3 +335,83 @@ def test_a_tenant_sees_its_stream_topics_and_the_lag_falls_as_a_consumer_reads(
             timeout=LIVE_TIMEOUT_MS)
     assert page.evaluate("window.notReloaded") is True
     assert other not in page.locator("#view-streams").inner_text()
+
+
+def test_members_show_what_they_borrow_and_lend_and_a_reclaim_shows_its_reason(
+    page: Any, site: Site
+) -> None:
+    cohort = f"c-{uuid.uuid4().hex[:8]}"
+    response = site.admin.put(f"/v1/cohorts/{cohort}", json={})
+    assert response.status_code == 200, response.text
+    response = site.admin.put(f"/v1/pools/p-{cohort}", json={"capacity": {"gpu": 8}})
+    assert response.status_code == 200, response.text
+    lender, _ = site.tenant({"gpu": 2})
+    borrower, borrower_token = site.tenant({"gpu": 1})
+    for name, extra in ((lender, {"reclaim": "any"}), (borrower, {})):
+        response = site.admin.put(f"/v1/tenants/{name}", json={"cohort": cohort, **extra})
+        assert response.status_code == 200, response.text
+    for number in range(3):
+        assert site.submit(borrower, f"{borrower}-{number}").status_code == 202
+    wait_for(lambda: all(site.admin.get(f"/v1/tenants/{borrower}/requests/{borrower}-{n}")
+                         .json()["state"] != "waiting" for n in range(3)),
+             "the borrower's three requests admitted")
+    sign_in(page, site, site.admin_token)
+    shown = row(page, "tenants", f"{borrower}/gpu")
+    shown.locator('td[data-label="Borrowed"]').filter(has_text="2").wait_for(
+        timeout=LIVE_TIMEOUT_MS)
+    assert shown.locator('td[data-label="Cohort"]').inner_text() == cohort
+    assert shown.locator(".bar.borrowing").count() == 1
+    lending = row(page, "tenants", f"{lender}/gpu")
+    assert lending.locator('td[data-label="Lent"]').inner_text() == "2"
+    assert page.locator("#tenants thead").inner_text().lower().count("used / nominal") == 1
+    row(page, "cohorts", f"{cohort}/gpu").wait_for()
+    page.screenshot(path=str(site.screenshots / "overview-cohorts-desktop.png"), full_page=True)
+    # The lender wants its nominal back: borrowed work is preempted, and the page says why.
+    page.goto(f"{site.page_url}#/decisions")
+    assert site.submit(lender, f"{lender}-back", gpu=2).status_code == 202
+    entry = page.locator("#decisions tbody tr").filter(has_text=f"reclaim for {lender}-back")
+    entry.first.wait_for(timeout=LIVE_TIMEOUT_MS)
+    assert entry.first.locator(".badge").inner_text() == "stopping"
+    assert entry.first.locator("td").nth(2).inner_text() == "preempt"
+    page.screenshot(path=str(site.screenshots / "decisions-preemption-desktop.png"))
+    victim = entry.first.locator("a").inner_text()
+    entry.first.locator("a").click()
+    page.locator("#request-title").filter(has_text=victim).wait_for()
+    page.locator("#request-facts").filter(
+        has_text=f"preempted (reclaim) by {lender}-back").wait_for(timeout=LIVE_TIMEOUT_MS)
+    # This executor does not confirm stops: the victims are stuck, still charged, and listed.
+    page.goto(f"{site.page_url}#/delivery")
+    stuck = row(page, "stops", victim)
+    stuck.wait_for(timeout=LIVE_TIMEOUT_MS)
+    assert stuck.locator(".badge").inner_text() == "preempting"
+    assert f"preempted (reclaim) by {lender}-back" in stuck.inner_text()
+    # An operator sees the target's answer to the stop.
+    stuck.locator('td[data-label="Last answer"]').filter(has_text="DELETE answered 501").wait_for(
+        timeout=3 * LIVE_TIMEOUT_MS)
+    page.screenshot(path=str(site.screenshots / "delivery-stuck-preemption-desktop.png"))
+    # The executor's confirmation (as the worker records it): the row leaves the list, and
+    # the victim's story says it ended preempted after it had been delivered.
+    with Quotagate.connect(site.db_url) as gate:
+        gate.ledger.release(victim, RequestState.CANCELLED, stopped=True)
+    stuck.wait_for(state="detached", timeout=LIVE_TIMEOUT_MS)
+    page.goto(f"{site.page_url}{requests_href(borrower, victim)}")
+    page.locator("#request-facts .badge").filter(has_text="preempted").wait_for(
+        timeout=LIVE_TIMEOUT_MS)
+    page.locator("#request-delivery").filter(
+        has_text="its outbox row went when its stop was confirmed").wait_for(
+        timeout=LIVE_TIMEOUT_MS)
+    page.screenshot(path=str(site.screenshots / "request-preempted-desktop.png"), full_page=True)
+    # The borrower's own token sees its rows and its victim, not the lender's.
+    page.goto(f"{site.page_url}#/overview")
+    page.locator("#sign-out").click()
+    sign_in(page, site, borrower_token)
+    row(page, "tenants", f"{borrower}/gpu").wait_for()
+    assert page.locator("#cohorts-card").is_hidden()
+    assert lender not in page.locator("#tenants").inner_text()
+    # The other victim is still stuck; its tenant sees that the stop failed, not the answer.
+    page.goto(f"{site.page_url}#/delivery")
+    [other] = [f"{borrower}-{n}" for n in range(3) if site.admin.get(
+        f"/v1/tenants/{borrower}/requests/{borrower}-{n}").json()["state"] == "preempting"]
+    answer = row(page, "stops", other).locator('td[data-label="Last answer"]')
+    answer.wait_for(timeout=LIVE_TIMEOUT_MS)
+    assert answer.inner_text() == "the last attempt failed (the target's answer is shown to admins)"

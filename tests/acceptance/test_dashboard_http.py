@@ -167,6 +167,14 @@ def test_every_metric_the_grafana_board_queries_is_exported_by_metrics(ledger: L
     assert len(queried) >= 20, queried
     exported = _exported(ledger.get("/metrics").text)
     assert queried - exported == set()
+    # What production must record is on the board, preemptions by reason among it.
+    assert {"quotagate_admission_reruns_total", "quotagate_admission_lock_wait_seconds_bucket",
+            "quotagate_oldest_waiting_seconds", "quotagate_unconfirmed_stops",
+            "quotagate_preempted_requests_total", "quotagate_outbox_backlog"} <= queried
+    expressions = [target["expr"] for panel in dashboard["panels"]
+                   for target in panel.get("targets", [])]
+    assert any("quotagate_preempted_requests_total" in expression
+               and "by (tenant, reason)" in expression for expression in expressions)
     # Every selector naming a tenant label filters by the tenant variable.
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):

@@ -19,6 +19,7 @@ import pytest
 from quotagate import Quotagate
 from support.databases import BACKENDS, fresh_database
 from support.http_servers import Server, bearer, make_token, running_server
+from support.waiting import wait_for
 
 DEADLINE = 30.0
 
@@ -320,13 +321,19 @@ def test_metrics_carry_tenant_and_pool_labels(api: Api) -> None:
     request_id = new_id()
     client.post(f"/v1/tenants/{name}/requests", json={"id": request_id, "cost": {"gpu": 2}})
     wait_for_state(client, f"/v1/tenants/{name}/requests/{request_id}", {"reserved", "delivered"})
-    text = httpx.get(f"{api.server.url}/metrics").text
+    # The admission wait is observed beside the admission loop, just after it.
+    waited = f'quotagate_admission_wait_seconds_count{{tenant="{name}"}} 1.0'
+
+    def observed() -> str | None:
+        text = httpx.get(f"{api.server.url}/metrics").text
+        return text if waited in text else None
+
+    text = wait_for(observed, "the admission wait observed")
     assert f'quotagate_tenant_used{{resource="gpu",tenant="{name}"}} 2.0' in text
     assert f'quotagate_tenant_cap{{resource="gpu",tenant="{name}"}} 3.0' in text
     assert 'quotagate_pool_cap{pool="shared",resource="gpu"} 1000.0' in text
     assert f'quotagate_admissions_total{{pool="shared",tenant="{name}"}} 1.0' in text
     assert f'quotagate_submissions_total{{outcome="created",tenant="{name}"}} 1.0' in text
-    assert f'quotagate_admission_wait_seconds_count{{tenant="{name}"}} 1.0' in text
     assert "quotagate_store_up 1.0" in text
 
 

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
+import redis
 
+from quotagate.streams.keys import StreamKeys
 from support.cli import QUOTAGATE, run
+from support.http_servers import free_port
 from support.redis_servers import RedisServer
 from support.streams import new_tenant
+from support.waiting import wait_for
 
 
 @pytest.fixture
@@ -71,6 +79,30 @@ def test_produce_from_stdin_and_a_rate_refusal_exits_5(
     assert "error: rate_quota_exhausted:" in refused.stderr and "produced 0" in refused.stderr
 
 
+def test_messages_that_are_not_utf8_go_through_as_bytes(
+    db: str, tmp_path: Path, private_redis: RedisServer
+) -> None:
+    tenant, redis_option = new_tenant(), ["--redis", private_redis.url]
+    run("tenant", "set", tenant, "--quota", "partitions=1", "--quota", "parallelism=1",
+        db=db, cwd=tmp_path)
+    run("topic", "create", "raw", "--tenant", tenant, "--partitions", "1", "--parallelism",
+        "1", *redis_option, db=db, cwd=tmp_path)
+    produce = [*QUOTAGATE, "stream", "produce", "--tenant", tenant, "--topic", "raw", "--db", db,
+               *redis_option]
+    piped = subprocess.run([*produce, "-"], input=b"ok\n\xff\xfe\n", capture_output=True,
+                           cwd=tmp_path, timeout=60)
+    assert piped.returncode == 0, piped.stderr
+    argument = subprocess.run([*produce, os.fsdecode(b"a\xffb"), "h\u00e9llo"],
+                              capture_output=True, cwd=tmp_path, timeout=60)
+    assert argument.returncode == 0, argument.stderr
+    consumed = subprocess.run(
+        [*QUOTAGATE, "stream", "consume", "--tenant", tenant, "--topic", "raw", "--group", "g",
+         "--name", "c1", "--print", "--until-idle", "--db", db, *redis_option],
+        capture_output=True, cwd=tmp_path, timeout=120)
+    assert consumed.returncode == 0, consumed.stderr
+    assert consumed.stdout == b"ok\n\xff\xfe\na\xffb\nh\xc3\xa9llo\n"
+
+
 def test_a_failing_command_sends_the_entry_to_the_dlq(
     db: str, tmp_path: Path, private_redis: RedisServer
 ) -> None:
@@ -98,3 +130,93 @@ def test_bad_input_is_refused_with_a_code(db: str, tmp_path: Path) -> None:
     bad = run("topic", "create", "a:b", "--tenant", tenant, "--partitions", "1",
               "--parallelism", "1", db=db, cwd=tmp_path, expect=2)
     assert "error: invalid_topic:" in bad.stderr
+
+
+def test_the_stream_redis_comes_from_quotagate_redis(
+    db: str, tmp_path: Path, private_redis: RedisServer
+) -> None:
+    tenant, env = new_tenant(), {"QUOTAGATE_REDIS": private_redis.url}
+    run("tenant", "set", tenant, "--quota", "partitions=1", "--quota", "parallelism=1",
+        db=db, cwd=tmp_path)
+    run("topic", "create", "orders", "--tenant", tenant, "--partitions", "1", "--parallelism",
+        "1", db=db, cwd=tmp_path, env=env)
+    run("stream", "produce", "--tenant", tenant, "--topic", "orders", "hello", db=db,
+        cwd=tmp_path, env=env)
+    client = redis.Redis.from_url(private_redis.url)
+    assert client.xlen(StreamKeys(tenant).partition("orders", 0)) == 1
+    client.close()
+    status = json.loads(run("stream", "status", "--tenant", tenant, "--topic", "orders",
+                            "--json", db=db, cwd=tmp_path, env=env).stdout)
+    assert status["partitions"][0]["length"] == 1
+
+
+def test_tenant_stream_settings_refused_change_nothing(
+    db: str, tmp_path: Path, private_redis: RedisServer
+) -> None:
+    tenant, redis_option = new_tenant(), ["--redis", private_redis.url]
+    run("tenant", "set", tenant, "--quota", "partitions=1", "--quota", "parallelism=1",
+        db=db, cwd=tmp_path)
+
+    def state() -> tuple[object, object, int]:
+        shown = json.loads(run("tenant", "show", tenant, "--json", db=db, cwd=tmp_path).stdout)
+        audit = json.loads(run("audit", "--tenant", tenant, "--json", db=db, cwd=tmp_path).stdout)
+        return shown["quota"], shown["streams"], len(audit)
+
+    before = state()
+    bad = run("tenant", "set", tenant, "--quota", "partitions=9", "--redis", "http://x",
+              db=db, cwd=tmp_path, expect=2)
+    assert "error: invalid_redis_url:" in bad.stderr
+    run("tenant", "set", tenant, "--quota", "partitions=9", "--stream-max-len", "0", db=db,
+        cwd=tmp_path, expect=2)
+    assert state() == before
+    run("topic", "create", "orders", "--tenant", tenant, "--partitions", "1", "--parallelism",
+        "1", *redis_option, db=db, cwd=tmp_path)
+    before = state()
+    moved = run("tenant", "set", tenant, "--quota", "partitions=9", "--redis",
+                "redis://127.0.0.1:6390/0", db=db, cwd=tmp_path, expect=3)
+    assert "error: tenant_has_topics:" in moved.stderr
+    assert state() == before
+
+
+def test_a_consumer_process_serves_its_stream_counters(
+    db: str, tmp_path: Path, private_redis: RedisServer
+) -> None:
+    tenant, redis_option = new_tenant(), ["--redis", private_redis.url]
+    run("tenant", "set", tenant, "--quota", "partitions=1", "--quota", "parallelism=1",
+        db=db, cwd=tmp_path)
+    run("topic", "create", "orders", "--tenant", tenant, "--partitions", "1", "--parallelism",
+        "1", *redis_option, db=db, cwd=tmp_path)
+    port = free_port()
+    consumer = subprocess.Popen(
+        [*QUOTAGATE, "stream", "consume", "--tenant", tenant, "--topic", "orders", "--group",
+         "g", "--name", "c1", "--print", "--metrics-port", str(port), "--db", db,
+         *redis_option], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        run("stream", "produce", "--tenant", tenant, "--topic", "orders", "a", "b", "c",
+            *redis_option, db=db, cwd=tmp_path)
+        acked = f'quotagate_stream_acked_total{{tenant="{tenant}",topic="orders"}} 3.0'
+
+        def counted() -> bool:
+            try:
+                return acked in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            except httpx.TransportError:
+                return False  # not listening yet
+
+        wait_for(counted, "the consumer's /metrics to count 3 acks", timeout=60)
+    finally:
+        consumer.send_signal(signal.SIGTERM)
+        out, err = consumer.communicate(timeout=60)
+    assert consumer.returncode == 0, err
+    assert out.split() == ["a", "b", "c"] and "acked 3" in err
+    taken = run("stream", "consume", "--tenant", tenant, "--topic", "orders", "--group", "g",
+                "--name", "c2", "--print", "--until-idle", "--metrics-port", str(port),
+                *redis_option, db=db, cwd=tmp_path)  # the port is free again after SIGTERM
+    assert "acked 0" in taken.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        refused = run("stream", "consume", "--tenant", tenant, "--topic", "orders", "--group",
+                      "g", "--name", "c3", "--print", "--until-idle", "--metrics-port",
+                      str(busy.getsockname()[1]), *redis_option, db=db, cwd=tmp_path, expect=2)
+    assert "error: metrics_port_unavailable:" in refused.stderr

@@ -80,3 +80,25 @@ def test_top_once_shows_stream_topics_with_length_and_lag(db_url: str, tmp_path:
     # tenant, topic, partitions, length, pending, lag, DLQ, groups
     assert line.split("│")[1:-1] and [cell.strip() for cell in line.split("│")[1:-1]] == [
         tenant, "orders", "2", "4", "1", "3", "0", "billing(lag 3)"], line
+
+
+def test_top_once_shows_what_cohort_members_borrow_and_lend_and_the_shared_room(
+    db_url: str, tmp_path: Path
+) -> None:
+    with Quotagate.connect(db_url) as gate:
+        gate.set_pool("main", {"gpu": 8})
+        gate.set_cohort("org")
+        gate.set_tenant("lender", {"gpu": 3}, cohort="org")
+        gate.set_tenant("borrower", {"gpu": 1}, cohort="org", borrowing_limit={"gpu": 2})
+        for index in range(4):
+            gate.submit(f"b-{index}", "borrower", {"gpu": 1})
+        assert len(gate.admit(8)) == 3
+        reason: str = gate.explain("b-3")["reason"]
+    frame = run("top", "--once", "--width", "200", db=db_url, cwd=tmp_path).stdout
+    rows = {cells[0]: cells for line in frame.splitlines()
+            if len(cells := [cell.strip() for cell in line.split("│")[1:-1]]) >= 4}
+    # tenant, resource, bar, used/nominal, cohort, borrowed, lent
+    assert [rows["borrower"][index] for index in (1, 3, 4, 5, 6)] == ["gpu", "3/1", "org", "2", "0"]
+    assert [rows["lender"][index] for index in (3, 4, 5, 6)] == ["0/3", "org", "0", "2"]
+    assert "Cohorts (shared room)" in frame and rows["org"][3] == "3/4"
+    assert reason.startswith("borrowing_limit") and reason in frame

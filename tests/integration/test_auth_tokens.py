@@ -93,3 +93,65 @@ def test_a_label_with_a_nul_a_control_character_or_a_surrogate_is_refused(
         tokens.create(tenant="team-a", label=label)
     assert error.value.code == "invalid_label"
     assert tokens.list() == []
+
+
+class Ticks:
+    """A monotonic clock the test moves by hand (the cache's time, not the ledger's)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def token_reads(gate: Quotagate) -> list[str]:
+    """The statements on the token table, as the database receives them."""
+    seen: list[str] = []
+
+    def note(_connection: object, _cursor: object, statement: str, *_args: object) -> None:
+        if schema.api_token.name in statement:
+            seen.append(statement)
+
+    sa.event.listen(gate.engine, "before_cursor_execute", note)
+    return seen
+
+
+def test_a_cached_token_is_believed_without_its_row_until_the_ttl_passes(gate: Quotagate) -> None:
+    ticks = Ticks()
+    tokens = TokenStore(gate.engine, clock=gate.clock, cache_ttl=2.0, monotonic=ticks)
+    created = tokens.create(tenant="team-a")
+    reads = token_reads(gate)
+    first = tokens.authenticate(created.token)
+    assert len(reads) == 1
+    assert tokens.authenticate(created.token) == first and len(reads) == 1  # from the cache
+    # Revoked elsewhere (the CLI, another serve): believed until the ttl passes, then refused.
+    TokenStore(gate.engine, clock=gate.clock).revoke(created.info.id)
+    ticks.now = 1.9
+    assert tokens.authenticate(created.token) == first
+    ticks.now = 2.0
+    with pytest.raises(Unauthorized):
+        tokens.authenticate(created.token)
+
+
+def test_a_revocation_through_the_caching_store_counts_at_once(gate: Quotagate) -> None:
+    tokens = TokenStore(gate.engine, clock=gate.clock, cache_ttl=60.0, monotonic=Ticks())
+    created = tokens.create(admin=True)
+    other = tokens.create(admin=True)
+    tokens.authenticate(created.token)
+    tokens.authenticate(other.token)
+    tokens.revoke(created.info.id)
+    with pytest.raises(Unauthorized):
+        tokens.authenticate(created.token)
+    assert tokens.authenticate(other.token).token_id == other.info.id  # still cached
+
+
+def test_only_the_exact_verified_token_hits_the_cache(gate: Quotagate) -> None:
+    tokens = TokenStore(gate.engine, clock=gate.clock, cache_ttl=60.0, monotonic=Ticks())
+    created = tokens.create(tenant="team-a")
+    tokens.authenticate(created.token)
+    for text in (f"qg_{created.info.id}_wrong", created.token + "x"):
+        with pytest.raises(Unauthorized):
+            tokens.authenticate(text)
+    with pytest.raises(InvalidInput, match="token cache"):
+        TokenStore(gate.engine, cache_ttl=-1.0)

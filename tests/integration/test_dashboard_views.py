@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 from quotagate import ManualClock, Quotagate
+from quotagate.domain.model import RequestState
 from quotagate.errors import NotFound, RateLimited, StoreUnavailable
 from quotagate.observability.metrics import Metrics
 from quotagate.store import schema
@@ -137,6 +140,166 @@ def test_stops_not_confirmed_are_listed_and_exported_by_state_name(
     assert value("quotagate_unconfirmed_stops", {"tenant": "team-b", "state": "cancelling"}) == 1
     assert value("quotagate_oldest_unconfirmed_stop_seconds",
                  {"tenant": "team-b", "state": "cancelling"}) == 7
+
+
+def test_a_targets_error_text_is_shown_to_operators_and_only_its_failure_to_a_tenant(
+    gate: Quotagate, clock: ManualClock
+) -> None:
+    _busy_ledger(gate, clock)
+    detail = "webhook answered 500 at http://receiver.internal:9000/jobs"
+    with gate.engine.begin() as connection:
+        connection.execute(schema.outbox.update().where(schema.outbox.c.request_id == "b-1")
+                           .values(attempts=2, last_error=detail))
+        # A stop the target did not confirm keeps its answer on the outbox row too.
+        connection.execute(schema.request.update().where(schema.request.c.id == "a-1")
+                           .values(state="cancelling", updated=clock.now()))
+        connection.execute(schema.outbox.update().where(schema.outbox.c.request_id == "a-1")
+                           .values(stopping=True, attempts=3, last_error=detail))
+    operator = gate.dashboard()
+    failing = {entry.request_id: entry for entry in operator.deliveries}["b-1"]
+    assert (failing.attempts, failing.last_error, failing.failing) == (2, detail, True)
+    [stop] = operator.stops
+    assert (stop.id, stop.attempts, stop.last_error, stop.failing) == ("a-1", 3, detail, True)
+    assert gate.request_story("b-1")["delivery"]["last_error"] == detail
+    tenant_b = gate.dashboard("team-b")
+    [hidden] = tenant_b.deliveries
+    assert (hidden.request_id, hidden.last_error, hidden.failing) == ("b-1", None, True)
+    [stop] = gate.dashboard("team-a").stops
+    assert (stop.attempts, stop.last_error, stop.failing) == (3, None, True)
+    story = gate.request_story("b-1", tenant="team-b")["delivery"]
+    assert (story["last_error"], story["failing"]) == (None, True)
+    # An admin looking at one tenant is still an operator.
+    [shown] = gate.dashboard("team-b", operator=True).deliveries
+    assert shown.last_error == detail
+
+
+def _statements(gate: Quotagate, read: Callable[[], object]) -> list[str]:
+    """The SQL statements ``read`` sends to the database."""
+    sent: list[str] = []
+
+    def record(_connection: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        sent.append(statement)
+
+    sa.event.listen(gate.engine, "before_cursor_execute", record)
+    try:
+        read()
+    finally:
+        sa.event.remove(gate.engine, "before_cursor_execute", record)
+    return sent
+
+
+def test_a_poll_costs_the_same_statements_on_a_ledger_with_many_more_rows(
+    gate: Quotagate, clock: ManualClock
+) -> None:
+    _busy_ledger(gate, clock)
+    gate.dashboard()  # the first poll reads the whole last hour; later ones two minutes
+    small = _statements(gate, gate.dashboard)
+    # Every view grows: more tenants, waiting and admitted requests, decisions, buckets, stops.
+    for index in range(12):
+        tenant = f"grown-{index}"
+        gate.set_tenant(tenant, {"gpu": 1}, cohort=None)
+        gate.set_rate(tenant, "capacity=5,refill=0")
+        for number in range(3):
+            gate.submit(f"{tenant}-{number}", tenant, {"gpu": 1})
+    admitted = gate.admit(50)
+    assert len(admitted) == 5  # the pool is full
+    with gate.engine.begin() as connection:
+        connection.execute(schema.request.update().where(schema.request.c.id == admitted[0].id)
+                           .values(state="cancelling", updated=clock.now()))
+    grown = _statements(gate, gate.dashboard)
+    snapshot = gate.dashboard()
+    assert snapshot.waiting == 32 and len(snapshot.queue) == 32 and len(snapshot.buckets) == 13
+    assert len(snapshot.deliveries) == 8 and len(snapshot.stops) == 1
+    assert len(snapshot.tenants) == 14 and len(snapshot.decisions) == 50
+    # One statement per view, whatever the number of rows in it.
+    assert len(grown) == len(small), (small, grown)
+    story = _statements(gate, lambda: gate.request_story("grown-0-1"))
+    assert len(_statements(gate, lambda: gate.request_story("a-2"))) == len(story)
+
+
+def _shared_ledger(gate: Quotagate, clock: ManualClock) -> None:
+    """team-b borrows 3 of team-a's lendable gpu (its borrowing limit); b-5 and a-1 wait."""
+    gate.set_pool("main", {"gpu": 16})
+    gate.set_cohort("org")
+    gate.set_cohort("research", parent="org")
+    gate.set_tenant("team-a", {"gpu": 4}, cohort="org", lending_limit={"gpu": 3})
+    gate.set_tenant("team-b", {"gpu": 2}, cohort="research", borrowing_limit={"gpu": 3})
+    gate.set_tenant("plain", {"gpu": 1})
+    for index in range(6):
+        gate.submit(f"b-{index}", "team-b", {"gpu": 1})
+        clock.advance(1)
+    gate.admit_until_idle()
+    gate.submit("a-0", "team-a", {"gpu": 1})
+    gate.submit("a-1", "team-a", {"gpu": 2})
+    gate.admit_until_idle()
+
+
+def test_cohort_members_show_nominal_borrowed_and_lent_and_wait_for_the_reason_explain_gives(
+    gate: Quotagate, clock: ManualClock
+) -> None:
+    _shared_ledger(gate, clock)
+    snapshot = gate.dashboard()
+    shown = {(row.name, row.resource): (row.used, row.cap, row.nominal, row.cohort, row.borrowed,
+                                        row.lent) for row in snapshot.tenants}
+    # The same numbers as GET /v1/usage (quotagate inspect).
+    usage = gate.usage()
+    assert shown == {(row["tenant"], row["resource"]): (
+        row["used"], row["cap"], row["nominal"], row["cohort"], row["borrowed"], row["lent"])
+        for row in usage["tenants"]}
+    assert shown[("team-b", "gpu")] == (5, 2, 2, "research", 3, 0)
+    assert shown[("team-a", "gpu")] == (1, 4, 4, "org", 0, 3)
+    assert shown[("plain", "gpu")] == (0, 1, 1, None, 0, 0)
+    ceilings = {row.name: row.ceiling for row in snapshot.tenants}
+    assert ceilings == {"team-a": None, "team-b": 5, "plain": 1}
+    assert [(row.name, row.resource, row.used, row.cap) for row in snapshot.cohorts] == [
+        (room["cohort"], room["resource"], room["used"], room["cap"]) for room in usage["cohorts"]]
+    # Each member's reason is the sentence `explain` gives (the dry run's verdict), not
+    # the plain quota's: b-5 is at its borrowing limit, a-1 finds the room lent out.
+    reasons = {entry.id: entry.reason for entry in snapshot.queue}
+    assert set(reasons) == {"b-5", "a-1"}
+    for request_id, reason in reasons.items():
+        assert reason == gate.explain(request_id)["reason"]
+    assert reasons["b-5"].startswith("borrowing_limit: gpu needs 1")
+    assert reasons["a-1"].startswith("cohort_capacity: gpu needs 2")
+    # A tenant's own scope: its rows with what it lends, no cohort rooms, and the same reason.
+    mine = gate.dashboard("team-a")
+    assert [(row.name, row.lent) for row in mine.tenants] == [("team-a", 3)]
+    assert mine.cohorts == []
+    assert [(entry.id, entry.reason) for entry in mine.queue] == [("a-1", reasons["a-1"])]
+
+
+def test_a_preemption_shows_in_decisions_and_stops_and_is_exported_by_reason(
+    gate: Quotagate, clock: ManualClock
+) -> None:
+    gate.set_pool("main", {"gpu": 8})
+    gate.set_cohort("org")
+    gate.set_tenant("team-a", {"gpu": 2}, cohort="org", reclaim="any")
+    gate.set_tenant("team-b", {"gpu": 2}, cohort="org")
+    for index in range(4):
+        gate.submit(f"b-{index}", "team-b", {"gpu": 1})
+        clock.advance(1)
+    gate.admit_until_idle()
+    gate.submit("a-0", "team-a", {"gpu": 1})
+    assert gate.admit() == []
+    snapshot = gate.dashboard()
+    [victim] = [entry for entry in snapshot.decisions if entry.operation == "preempt"]
+    assert (victim.tenant, victim.outcome, victim.reason) == ("team-b", "stopping",
+                                                              "reclaim for a-0")
+    [stop] = snapshot.stops
+    assert (stop.id, stop.state, stop.reason) == (victim.target, "preempting",
+                                                  "preempted (reclaim) by a-0")
+    value = Metrics(gate.engine, clock=clock).registry.get_sample_value
+    assert value("quotagate_unconfirmed_stops", {"tenant": "team-b", "state": "preempting"}) == 1
+    assert value("quotagate_preempted_requests_total",
+                 {"tenant": "team-b", "reason": "reclaim"}) is None
+    # The executor confirms the stop: the victim ends preempted and is counted by its reason.
+    assert victim.target is not None
+    gate.ledger.release(victim.target, RequestState.CANCELLED, stopped=True)
+    assert gate.dashboard().stops == []
+    value = Metrics(gate.engine, clock=clock).registry.get_sample_value
+    assert value("quotagate_preempted_requests_total",
+                 {"tenant": "team-b", "reason": "reclaim"}) == 1
+    assert value("quotagate_unconfirmed_stops", {"tenant": "team-b", "state": "preempting"}) is None
 
 
 _SLOW_READ = {

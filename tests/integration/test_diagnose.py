@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from quotagate import Quotagate
+import pytest
+
+from quotagate import NotFound, Quotagate
 from quotagate.streaming import SinkStore
 from quotagate.streaming.diagnose import StreamingLocation, diagnose
 from support.sink_workers import EVENT_KEYS, event_columns, events
@@ -66,3 +68,15 @@ def test_without_a_sink_or_checkpoint_the_streaming_layers_say_what_is_missing(g
     assert shown["quota"]["verdict"].startswith("accepted, still waiting")
     assert shown["lease"]["verdict"] == "no delivery record: the request was never admitted"
     assert "--checkpoint" in shown["checkpoint"]["verdict"]
+
+
+def test_a_sink_database_that_is_not_there_is_reported_and_not_created(gate: Quotagate, tmp_path: Path) -> None:
+    gate.set_tenant("team-a", {"gpu": 4})
+    gate.set_pool("pool-1", {"gpu": 4})
+    gate.submit("stream-1", "team-a", {"gpu": 1})
+    missing = tmp_path / "mistyped.db"
+    with pytest.raises(NotFound) as refused:
+        diagnose(gate, "stream-1", StreamingLocation(sink_url=f"sqlite:///{missing}"))
+    assert refused.value.code == "sink_database_missing"
+    assert str(missing) in refused.value.message
+    assert not missing.exists()

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections import Counter, deque
 
 import pytest
+import sqlalchemy as sa
 
 from quotagate import ManualClock, Quotagate
 from quotagate.errors import InvalidInput
+from quotagate.store import schema
 from support.ledger_state import snapshot
 
 JOB_SECONDS = 30.0
@@ -87,3 +89,64 @@ def test_a_priority_above_the_tenants_maximum_is_refused(gate: Quotagate) -> Non
     gate.submit("greedy", "team-a", {"gpu": 1}, priority=11)
     with pytest.raises(InvalidInput):
         gate.set_tenant("team-a", {}, max_priority=10**9)
+
+
+def _recent_heavy_user_then_both_ask(gate: Quotagate, clock: ManualClock) -> tuple[bool, list[str]]:
+    """team-a held the whole pool for an hour; then team-a and team-b each ask for the
+    whole pool, team-a first. Would team-a's be admitted (the dry run), and which one does
+    the next admission take?"""
+    gate.set_pool("pool-1", {"gpu": 2})
+    gate.set_tenant("team-a", {"gpu": 2})
+    gate.set_tenant("team-b", {"gpu": 2})
+    gate.submit("a-heavy", "team-a", {"gpu": 2})
+    gate.admit()
+    clock.advance(3600)
+    gate.complete("a-heavy")
+    gate.submit("a-next", "team-a", {"gpu": 2})
+    clock.advance(1)
+    gate.submit("b-next", "team-b", {"gpu": 2})
+    admissible = gate.explain("a-next")["admissible"]
+    return admissible, [placement.id for placement in gate.admit()]
+
+
+def test_with_a_half_life_a_tenant_that_used_much_lately_yields(
+    gate: Quotagate, clock: ManualClock
+) -> None:
+    gate.set_fair_share(half_life="1h")
+    assert gate.fair_share() == {"half_life": 3600}
+    # The dry run plays the same order: team-b's request takes the pool first.
+    assert _recent_heavy_user_then_both_ask(gate, clock) == (False, ["b-next"])
+
+
+def test_without_a_half_life_past_use_changes_nothing(
+    gate: Quotagate, clock: ManualClock
+) -> None:
+    assert gate.fair_share() == {"half_life": None}
+    # Equal current shares: queue order decides, as before.
+    assert _recent_heavy_user_then_both_ask(gate, clock) == (True, ["a-next"])
+
+
+def test_past_use_fades_with_the_half_life(gate: Quotagate, clock: ManualClock) -> None:
+    gate.set_fair_share(half_life="10m")
+    gate.set_pool("pool-1", {"gpu": 1})
+    gate.set_tenant("team-a", {"gpu": 1})
+    gate.set_tenant("team-b", {"gpu": 1})
+    gate.submit("a-heavy", "team-a", {"gpu": 1})
+    gate.admit()
+    clock.advance(3600)
+    gate.complete("a-heavy")
+    # Ten half-lives later team-a's past share is under a thousandth: and team-b has
+    # used a little more, just now.
+    clock.advance(36000)
+    gate.submit("b-short", "team-b", {"gpu": 1})
+    gate.admit()
+    clock.advance(60)
+    gate.complete("b-short")
+    gate.submit("a-next", "team-a", {"gpu": 1})
+    gate.submit("b-next", "team-b", {"gpu": 1})
+    assert [placement.id for placement in gate.admit()] == ["a-next"]
+    # Removing the half-life forgets past use: queue order again.
+    gate.set_fair_share(half_life=None)
+    with gate.engine.connect() as connection:
+        assert connection.execute(sa.select(sa.func.sum(schema.tenant_quota.c.decayed))
+                                  ).scalar() == 0

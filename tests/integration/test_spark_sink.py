@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from quotagate.streaming import SinkStore, StaleFencingToken
 from quotagate.streaming.checkpoint import read_checkpoint
 from quotagate.streaming.spark import idempotent_sink
 from support.databases import fresh_database
-from support.spark import run_query, start_session, write_events
+from support.spark import EVENT_SCHEMA, run_query, start_session, write_events
 
 pytestmark = pytest.mark.spark
 
@@ -47,39 +48,103 @@ class EngineFailsAfterTheSink:
         raise RuntimeError(f"driver lost after the sink committed batch {batch_id}")
 
 
+def business_write_fails(batch_df: Any, batch_id: int) -> None:
+    raise RuntimeError(f"the business write of batch {batch_id} failed")
+
+
 def test_replays_and_a_deleted_commit_log_converge_to_the_same_rows(
     spark: Any, business_url: str, tmp_path: Path
 ) -> None:
     source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
     sink = idempotent_sink(business_url, "events", ["event_id"], query_name="q")
     store = SinkStore(business_url)
+
+    def batch1() -> tuple[int, int, int]:
+        marker = {marker.batch_id: marker for marker in store.markers("q")}[1]
+        return marker.deliveries, marker.inserted, marker.conflicts
+
     write_events(source, "part-0.json", range(5))
     run_query(spark, source, checkpoint, sink)
     assert store.count_rows("events") == 5
 
-    # Batch 1 takes effect but the engine never records it: it must replay it.
+    # Batch 1's business write fails: nothing of it is written, and the engine does not commit it.
     write_events(source, "part-1.json", range(5, 8), tenant="tenant-b")
+    with pytest.raises(Exception, match="the business write of batch 1 failed"):
+        run_query(spark, source, checkpoint, business_write_fails)
+    assert store.count_rows("events") == 5
+    assert read_checkpoint(checkpoint).commits == (0,)
+
+    # The restart replays batch 1; it takes effect, but the driver dies before the commit log.
     with pytest.raises(Exception, match="driver lost after the sink committed batch 1"):
         run_query(spark, source, checkpoint, EngineFailsAfterTheSink(sink))
     assert store.count_rows("events") == 8
     assert read_checkpoint(checkpoint).commits == (0,)
 
+    # So the next restart hands the sink batch 1 once more: absorbed as conflicts.
     run_query(spark, source, checkpoint, sink)
-    markers = {marker.batch_id: marker for marker in store.markers("q")}
     assert store.count_rows("events") == 8
-    assert (markers[1].deliveries, markers[1].inserted, markers[1].conflicts) == (2, 3, 3)
+    assert batch1() == (2, 3, 3)
     assert read_checkpoint(checkpoint).commits == (0, 1)
 
-    # Tampering: commits/1 deleted. Spark runs batch 1 a third time, then (Spark 4.3)
-    # refuses to write the commit entry again, its checksum file being still there.
+    # Tampering: commits/1 deleted. Spark runs batch 1 a third time, then (Spark 4.3) fails
+    # writing the commit entry again, its checksum file .1.crc being still there.
     (checkpoint / "commits" / "1").unlink()
     with pytest.raises(Exception, match="concurrently using"):
         run_query(spark, source, checkpoint, sink)
-    batch1 = {marker.batch_id: marker for marker in store.markers("q")}[1]
     assert store.count_rows("events") == 8
-    assert (batch1.deliveries, batch1.inserted, batch1.conflicts) == (3, 3, 6)
+    assert batch1() == (3, 3, 6)
+    # ... but commits/1 was written again before that failure: the next restart has nothing to do.
+    assert read_checkpoint(checkpoint).commits == (0, 1)
+    run_query(spark, source, checkpoint, sink)
+    assert batch1() == (3, 3, 6)
+
+    # The entry and its checksum deleted: Spark replays batch 1 without any error.
+    (checkpoint / "commits" / "1").unlink()
+    (checkpoint / "commits" / ".1.crc").unlink()
+    run_query(spark, source, checkpoint, sink)
+    assert read_checkpoint(checkpoint).commits == (0, 1)
+    assert store.count_rows("events") == 8
+    assert batch1() == (4, 3, 9)
     store.close()
     sink.close()
+
+
+def test_two_queries_writing_the_same_batch_at_once_write_its_rows_once(
+    spark: Any, business_url: str, tmp_path: Path
+) -> None:
+    source = tmp_path / "in"
+    write_events(source, "part-0.json", range(200))
+    together = threading.Barrier(2)
+    sinks = [idempotent_sink(business_url, "events", ["event_id"], query_name="q", chunk_size=20)
+             for _ in range(2)]
+    for sink in sinks:
+        sink.store.ensure_tables()  # the race is over the rows, not over creating the tables
+
+    def at_once(sink: Any) -> Any:
+        def write(batch_df: Any, batch_id: int) -> None:
+            together.wait(timeout=120)  # both queries hold batch 0 before either writes it
+            sink(batch_df, batch_id)
+        return write
+
+    # Two queries over the same source, as two executors replaying one batch from two checkpoints.
+    queries = [
+        spark.readStream.schema(EVENT_SCHEMA).json(str(source)).writeStream
+        .foreachBatch(at_once(sink)).option("checkpointLocation", str(tmp_path / f"checkpoint-{index}"))
+        .trigger(availableNow=True).start()
+        for index, sink in enumerate(sinks)
+    ]
+    for query in queries:
+        query.awaitTermination()
+
+    [marker] = sinks[0].store.markers("q")
+    assert sinks[0].store.count_rows("events") == 200
+    assert (marker.batch_id, marker.deliveries, marker.inserted, marker.conflicts) == (0, 2, 200, 200)
+    results = [result for sink in sinks for result in sink.results]
+    assert [result.rows for result in results] == [200, 200]
+    # Each row went in exactly once, through one writer or the other; the other saw it as a conflict.
+    assert sum(result.inserted for result in results) == sum(result.conflicts for result in results) == 200
+    for sink in sinks:
+        sink.close()
 
 
 def test_a_reprocessed_epoch_from_a_new_checkpoint_inserts_nothing_new(

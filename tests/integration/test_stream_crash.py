@@ -79,3 +79,40 @@ def _topic_with_messages(gate: Quotagate) -> str:
     gate.streams.producer(tenant, "orders").send_many(
         [f"m-{index}" for index in range(MESSAGES)])
     return tenant
+
+
+def test_a_killed_consumers_share_of_the_in_flight_cap_comes_back(
+    tmp_path: Path, private_redis: RedisServer
+) -> None:
+    """The tenant's cap is 10 and a consumer holding 10 is SIGKILLed: another consumer of
+    the tenant (another topic) gets nothing until the dead one's heartbeat expires, then
+    the whole cap, and the dead instance's count is gone."""
+    with fresh_database("sqlite", tmp_path) as db_url, stream_gate(
+        db_url, private_redis.url
+    ) as gate:
+        tenant = tenant_with_quota(gate)
+        gate.streams.set_settings(tenant, max_in_flight=10)
+        for topic in ("orders", "payments"):
+            gate.streams.create_topic(tenant, topic, partitions=1, parallelism=1)
+            gate.streams.producer(tenant, topic).send_many([f"m-{i}" for i in range(20)])
+        context = multiprocessing.get_context("spawn")
+        log = tmp_path / "first.log"
+        first = _start(context, db_url, private_redis.url, tenant, log, "m-0")
+        wait_for(lambda: "blocked" in read_log(log), "the first consumer to hold its batch",
+                 timeout=60)
+        other = gate.streams.consumer(tenant, "payments", "g", "c2", batch=10, lease_ttl=1.0)
+        assert other.poll() == []  # the first holds the whole cap
+        os.kill(first.pid or 0, signal.SIGKILL)
+        first.join(timeout=30)
+        got: list[object] = []
+
+        def share_came_back() -> bool:
+            got.extend(other.poll())
+            return bool(got)
+
+        wait_for(share_came_back, "the killed consumer's share to expire", timeout=30)
+        assert len(got) == 10
+        client = redis.Redis.from_url(private_redis.url)
+        assert list(client.hkeys(StreamKeys(tenant).in_flight())) == [other.instance.encode()]
+        client.close()
+        other.close()

@@ -9,10 +9,11 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from quotagate import Conflict, InvalidInput, NotFound, Quotagate
+from quotagate import Conflict, InvalidInput, NotFound, Quotagate, StoreUnavailable
 from quotagate.domain.bucket import parse_rate
 from quotagate.store import schema
 from quotagate.streams.keys import StreamKeys
+from quotagate.streams.topics import StreamSettings
 from support.streams import keys_of, shared_redis_url, stream_gate, tenant_with_quota
 
 
@@ -35,9 +36,13 @@ def _used(gate: Quotagate, tenant: str) -> dict[str, int]:
 
 
 def _audit(gate: Quotagate, tenant: str) -> list[tuple[str, str]]:
+    return [(operation, outcome) for _actor, operation, outcome in _audit_rows(gate, tenant)]
+
+
+def _audit_rows(gate: Quotagate, tenant: str) -> list[tuple[str, str, str]]:
     with gate.engine.connect() as connection:
-        return [(row.operation, row.outcome) for row in connection.execute(
-            sa.select(schema.audit.c.operation, schema.audit.c.outcome)
+        return [(row.actor, row.operation, row.outcome) for row in connection.execute(
+            sa.select(schema.audit.c.actor, schema.audit.c.operation, schema.audit.c.outcome)
             .where(schema.audit.c.tenant == tenant).order_by(schema.audit.c.id))]
 
 
@@ -45,27 +50,33 @@ def test_creating_a_topic_charges_partitions_and_parallelism_with_an_audit_entry
     gate: Quotagate, client: redis.Redis
 ) -> None:
     tenant = tenant_with_quota(gate, partitions=8, parallelism=4)
-    spec = gate.streams.create_topic(tenant, "orders", partitions=6, parallelism=3)
+    spec = gate.streams.create_topic(tenant, "orders", partitions=6, parallelism=3,
+                                     actor="token:alice")
     assert (spec.partitions, spec.parallelism) == (6, 3)
     assert _used(gate, tenant) == {"partitions": 6, "parallelism": 3}
-    assert ("topic.create", "ok") in _audit(gate, tenant)
     keys = StreamKeys(tenant)
     assert client.hget(keys.meta("orders"), "partitions") == b"6"
     assert client.smembers(keys.topics()) == {b"orders"}
     assert gate.check_invariants() == []
-    gate.streams.delete_topic(tenant, "orders")
+    gate.streams.delete_topic(tenant, "orders", actor="token:bob")
+    # Tenant, actor and operation of both control-plane changes, in the ledger's audit log.
+    assert _audit_rows(gate, tenant)[-2:] == [("token:alice", "topic.create", "ok"),
+                                              ("token:bob", "topic.delete", "released")]
 
 
 def test_a_topic_over_quota_is_refused_and_nothing_is_created(
     gate: Quotagate, client: redis.Redis
 ) -> None:
-    tenant = tenant_with_quota(gate, partitions=4, parallelism=4)
+    tenant = tenant_with_quota(gate, partitions=4, parallelism=2)
     gate.streams.create_topic(tenant, "first", partitions=3, parallelism=1)
     audit_before = _audit(gate, tenant)
     with pytest.raises(Conflict) as refused:
         gate.streams.create_topic(tenant, "second", partitions=2, parallelism=1)
     assert refused.value.code == "topic_quota_exceeded"
     assert "partitions needs 2, 1 of 4 left" in refused.value.message
+    # Parallelism fits exactly (1 of 2 used): the refusal names only what is short, as committed,
+    # not a row the rolled-back transaction had charged already.
+    assert "parallelism" not in refused.value.message
     assert _used(gate, tenant) == {"partitions": 3, "parallelism": 1}
     assert [spec.name for spec in gate.streams.topics.specs(tenant)] == ["first"]
     assert _audit(gate, tenant) == audit_before
@@ -164,3 +175,88 @@ def test_the_invariant_check_sees_a_topic_charge_that_drifted(gate: Quotagate) -
     with gate.engine.begin() as connection:
         connection.execute(schema.topic.delete().where(schema.topic.c.tenant == tenant))
     assert any(f"tenant {tenant} partitions: used 2" in v for v in gate.check_invariants())
+
+
+def test_a_tenant_with_topics_is_not_moved_to_another_redis(gate: Quotagate) -> None:
+    """Its streams would stay behind in the old Redis while the ledger sent its producers
+    and consumers to the new one: refused, nothing changed, until its topics are gone."""
+    tenant = tenant_with_quota(gate)
+    gate.streams.create_topic(tenant, "orders", partitions=1, parallelism=1)
+    audit_before = _audit(gate, tenant)
+    with pytest.raises(Conflict) as refused:
+        gate.streams.set_settings(tenant, redis_url="redis://127.0.0.1:6390/0", max_len=5)
+    assert refused.value.code == "tenant_has_topics" and "orders" in refused.value.message
+    assert gate.streams.settings(tenant) == StreamSettings(tenant)
+    assert _audit(gate, tenant) == audit_before
+    gate.streams.set_settings(tenant, max_len=5)  # other settings still change
+    gate.streams.delete_topic(tenant, "orders")
+    moved = gate.streams.set_settings(tenant, redis_url="redis://127.0.0.1:6390/0")
+    assert moved.redis_url == "redis://127.0.0.1:6390/0" and moved.max_len == 5
+
+
+@pytest.mark.parametrize(("changes", "code"), [
+    ({"redis_url": "http://example.com"}, "invalid_redis_url"),
+    ({"max_len": 0}, "invalid_max_length"),
+    ({"max_in_flight": -1}, "invalid_max_in_flight"),
+])
+def test_bad_stream_settings_are_refused_with_nothing_changed(
+    gate: Quotagate, changes: dict[str, object], code: str
+) -> None:
+    tenant = tenant_with_quota(gate)
+    audit_before = _audit(gate, tenant)
+    with pytest.raises(InvalidInput) as refused:
+        gate.streams.set_settings(tenant, **changes)
+    assert refused.value.code == code
+    assert gate.streams.settings(tenant) == StreamSettings(tenant)
+    assert _audit(gate, tenant) == audit_before
+
+
+def test_a_delete_refused_while_the_stream_redis_is_unreachable_changes_nothing(
+    gate: Quotagate, db_url: str, client: redis.Redis
+) -> None:
+    tenant = tenant_with_quota(gate)
+    gate.streams.create_topic(tenant, "orders", partitions=2, parallelism=1)
+    audit_before = _audit(gate, tenant)
+    with stream_gate(db_url, "redis://127.0.0.1:1/0") as cut_off, pytest.raises(
+            StoreUnavailable) as refused:
+        cut_off.streams.delete_topic(tenant, "orders")
+    assert refused.value.code == "stream_store_unavailable"
+    assert [spec.name for spec in gate.streams.list_topics(tenant)] == ["orders"]
+    assert _used(gate, tenant) == {"partitions": 2, "parallelism": 1}
+    assert _audit(gate, tenant) == audit_before
+    assert client.exists(StreamKeys(tenant).meta("orders"))
+    gate.streams.delete_topic(tenant, "orders")
+
+
+def test_a_topic_created_again_starts_empty_whatever_an_earlier_one_left(
+    gate: Quotagate, client: redis.Redis
+) -> None:
+    """Keys an interrupted delete left behind (streams, DLQ, a group's frontier) are no part
+    of a new topic of the same name."""
+    tenant = tenant_with_quota(gate)
+    keys = StreamKeys(tenant)
+    client.xadd(keys.partition("orders", 0), {"data": "old"})
+    client.xgroup_create(keys.partition("orders", 0), "g", id="0")
+    client.set(keys.frontier("orders", "g", 0), "1-0")
+    client.xadd(keys.dlq("orders"), {"data": "old"})
+    gate.streams.create_topic(tenant, "orders", partitions=1, parallelism=1)
+    status = gate.streams.status(tenant, "orders")
+    assert status.partitions[0].length == 0 and status.partitions[0].groups == []
+    assert status.dlq_length == 0 and not client.exists(keys.frontier("orders", "g", 0))
+    gate.streams.delete_topic(tenant, "orders")
+
+
+def test_a_topic_created_while_the_stream_redis_is_unreachable_leaves_nothing(
+    gate: Quotagate, db_url: str
+) -> None:
+    """Redis is written as the transaction's last step: its failure rolls the charge back."""
+    tenant = tenant_with_quota(gate)
+    audit_before = _audit(gate, tenant)
+    with stream_gate(db_url, "redis://127.0.0.1:1/0") as cut_off, pytest.raises(
+            StoreUnavailable):
+        cut_off.streams.create_topic(tenant, "orders", partitions=2, parallelism=1,
+                                     rate=parse_rate("capacity=5,refill=1"))
+    assert gate.streams.list_topics(tenant) == []
+    assert _used(gate, tenant) == {"partitions": 0, "parallelism": 0}
+    assert _audit(gate, tenant) == audit_before
+    assert gate.rate_status(tenant, topic="orders") is None

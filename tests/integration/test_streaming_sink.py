@@ -86,6 +86,27 @@ def test_a_batch_failing_midway_leaves_nothing_visible_even_after_chunks_were_wr
     assert store.markers("q") == []
 
 
+def test_a_batch_bigger_than_one_statement_may_carry_is_written_in_chunks_as_one(business_url: str) -> None:
+    # 17 MB of rows: more than MariaDB accepts in one statement (max_allowed_packet, 16 MB by default),
+    # though fewer rows than one chunk holds by count.
+    count, width = 340, 50_000
+    with SinkStore(business_url) as store:
+        table = store.business_table("notes", ["note_id"], lambda: [
+            sa.Column("note_id", sa.String(64), nullable=False), sa.Column("note", sa.Text)])
+        def rows() -> Iterator[dict[str, Any]]:
+            return ({"note_id": f"n{index:04d}", "note": chr(65 + index % 26) * width} for index in range(count))
+
+        first = store.write_batch("q", 0, table, ["note_id"], rows)
+        replay = store.write_batch("q", 0, table, ["note_id"], rows)
+        assert (first.rows, first.inserted, first.conflicts) == (count, count, 0)
+        assert (replay.inserted, replay.conflicts) == (0, count)
+        assert store.count_rows("notes") == count
+        with store.engine.connect() as connection:
+            lengths = connection.execute(sa.select(sa.func.min(sa.func.length(table.c.note)),
+                                                   sa.func.max(sa.func.length(table.c.note)))).one()
+        assert tuple(lengths) == (width, width)
+
+
 def test_two_concurrent_writers_of_the_same_batch_write_its_rows_once(business_url: str) -> None:
     count = 40
     outcomes = race(write_same_batch, business_url, count, processes=2)

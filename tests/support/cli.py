@@ -10,9 +10,11 @@ from pathlib import Path
 QUOTAGATE = [sys.executable, "-m", "quotagate.cli"]
 
 
-def run(*args: str, db: str, cwd: Path, expect: int = 0) -> subprocess.CompletedProcess[str]:
-    """Run ``quotagate ARGS`` against ``db``; assert it exits with ``expect``."""
-    environment = {**os.environ, "QUOTAGATE_DB": db}
+def run(*args: str, db: str, cwd: Path, expect: int = 0,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``quotagate ARGS`` against ``db`` (``env``: more variables); assert it exits
+    with ``expect``."""
+    environment = {**os.environ, "QUOTAGATE_DB": db, **(env or {})}
     result = subprocess.run([*QUOTAGATE, *args], capture_output=True, text=True, cwd=cwd,
                             env=environment, timeout=120)
     assert result.returncode == expect, (result.stdout, result.stderr)

@@ -1,6 +1,7 @@
 """Getting requests to ``delivered`` for real: a webhook receiver on 127.0.0.1 and the dispatcher.
 
-The receiver accepts every POST (201 with an id) and answers GETs with
+The receiver accepts every POST (201 with an id; ``POST …/_batch``: 201 for each item)
+and answers GETs with
 ``running``, so a delivered request stays delivered until someone ends it.
 """
 
@@ -24,6 +25,12 @@ from support.waiting import wait_for
 class _Handler(JsonHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path.endswith("/_batch"):  # many deliveries in one call (--batch-deliver)
+            self._reply(200, {"results": [
+                {"status": 201, "object": {"id": uuid.uuid4().hex,
+                                           "request_id": item["request_id"], "state": "running"}}
+                for item in body["deliveries"]]})
+            return
         self._reply(201, {"id": uuid.uuid4().hex, "request_id": body["request_id"],
                           "state": "running"})
 

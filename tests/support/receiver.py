@@ -1,7 +1,8 @@
 """A webhook receiver on 127.0.0.1 for the delivery engine tests (a real HTTP server).
 
 It behaves like an idempotent receiver: objects keyed by name, 409 on a second
-POST of a name, ``GET /hooks/<name>`` to read back, ``DELETE /hooks/<name>`` to
+POST of a name, ``POST /hooks/_batch`` for many deliveries at once (each item
+answered on its own), ``GET /hooks/<name>`` to read back, ``DELETE /hooks/<name>`` to
 stop. It records every call with its headers, tracks how many POSTs of one
 idempotency key are in flight at once, and its answers can be scripted.
 """
@@ -37,6 +38,9 @@ class Receiver(ThreadingHTTPServer):
         self.initial_state = "running"
         self.delete_answers: list[int] = []  # scripted DELETE answers; then 204
         self.never_confirm_stop = False  # DELETE answers 202 forever
+        # request id -> (status, times): answer that item of a delivery with status, so often
+        self.refuse_items: dict[str, tuple[int, int]] = {}
+        self.batch_answer: dict[str, Any] | None = None  # answer every _batch call with this
 
     @property
     def url(self) -> str:
@@ -58,7 +62,21 @@ class _Handler(JsonHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self._record(body)
-        key = self.headers["Idempotency-Key"]
+        if self.path.split("?", 1)[0].endswith("/_batch"):
+            if self.server.batch_answer is not None:
+                self._reply(200, self.server.batch_answer)
+                return
+            # One call, many deliveries, each answered as its own POST would be.
+            results = []
+            for item in body["deliveries"]:
+                status, answer = self._deliver(item, item["idempotency_key"])
+                results.append({"status": status, "object": answer})
+            self._reply(200, {"results": results})
+            return
+        status, answer = self._deliver(body, self.headers["Idempotency-Key"])
+        self._reply(status, answer)
+
+    def _deliver(self, body: dict[str, Any], key: str) -> tuple[int, dict[str, Any]]:
         with self.server.lock:
             self.server.in_flight[key] = self.server.in_flight.get(key, 0) + 1
             self.server.most_in_flight[key] = max(self.server.most_in_flight.get(key, 0),
@@ -67,26 +85,29 @@ class _Handler(JsonHandler):
             if self.server.post_delay:
                 time.sleep(self.server.post_delay)  # the receiver's own work, for overlap
             if self.server.post_status is not None:
-                self._reply(self.server.post_status, self.server.post_body)
-                return
+                return self.server.post_status, self.server.post_body
             with self.server.lock:
+                status, times = self.server.refuse_items.get(body["request_id"], (0, 0))
+                if times > 0:
+                    # Scripted: refuse this request's next ``times`` deliveries.
+                    self.server.refuse_items[body["request_id"]] = (status, times - 1)
+                    return status, {"error": "refused"}
                 name = body["name"]
                 if name in self.server.objects:
-                    self._reply(409, {"error": "exists"})
-                    return
+                    return 409, {"error": "exists"}
                 stored = {"id": uuid.uuid4().hex, "name": name,
                           "request_id": body["request_id"], "ledger_id": body["ledger_id"],
                           "fencing_token": body["fencing_token"],
                           "state": self.server.initial_state}
                 self.server.objects[name] = stored
-            self._reply(201, stored)
+            return 201, stored
         finally:
             with self.server.lock:
                 self.server.in_flight[key] -= 1
 
     def do_GET(self) -> None:
         self._record()
-        name = self.path.rsplit("/", 1)[-1]
+        name = self.path.split("?", 1)[0].rsplit("/", 1)[-1]
         with self.server.lock:
             found = self.server.objects.get(name)
         if found is None:
@@ -96,7 +117,7 @@ class _Handler(JsonHandler):
 
     def do_DELETE(self) -> None:
         self._record()
-        name = self.path.rsplit("/", 1)[-1]
+        name = self.path.split("?", 1)[0].rsplit("/", 1)[-1]
         with self.server.lock:
             if name not in self.server.objects:
                 status = 404

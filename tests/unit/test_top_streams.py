@@ -1,4 +1,5 @@
-"""`quotagate top`'s Streams table: from a server without the view, and with its Redis down."""
+"""`quotagate top` from a /v1/dashboard body: its Streams table (from a server without the view,
+with its Redis down) and the columns that appear only when the server sends them."""
 
 from __future__ import annotations
 
@@ -34,3 +35,18 @@ def test_an_unreachable_stream_redis_is_said_under_the_table() -> None:
     assert [cell.strip() for cell in line.split("│")[1:-1]] == [
         "team-a", "orders", "2", "-", "-", "-", "-", ""]
     assert "stream numbers unavailable: the stream Redis redis://127.0.0.1:1/0 cannot be" in frame
+
+
+def _tenant(name: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "resource": "gpu", "used": 1, "cap": 2, "cohort": None, "nominal": 2,
+            "borrowed": 0, "lent": 0, **extra}
+
+
+def test_a_budget_column_appears_only_when_the_server_reports_budgets() -> None:
+    plain = _frame(tenants=[_tenant("team-a")])
+    assert "budget left" not in plain and "cohort" not in plain
+    frame = _frame(tenants=[_tenant("team-a", budget_left_hours=12.5, budget_limit="100h/30d"),
+                            _tenant("team-b")])
+    rows = {cells[0]: cells for line in frame.splitlines()
+            if len(cells := [cell.strip() for cell in line.split("│")[1:-1]]) == 5}
+    assert rows["team-a"][4] == "12.5h of 100h/30d" and rows["team-b"][4] == "-"

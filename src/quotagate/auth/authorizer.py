@@ -19,6 +19,8 @@ POOL_SET = "pool.set"
 POOL_READ = "pool.read"
 COHORT_SET = "cohort.set"
 COHORT_READ = "cohort.read"
+FAIR_SHARE_SET = "fair_share.set"
+FAIR_SHARE_READ = "fair_share.read"
 USAGE_READ = "usage.read"
 REQUEST_SUBMIT = "request.submit"
 REQUEST_READ = "request.read"
@@ -33,13 +35,14 @@ TOPIC_DELETE = "topic.delete"
 STREAM_PRODUCE = "stream.produce"
 STREAM_READ = "stream.read"
 
-ADMIN_OPERATIONS = frozenset({TENANT_SET, POOL_SET, POOL_READ, COHORT_SET, COHORT_READ})
+ADMIN_OPERATIONS = frozenset({TENANT_SET, POOL_SET, POOL_READ, COHORT_SET, COHORT_READ,
+                              FAIR_SHARE_SET, FAIR_SHARE_READ})
 OPERATIONS = frozenset(
     {
         TENANT_SET, TENANT_READ, POOL_SET, POOL_READ, USAGE_READ, REQUEST_SUBMIT, REQUEST_READ,
         REQUEST_LIST, REQUEST_CANCEL, REQUEST_COMPLETE, REQUEST_FAIL, AUDIT_READ,
         TOPIC_CREATE, TOPIC_READ, TOPIC_DELETE, STREAM_PRODUCE, STREAM_READ,
-        COHORT_SET, COHORT_READ,
+        COHORT_SET, COHORT_READ, FAIR_SHARE_SET, FAIR_SHARE_READ,
     }
 )
 # Operations on one request: refusing them says "not found", so a tenant cannot

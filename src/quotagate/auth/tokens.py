@@ -12,6 +12,9 @@ import hashlib
 import hmac
 import re
 import secrets
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,10 +95,57 @@ def _info(row: TokenRow) -> TokenInfo:
     )
 
 
+class ActorCache:
+    """Tokens that authenticated recently -> their actor, for ``ttl`` seconds.
+
+    Keyed by the SHA-256 of the whole token text, so only the exact token that
+    was verified hits (a wrong secret for a known id never does); nothing but
+    successes is kept. A revocation through the same store drops the token at
+    once; one made elsewhere (the CLI, another process) takes effect here within
+    ``ttl`` (docs/decisions/237). Bounded: when full it starts afresh.
+    """
+
+    MAX_ENTRIES = 10_000
+
+    def __init__(self, ttl: float, monotonic: Callable[[], float] = time.monotonic) -> None:
+        if ttl < 0:
+            raise InvalidInput("the token cache time must be 0 or more seconds",
+                               code="invalid_token_cache_ttl")
+        self.ttl = ttl
+        self._monotonic = monotonic
+        self._entries: dict[str, tuple[Actor, float]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Actor | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            if entry[1] <= self._monotonic():
+                del self._entries[key]
+                return None
+            return entry[0]
+
+    def put(self, key: str, actor: Actor) -> None:
+        with self._lock:
+            if len(self._entries) >= self.MAX_ENTRIES:
+                self._entries.clear()
+            self._entries[key] = (actor, self._monotonic() + self.ttl)
+
+    def forget(self, token_id: str) -> None:
+        with self._lock:
+            self._entries = {key: entry for key, entry in self._entries.items()
+                             if entry[0].token_id != token_id}
+
+
 class TokenStore:
-    def __init__(self, engine: Engine, *, clock: Clock | None = None) -> None:
+    def __init__(self, engine: Engine, *, clock: Clock | None = None,
+                 cache_ttl: float = 0.0,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
         self.clock: Clock = clock or SystemClock()
+        # 0: every call reads the token's row (revocation from anywhere counts at once).
+        self.cache: ActorCache | None = ActorCache(cache_ttl, monotonic) if cache_ttl else None
 
     def create(
         self,
@@ -163,10 +213,23 @@ class TokenStore:
                                                f"token/{token_id}"))
             return _info({**row, "revoked": now})
 
-        return run_transaction(self.engine, work)
+        revoked = run_transaction(self.engine, work)
+        if self.cache is not None:
+            self.cache.forget(token_id)
+        return revoked
 
     def authenticate(self, text: str) -> Actor:
         """The actor a bearer token stands for, or Unauthorized (the same for every failure)."""
+        if self.cache is None:
+            return self._authenticate(text)
+        key = hashlib.sha256(text.encode()).hexdigest()
+        actor = self.cache.get(key)
+        if actor is None:
+            actor = self._authenticate(text)
+            self.cache.put(key, actor)
+        return actor
+
+    def _authenticate(self, text: str) -> Actor:
         token_id, secret = parse_token(text)
         row = api_tokens.find(self.engine, token_id)
         stored = row["secret_hash"] if row is not None else _DUMMY_HASH

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from typing import Any
+
 import click
 
 from quotagate.cli.common import (
@@ -20,7 +23,9 @@ from quotagate.cli.stream_settings import (
     stream_settings_options,
 )
 from quotagate.domain.bucket import parse_rate
+from quotagate.domain.budget import format_duration
 from quotagate.domain.sharing import KEEP, Keep
+from quotagate.errors import InvalidInput, NotFound
 from quotagate.store.engine import database_url, redact
 
 
@@ -61,6 +66,12 @@ def tenant() -> None:
               help="Preempt other members' borrowed work to get back to its nominal share.")
 @click.option("--within-tenant", default=None, metavar="never|lower-priority",
               help="Preempt its own lower-priority running work for a waiting request.")
+@click.option("--budget", "budget", multiple=True, metavar="RESOURCE=AMOUNT/WINDOW",
+              help="Resource-hours per rolling window, e.g. gpu=100h/30d ('RESOURCE=none' "
+              "removes one, 'none' all); repeat for several.")
+@click.option("--default-max-runtime", default=None, metavar="DURATION",
+              help="What a budget reserves for its requests that declare no --max-runtime "
+              "(e.g. 1h; 'none' removes it).")
 @stream_settings_options
 @db_option
 @rate_store_option
@@ -69,6 +80,7 @@ def tenant_set(
     name: str, quotas: tuple[str, ...], rate: str | None, cohort: str | None,
     borrowing: tuple[str, ...], lending: tuple[str, ...], weight: int | None,
     max_priority: str | None, reclaim: str | None, within_tenant: str | None,
+    budget: tuple[str, ...], default_max_runtime: str | None,
     db_url: str | None, rate_store: str | None,
     **stream_options: str | None,
 ) -> None:
@@ -80,16 +92,30 @@ def tenant_set(
     chosen: str | Keep | None = KEEP if cohort is None else (None if cohort == "none" else cohort)
     cap: object = KEEP if max_priority is None else (
         None if max_priority == "none" else parse_whole(max_priority, "max_priority"))
+    clear_budgets = "none" in budget
+    limits = parse_budgets(tuple(value for value in budget if value != "none"))
+    runtime: object = KEEP if default_max_runtime is None else (
+        None if default_max_runtime == "none" else default_max_runtime)
     with open_gate(db_url, rate_store=rate_store) as gate:
+        settings = None
+        if stream_settings:
+            # An existing tenant's stream settings first: one refused for the tenant's
+            # state (a Redis move while it has topics) leaves its quotas as they were.
+            try:
+                settings = gate.streams.set_settings(name, **stream_settings, actor="cli")
+            except NotFound as missing:
+                if missing.code != "unknown_tenant":
+                    raise
         result = gate.set_tenant(
             name, caps, actor="cli", cohort=chosen,
             borrowing_limit=parse_assignments(borrowing, "borrowing_limit", allow_none=True),
             lending_limit=parse_assignments(lending, "lending_limit", allow_none=True),
             weight=weight, max_priority=cap, reclaim=reclaim, within_tenant=within_tenant,
+            budget=limits, clear_budgets=clear_budgets, default_max_runtime=runtime,
         )
         status = gate.set_rate(name, bucket, actor="cli") if rate is not None else None
-        settings = (gate.streams.set_settings(name, **stream_settings, actor="cli")
-                    if stream_settings else None)
+        if stream_settings and settings is None:  # a new tenant: it exists now
+            settings = gate.streams.set_settings(name, **stream_settings, actor="cli")
     _print_caps("tenant", name, result)
     if rate is not None:
         click.echo(describe_rate(status))
@@ -120,8 +146,41 @@ def tenant_show(name: str, as_json: bool, db_url: str | None, rate_store: str | 
         click.echo(f"weight {described['weight']}, maximum priority "
                    f"{'none' if described['max_priority'] is None else described['max_priority']}"
                    f", reclaim {described['reclaim']}, within tenant {described['within_tenant']}")
+        for line in describe_budgets(described):
+            click.echo(line)
         click.echo(describe_rate(described["rate"]))
         click.echo(describe_stream_settings(settings))
+
+
+def parse_budgets(values: tuple[str, ...]) -> dict[str, object]:
+    """``("gpu=100h/30d", "cpu=none")`` → ``{"gpu": "100h/30d", "cpu": None}``."""
+    parsed: dict[str, object] = {}
+    for value in values:
+        name, sep, limit = value.partition("=")
+        if not sep or not name:
+            raise InvalidInput(f"budget must look like RESOURCE=100h/30d, got {value!r}",
+                               code="invalid_budget")
+        parsed[name.strip()] = None if limit.strip() == "none" else limit.strip()
+    return parsed
+
+
+def describe_budgets(described: dict[str, Any]) -> list[str]:
+    """``tenant show``'s budget lines (docs/fair-sharing.md#budgets)."""
+    lines = []
+    default = described.get("default_max_runtime")
+    if default is not None:
+        lines.append(f"default max-runtime {format_duration(default)}")
+    for resource, state in described.get("budget", {}).items():
+        frees = state["frees_at"]
+        lines.append(
+            f"budget {resource} {state['limit']}: spent {state['spent_hours']:g}h, reserved "
+            f"ahead {state['reserved_ahead_hours']:g}h, left {state['left_hours']:g}h"
+            + ("" if frees is None else f", frees up from {_when(frees)}"))
+    return lines
+
+
+def _when(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 @tenant.command("list")

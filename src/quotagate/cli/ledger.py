@@ -36,20 +36,24 @@ def _when(epoch: float | None) -> str:
 @click.option("--priority", default=0, show_default=True, type=int)
 @click.option("--payload", default=None, help="JSON payload handed to the executor.")
 @click.option("--target", default=None, help="Delivery target name (default: the default target).")
+@click.option("--max-runtime", default=None, metavar="DURATION",
+              help="How long it may run (90s, 30m, 2h): what its tenant's budget reserves "
+              "for it (default: the tenant's --default-max-runtime).")
 @click.option("--json", "as_json", is_flag=True, help="Print the request as JSON.")
 @db_option
 @rate_store_option
 @reports_errors
 def submit(
     request_id: str, tenant: str, costs: tuple[str, ...], priority: int, payload: str | None,
-    target: str | None, as_json: bool, db_url: str | None, rate_store: str | None,
+    target: str | None, max_runtime: str | None, as_json: bool, db_url: str | None,
+    rate_store: str | None,
 ) -> None:
     """Record a request as waiting (idempotent by id); a tenant's rate quota may refuse it."""
     parsed_payload = None if payload is None else parse_payload_text(payload)
     with open_gate(db_url, rate_store=rate_store) as gate:
         result = gate.submit(
             request_id, tenant, parse_assignments(costs, "cost"), priority=priority,
-            payload=parsed_payload, target=target, actor="cli",
+            payload=parsed_payload, target=target, actor="cli", max_runtime=max_runtime,
         )
     if as_json:
         echo_json({**result.request.to_dict(), "created": result.created})

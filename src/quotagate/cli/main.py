@@ -9,6 +9,7 @@ from quotagate.cli import (
     api_tokens,
     cohorts,
     demo,
+    fair_share,
     ledger,
     rate,
     retention,
@@ -28,7 +29,7 @@ def cli() -> None:
 
 
 # Each module exposes a list COMMANDS of click commands/groups to register.
-for module in (admin, cohorts, ledger, demo, rate, retention, server, simulate, streaming, streams,
+for module in (admin, cohorts, fair_share, ledger, demo, rate, retention, server, simulate, streaming, streams,
                api_tokens, worker, top):
     for command in module.COMMANDS:
         cli.add_command(command)

@@ -40,6 +40,10 @@ from quotagate.store.engine import database_url, redact
               help="Delete finished requests and audit entries older than this (30d, 12h, …) "
               "in the background, as `quotagate prune` does. Off unless given. "
               "Also $QUOTAGATE_PRUNE_OLDER_THAN.")
+@click.option("--token-cache-ttl", default=0.0, show_default=True, type=click.FloatRange(0, 60),
+              help="Seconds a verified API token is believed without reading its row again; "
+              "a revocation made elsewhere then counts within that time (0: on the next "
+              "request; docs/decisions/237).")
 @db_option
 @redis_option
 @rate_store_option
@@ -47,7 +51,7 @@ from quotagate.store.engine import database_url, redact
 def serve(
     host: str, port: int, admit_interval: float, admit_batch: int, no_workers: bool,
     log_level: str, access_log: bool, worker_name: str | None, concurrency: int, tour: bool,
-    prune_older_than: str | None, db_url: str | None,
+    prune_older_than: str | None, token_cache_ttl: float, db_url: str | None,
     redis_url: str | None, rate_store: str | None,
 ) -> None:
     """Run the HTTP API, admission and delivery until SIGTERM."""
@@ -60,7 +64,8 @@ def serve(
     for name in quiet:
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
     retention = None if prune_older_than is None else parse_duration(prune_older_than)
-    gate = open_gate(db_url, redis=redis_url, rate_store=rate_store)
+    gate = open_gate(db_url, redis=redis_url, rate_store=rate_store,
+                     token_cache_ttl=token_cache_ttl)
     ensure_schema(gate)
     click.echo(f"quotagate serving http://{host}:{port} on {redact(database_url(db_url))}",
                err=True)

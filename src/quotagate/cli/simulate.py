@@ -18,20 +18,24 @@ from quotagate.domain.model import parse_payload_text
 @click.option("--priority", default=0, show_default=True, type=int)
 @click.option("--payload", default=None, help="JSON payload (validated as submit does).")
 @click.option("--target", default=None, help="Delivery target name (default: the default target).")
+@click.option("--max-runtime", default=None, metavar="DURATION",
+              help="Its max-runtime (90s, 30m, 2h), as submit takes it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 @db_option
 @rate_store_option
 @reports_errors
 def simulate(
     request_id: str | None, tenant: str, costs: tuple[str, ...], priority: int,
-    payload: str | None, target: str | None, as_json: bool, db_url: str | None,
+    payload: str | None, target: str | None, max_runtime: str | None, as_json: bool,
+    db_url: str | None,
     rate_store: str | None,
 ) -> None:
     """Would this request be admitted now? Where would it queue, and why would it wait?"""
     parsed_payload = None if payload is None else parse_payload_text(payload)
     with open_gate(db_url, rate_store=rate_store) as gate:
         answer = gate.simulate(tenant, parse_assignments(costs, "cost"), priority=priority,
-                               payload=parsed_payload, target=target, request_id=request_id)
+                               payload=parsed_payload, target=target, request_id=request_id,
+                               max_runtime=max_runtime)
     if as_json:
         echo_json(answer)
         return

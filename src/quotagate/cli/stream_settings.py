@@ -9,7 +9,7 @@ import click
 
 from quotagate.errors import InvalidInput
 from quotagate.store.engine import redact
-from quotagate.streams.topics import StreamSettings
+from quotagate.streams.topics import StreamSettings, stream_setting_changes
 
 
 def stream_settings_options(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -46,7 +46,8 @@ def parse_stream_settings(
         settings["max_in_flight"] = _count(stream_max_in_flight, "--stream-max-in-flight")
     if tenant_redis is not None:
         settings["redis_url"] = None if tenant_redis.lower() == "none" else tenant_redis
-    return settings
+    # Checked now, before 'tenant set' changes the quotas: a bad value changes nothing.
+    return stream_setting_changes(**settings)
 
 
 def describe_stream_settings(settings: StreamSettings) -> str:

@@ -28,7 +28,8 @@ def lab(scenarios: tuple[str, ...], db_url: str | None, as_json: bool, keep: boo
     """
     names = list(dict.fromkeys(name for choice in scenarios or ("all",) for name in scenario_names(choice)))
     report = run_lab(names, db_url, keep_workdir=keep,
-                     on_observation=None if as_json else lambda observation: click.echo(observation.line()))
+                     on_observation=None if as_json else lambda observation: click.echo(observation.line()),
+                     on_start=None if as_json else _say_what_is_slow)
     if keep:
         click.echo(f"working directory kept: {report.workdir}", err=True)
     if as_json:
@@ -39,9 +40,15 @@ def lab(scenarios: tuple[str, ...], db_url: str | None, as_json: bool, keep: boo
         for cleanup in report.cleanups:
             if not cleanup.removed:
                 click.echo(f"error: lab_cleanup_incomplete: {cleanup.database} is still there"
-                           + (f" ({cleanup.error})" if cleanup.error else ""), err=True)
+                           + (f"; dropping it failed: {cleanup.error}" if cleanup.error else ""), err=True)
     if not report.ok:
         sys.exit(EXIT_ERROR)
+
+
+def _say_what_is_slow(scenario: str) -> None:
+    # The other scenarios take seconds; without a word the Spark runs look like a hang.
+    if scenario == "checkpoint":
+        click.echo("lab: checkpoint runs four Spark drivers, each its own JVM (a minute or two)...", err=True)
 
 
 @click.command("diagnose")

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -140,9 +140,10 @@ def stream() -> None:
     """Produce to, consume from and inspect a tenant's topic (docs/streams.md)."""
 
 
-def _stdin_lines() -> Iterator[str]:
-    for line in sys.stdin:
-        yield line.rstrip("\n")
+def _stdin_lines() -> Iterator[bytes]:
+    # Bytes as they come: a message need not be UTF-8 (Redis keeps bytes).
+    for line in sys.stdin.buffer:
+        yield line.rstrip(b"\n")
 
 
 @stream.command("produce")
@@ -162,10 +163,13 @@ def stream_produce(
     data: tuple[str, ...], db_url: str | None, redis_url: str | None, rate_store: str | None,
 ) -> None:
     """Append one message per DATA argument, or per stdin line with '-' or no DATA.
+    Messages are bytes: text is sent as its UTF-8, anything else as it is.
 
     Refused by the rate quota: exit 5, and what was sent before stays sent.
     """
-    messages: Any = _stdin_lines() if not data or data == ("-",) else iter(data)
+    # Arguments as the bytes the shell passed (os.fsencode undoes Python's decoding).
+    messages: Any = (_stdin_lines() if not data or data == ("-",)
+                     else (os.fsencode(argument) for argument in data))
     produced = 0
     with open_gate(db_url, redis=redis_url, rate_store=rate_store) as gate:
         producer = gate.streams.producer(tenant, topic_name, block=block, timeout=timeout)
@@ -196,7 +200,7 @@ def _command_handler(command: str) -> Any:
 
 
 def _print_handler(entry: Entry) -> None:
-    sys.stdout.write(entry.text + "\n")
+    sys.stdout.buffer.write(entry.data + b"\n")  # the bytes as produced
     sys.stdout.flush()
 
 
@@ -218,13 +222,18 @@ def _print_handler(entry: Entry) -> None:
               show_default=True, help="Seconds before a failed or unacked entry is redelivered.")
 @click.option("--max-deliveries", type=click.IntRange(1), default=5, show_default=True,
               help="Deliveries before an entry goes to the DLQ.")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
+              help="Serve this consumer's stream counters on http://HOST:PORT/metrics.")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+              help="With --metrics-port: the address to listen on.")
 @db_option
 @redis_option
 @reports_errors
 def stream_consume(
     tenant: str, topic_name: str, group: str, name: str, print_data: bool, command: str | None,
     until_idle: bool, batch: int, lease_ttl: float, visibility_timeout: float,
-    max_deliveries: int, db_url: str | None, redis_url: str | None,
+    max_deliveries: int, metrics_port: int | None, metrics_host: str, db_url: str | None,
+    redis_url: str | None,
 ) -> None:
     """Consume a topic as one member of a group, until SIGTERM (or idle)."""
     if print_data == (command is not None):
@@ -237,10 +246,24 @@ def stream_consume(
         tenant, topic_name, group, name, batch=batch, lease_ttl=lease_ttl,
         visibility_timeout=visibility_timeout, max_deliveries=max_deliveries,
     ) as consumer:
-        acked = consumer.run(handler, stop=stop, until_idle=1.0 if until_idle else None)
+        stop_metrics = _serve_metrics(metrics_host, metrics_port)
+        try:
+            acked = consumer.run(handler, stop=stop, until_idle=1.0 if until_idle else None)
+        finally:
+            stop_metrics()
         for refusal in consumer.refusals:
             click.echo(f"refused: {refusal.code}: {refusal.message}", err=True)
     click.echo(f"acked {acked}", err=True)
+
+
+def _serve_metrics(host: str, port: int | None) -> Callable[[], None]:
+    if port is None:
+        return lambda: None
+    from quotagate.observability.metrics import serve_stream_metrics  # needs prometheus-client
+
+    stop = serve_stream_metrics(host, port)
+    click.echo(f"metrics on http://{host}:{port}/metrics", err=True)
+    return stop
 
 
 @stream.command("status")

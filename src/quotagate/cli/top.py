@@ -85,15 +85,30 @@ def render(data: dict[str, Any]) -> Any:
         table.add_column("resource")
         table.add_column("usage", width=_BAR_WIDTH)
         table.add_column("used/cap", justify="right")
+        # Fair-sharing columns only when some tenant is in a cohort; a budget only
+        # when the server reports one (docs/dashboard.md).
+        shared = any(row.get("cohort") for row in rows)
+        budgets = any(row.get("budget_left_hours") is not None for row in rows)
+        extra = (["cohort", "borrowed", "lent"] if shared else []) + (
+            ["budget left"] if budgets else [])
+        for name in extra:
+            table.add_column(name, justify="left" if name == "cohort" else "right")
         for row in rows:
             share = row["used"] / row["cap"] if row["cap"] else 1.0
             style = "red" if share >= 1 else "yellow" if share >= 0.8 else "blue"
-            table.add_row(row["name"], row["resource"],
-                          ProgressBar(total=max(1, row["cap"]), completed=row["used"], width=_BAR_WIDTH,
-                                      complete_style=style, finished_style=style),
-                          f"{row['used']}/{row['cap']}")
+            cells = [row["name"], row["resource"],
+                     ProgressBar(total=max(1, row["cap"]), completed=min(row["used"], row["cap"]),
+                                 width=_BAR_WIDTH, complete_style=style, finished_style=style),
+                     f"{row['used']}/{row['cap']}"]
+            if shared:
+                cells += [row.get("cohort") or "-", str(row.get("borrowed", 0)),
+                          str(row.get("lent", 0))]
+            if budgets:
+                left = row.get("budget_left_hours")
+                cells.append("-" if left is None else f"{left}h of {row.get('budget_limit') or '?'}")
+            table.add_row(*cells)
         if not rows:
-            table.add_row(f"no {holder} yet", "", "", "")
+            table.add_row(f"no {holder} yet", "", "", "", *([""] * len(extra)))
         return table
 
     scope = "all tenants" if data.get("tenant") is None else f"tenant {data['tenant']}"
@@ -123,16 +138,19 @@ def render(data: dict[str, Any]) -> Any:
         decisions.add_column(name, no_wrap=True)
     decisions.add_column("reason", no_wrap=True, overflow="ellipsis", ratio=1)
     for entry in data["decisions"][:12]:
-        outcome_style = "red" if entry["outcome"] in ("rejected", "refused", "expired") else ""
+        outcome_style = ("red" if entry["outcome"] in ("rejected", "refused", "expired")
+                         else "yellow" if entry["operation"] == "preempt" else "")
         decisions.add_row(time.strftime("%H:%M:%S", time.localtime(entry["at"])),
                           entry["tenant"] or "-", entry["operation"],
                           Text(entry["outcome"], style=outcome_style), entry["target"] or "",
                           entry["reason"] or "")
     if not data["decisions"]:
         decisions.add_row("", "", "no decisions yet", "", "", "")
-    return Group(header, usage_table("Tenants", data["tenants"], "tenant"),
-                 usage_table("Pools", data["pools"], "pool"), queue, decisions,
-                 _streams_table(data.get("streams")))
+    parts: list[Any] = [header, usage_table("Tenants", data["tenants"], "tenant"),
+                        usage_table("Pools", data["pools"], "pool")]
+    if data.get("cohorts"):
+        parts.append(usage_table("Cohorts (shared room)", data["cohorts"], "cohort"))
+    return Group(*parts, queue, decisions, _streams_table(data.get("streams")))
 
 
 def _streams_table(streams: dict[str, Any] | None) -> Any:

@@ -123,6 +123,9 @@ def target() -> None:
 @click.option("--batch-read/--no-batch-read", "batch_read", default=None,
               help="webhook: read outcomes with POST <url>/_read, many names per call, "
               "instead of one GET per object (docs/delivery.md).")
+@click.option("--batch-deliver", "batch_deliver", type=int, metavar="N",
+              help="webhook: send up to N deliveries in one POST <url>/_batch, each answered "
+              "on its own (default 1: one POST per delivery; docs/delivery.md).")
 @click.option("--namespace", help="kubernetes: namespace (default 'default').")
 @click.option("--group", "api_group", help="kubernetes: API group (default quotagate.io).")
 @click.option("--version", "api_version", help="kubernetes: API version (default v1alpha1).")

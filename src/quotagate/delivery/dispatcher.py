@@ -39,6 +39,7 @@ from quotagate.delivery.registry import TargetConfig, TargetStore
 from quotagate.delivery.retry import RetryPolicy
 from quotagate.delivery.targets import Target
 from quotagate.delivery.targets.base import (
+    CreatesMany,
     DeliverySpec,
     ExternalObject,
     ForgetsEnded,
@@ -295,19 +296,60 @@ class Dispatcher:
     def _create_all(
         self, claims: list[Claim]
     ) -> tuple[list[tuple[Claim, str, ExternalObject]], int]:
-        """Create the batch's objects concurrently; (created, requests that ended failed)."""
+        """Create the batch's objects concurrently; (created, requests that ended failed).
+
+        Claims for a target that creates many per call (``CreatesMany``, a
+        webhook's ``--batch-deliver``) go in chunks of its batch size, one pool
+        call per chunk; the others one call each. Either way every claim gets its
+        own result, and the batch's bindings are written together afterwards.
+        """
         if not claims:
             return [], 0
         self._crash_point("after_claim")
-        results = self._in_pool([functools.partial(self._create, claim) for claim in claims])
+        singles: list[Claim] = []
+        grouped: dict[str, tuple[TargetConfig, CreatesMany, list[Claim]]] = {}
+        for claim in claims:
+            try:
+                config, target = self.built.get(claim.target)
+            except QuotagateError:
+                singles.append(claim)  # its own call raises the same error, per claim
+                continue
+            if isinstance(target, CreatesMany) and target.batch_size > 1:
+                grouped.setdefault(config.name, (config, target, []))[2].append(claim)
+            else:
+                singles.append(claim)
+        chunks: list[tuple[TargetConfig, CreatesMany, list[Claim]]] = [
+            (config, target, group[start:start + target.batch_size])
+            for config, target, group in grouped.values()
+            for start in range(0, len(group), target.batch_size)
+        ]
+        calls: list[Callable[[], object]] = [
+            functools.partial(self._create_chunk, target, chunk) for _config, target, chunk in chunks]
+        calls += [functools.partial(self._create, claim) for claim in singles]
+        answers = self._in_pool(calls)
+        results: dict[str, tuple[str, ExternalObject] | BaseException] = {}
+        for (config, _target, chunk), answer in zip(chunks, answers[:len(chunks)], strict=True):
+            for claim, item in zip(chunk, _per_claim(answer, len(chunk)), strict=True):
+                results[claim.request_id] = (item if isinstance(item, BaseException)
+                                             else (config.name, item))
+        for claim, single in zip(singles, answers[len(chunks):], strict=True):
+            results[claim.request_id] = single  # type: ignore[assignment]
         created: list[tuple[Claim, str, ExternalObject]] = []
         failed = 0
-        for claim, result in zip(claims, results, strict=True):
+        for claim in claims:
+            result = results[claim.request_id]
             if isinstance(result, BaseException):
                 failed += self._delivery_error(claim, result)
             else:
-                created.append((claim, *result))
+                target_name, obtained = result
+                created.append((claim, target_name, obtained))
         return created, failed
+
+    def _create_chunk(self, target: CreatesMany,
+                      claims: list[Claim]) -> list[ExternalObject | Exception]:
+        results = target.create_many([self._spec(claim) for claim in claims])
+        self._crash_point("after_create")
+        return results
 
     def _write_batch(self, lease: Lease, created: list[tuple[Claim, str, ExternalObject]]) -> int:
         """Bindings and delivered marks of one batch, one fenced transaction."""
@@ -342,15 +384,17 @@ class Dispatcher:
 
     def _create(self, claim: Claim) -> tuple[str, ExternalObject]:
         config, target = self.built.get(claim.target)
-        spec = DeliverySpec(
+        obtained = target.create_if_absent(self._spec(claim))
+        self._crash_point("after_create")
+        return config.name, obtained
+
+    def _spec(self, claim: Claim) -> DeliverySpec:
+        return DeliverySpec(
             request_id=claim.request_id, tenant=claim.tenant, cost=claim.cost,
             payload=claim.payload, fencing_token=claim.fencing_token,
             external_name=external_name(self.ledger_id, claim.tenant, claim.request_id),
             ledger_id=self.ledger_id,
         )
-        obtained = target.create_if_absent(spec)
-        self._crash_point("after_create")
-        return config.name, obtained
 
     def _delivery_error(self, claim: Claim, error: BaseException) -> int:
         if isinstance(error, IdentityMismatch | Conflict):
@@ -560,6 +604,17 @@ class Dispatcher:
         if self._crash_at == name:
             logger.warning("worker %s: crash point %s: SIGKILL", self.worker_name, name)
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _per_claim(answer: object, count: int) -> list[ExternalObject | BaseException]:
+    """A chunk's answer as one result per claim: its list, or its one error for each."""
+    if isinstance(answer, BaseException):
+        return [answer] * count
+    if not isinstance(answer, list) or len(answer) != count:
+        error = InvalidInput(f"a batch create answered {type(answer).__name__} for {count} "
+                             "deliveries", code="invalid_batch_answer")
+        return [error] * count
+    return answer
 
 
 def _outcome_of(call: Callable[[], Result]) -> Result | BaseException:

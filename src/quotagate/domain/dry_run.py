@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
+from quotagate.domain.budget import Budgets
 from quotagate.domain.model import Cost
 from quotagate.domain.placement import (
     Candidate,
@@ -25,8 +26,8 @@ from quotagate.domain.sharing import Sharing
 
 Usage = Mapping[str, tuple[int, int]]
 
-# The codes of docs/fair-sharing.md. budget_exhausted belongs to budgets, not
-# built yet, and is never given today.
+# The codes of docs/fair-sharing.md.
+BUDGET_EXHAUSTED = "budget_exhausted"
 TENANT_QUOTA = "tenant_quota"
 BORROWING_LIMIT = "borrowing_limit"
 COHORT_CAPACITY = "cohort_capacity"
@@ -80,15 +81,20 @@ def _before(
     pools: Mapping[str, Usage],
     sharing: Sharing,
     weights: Mapping[str, int] | None,
+    budgets: Budgets,
+    history: Mapping[str, float] | None = None,
 ) -> tuple[dict[str, dict[str, tuple[int, int]]], dict[str, dict[str, tuple[int, int]]], Sharing]:
     """The usage left when the request's turn comes, placing what comes before it
-    exactly as admission's planner would (fair share between tenants with ``weights``)."""
+    exactly as admission's planner would (fair share between tenants with ``weights``);
+    ``budgets`` is charged with what is placed."""
     tenant_usage = {name: dict(usage) for name, usage in tenants.items()}
     pool_usage = {name: dict(usage) for name, usage in pools.items()}
     left = sharing.copy()
     candidates = list(queue)
     for placement in plan_admissions(candidates, tenant_usage, pool_usage, len(candidates),
-                                     left, weights, stop_before=request.id):
+                                     left, weights, stop_before=request.id,
+                                     budgets=budgets or None, history=history):
+        budgets.charge(placement.tenant, placement.cost, placement.runtime)
         if left.is_member(placement.tenant):
             left.charge(placement.tenant, placement.cost, tenant_usage[placement.tenant])
         charge(tenant_usage[placement.tenant], placement.cost)
@@ -129,19 +135,31 @@ def judge(
     admission_window: int,
     rate_tokens: float | None = None,
     max_priority: tuple[int, int] | None = None,
+    budgets: Budgets | None = None,
+    history: Mapping[str, float] | None = None,
 ) -> Verdict:
     """The verdict for ``request``, a candidate among ``queue`` (heads in queue order).
 
     ``rate_tokens``: the tokens left in the tenant's bucket, for a request not
     submitted yet (None: no bucket, or the request has passed the gate already).
     ``max_priority``: (the request's priority, the tenant's maximum) when above it.
+    ``budgets``: the snapshot's budgets; a request whose reservation does not fit
+    what its budget has left is ``budget_exhausted`` (needed, available:
+    resource-hours). ``history``: tenants' decayed past shares (a half-life).
     """
     reasons: list[Reason] = []
     if max_priority is not None:
         reasons.append(Reason(PRIORITY_ABOVE_MAX, "priority", *max_priority))
     if rate_tokens is not None and rate_tokens < 1:
         reasons.append(Reason(RATE_LIMITED, "tokens", 1, round(max(rate_tokens, 0.0), 3)))
-    tenant_usage, pool_usage, left = _before(request, queue, tenants, pools, sharing, weights)
+    budgets_left = budgets.copy() if budgets else Budgets()
+    tenant_usage, pool_usage, left = _before(request, queue, tenants, pools, sharing, weights,
+                                             budgets_left, history)
+    # Budgets in resource-hours, as they are set (gpu=100h/30d).
+    reasons += [Reason(BUDGET_EXHAUSTED, block.resource, round(block.needed / 3600, 3),
+                       round(block.available / 3600, 3))
+                for block in budgets_left.blocking(request.tenant, request.cost,
+                                                   request.runtime)]
     reasons += tenant_reasons(request.tenant, request.cost, tenant_usage.get(request.tenant, {}),
                               left)
     reasons += pool_reasons(request.cost, pool_usage)

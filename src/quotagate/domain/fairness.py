@@ -6,11 +6,18 @@ largest use-to-nominal ratio over its resources (DRF, dominant resource
 fairness), divided by its weight. Ties go to the tenant whose head is first in
 queue order. So a tenant cannot buy its way ahead of others with a high
 priority, and two saturating tenants of weights 1 and 2 settle at use 1:2.
+
+With a half-life (``--fair-share-half-life``, docs/decisions/712) the share is
+blended with the tenant's *past* use: released work's resource-seconds, decayed
+exponentially, as an average share over the recent past (:func:`past_share`).
+A tenant that used much lately then yields to one that did not, as Slurm's
+fairshare and Kueue's Admission Fair Sharing do.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Generic, Protocol, TypeVar
 
@@ -44,17 +51,56 @@ def dominant_share(usage: Usage, weight: int = 1) -> float:
     return share / max(weight, 1)
 
 
+def decayed(value: float, since: float | None, now: float, half_life: float) -> float:
+    """``value`` recorded at ``since``, decayed to ``now``: halved every ``half_life``."""
+    if since is None or value == 0:
+        return 0.0
+    return value * math.pow(2.0, -max(0.0, now - since) / half_life)
+
+
+def held_decayed(amount: int, held: float, half_life: float) -> float:
+    """What ``amount`` held for ``held`` seconds, ending now, adds to decayed past use.
+
+    The integral of ``amount * 2^(-(now - s) / half_life)`` over the time held:
+    recent seconds weigh fully, older ones less, exactly as if the use had been
+    added second by second and decayed since.
+    """
+    if held <= 0:
+        return 0.0
+    mean_life = half_life / math.log(2)
+    return amount * mean_life * (1.0 - math.pow(2.0, -held / half_life))
+
+
+def past_share(
+    decayed_use: Mapping[str, tuple[float, float | None]], usage: Usage, half_life: float,
+    now: float,
+) -> float:
+    """The dominant share of a tenant's decayed past use: per resource, its decayed
+    resource-seconds over what its nominal held all along would have decayed to
+    (``nominal * half_life / ln 2``), the largest over its resources."""
+    mean_life = half_life / math.log(2)
+    share = 0.0
+    for resource, (value, since) in decayed_use.items():
+        past = decayed(value, since, now, half_life)
+        if past > 0:
+            _used, nominal = usage.get(resource, (0, 0))
+            share = max(share, past / (max(nominal, 1) * mean_life))
+    return share
+
+
 class FairOrder(Generic[T]):
     """Hands out candidates tenant by tenant, lowest weighted dominant share first.
 
     ``candidates`` come in global queue order; each tenant's stay in that order,
     and a candidate's place in it breaks ties between tenants of equal share.
+    ``history``: each tenant's past share (:func:`past_share`), blended in.
     After each candidate handed out, :meth:`considered` is told its tenant's
     usage (changed if it was placed), and the tenant goes back in line.
     """
 
     def __init__(
-        self, candidates: Iterable[T], usage: Mapping[str, Usage], weights: Mapping[str, int]
+        self, candidates: Iterable[T], usage: Mapping[str, Usage], weights: Mapping[str, int],
+        history: Mapping[str, float] | None = None,
     ) -> None:
         # One pass, no per-candidate allocation but the pair: admission hands in
         # a few hundred candidates per call and uses a few of them.
@@ -68,6 +114,8 @@ class FairOrder(Generic[T]):
         self._queues = queues
         self._next = dict.fromkeys(queues, 0)
         self._weights = weights
+        # Past shares (a half-life is set), added to the current share before the weight.
+        self._history = history or {}
         self._heap: list[tuple[float, int, str]] = []
         self._current = ""
         for tenant in queues:
@@ -76,8 +124,12 @@ class FairOrder(Generic[T]):
     def _push(self, tenant: str, usage: Usage) -> None:
         queue, position = self._queues[tenant], self._next[tenant]
         if position < len(queue):
-            heapq.heappush(self._heap, (dominant_share(usage, self._weights.get(tenant, 1)),
-                                        queue[position][0], tenant))
+            weight = self._weights.get(tenant, 1)
+            share = dominant_share(usage, weight)
+            past = self._history.get(tenant)
+            if past:
+                share += past / max(weight, 1)
+            heapq.heappush(self._heap, (share, queue[position][0], tenant))
 
     def __iter__(self) -> Iterator[T]:
         return self

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from quotagate.domain.budget import parse_duration
 from quotagate.errors import InvalidInput
 
 MAX_PAYLOAD_BYTES = 64 * 1024
@@ -85,6 +86,8 @@ class Request:
     target: str | None = None
     reason: str | None = None
     updated: float | None = None
+    # Seconds, as submitted (docs/fair-sharing.md#budgets); None: none declared.
+    max_runtime: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -99,6 +102,7 @@ class Request:
             "created": self.created,
             "updated": self.updated,
             "reason": self.reason,
+            "max_runtime": self.max_runtime,
         }
 
 
@@ -113,6 +117,8 @@ class Submission:
     payload_json: str
     target: str | None = None
     payload: Any = field(default=None, compare=False)
+    # Seconds; what its budget reserves for it (docs/fair-sharing.md#budgets). None: not declared.
+    max_runtime: int | None = None
 
 
 def validate_request_id(value: object) -> str:
@@ -303,6 +309,7 @@ def build_submission(
     priority: object = 0,
     payload: Any = None,
     target: str | None = None,
+    max_runtime: object = None,
 ) -> Submission:
     if target is not None:
         validate_name(target, "target")
@@ -314,4 +321,6 @@ def build_submission(
         payload_json=canonical_payload(payload),
         target=target,
         payload=payload,
+        max_runtime=None if max_runtime is None else parse_duration(max_runtime,
+                                                                     what="max_runtime"),
     )

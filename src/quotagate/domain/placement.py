@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+from quotagate.domain.budget import Budgets
 from quotagate.domain.fairness import FairOrder
 from quotagate.domain.model import Cost
 from quotagate.domain.sharing import Sharing
@@ -56,6 +57,8 @@ class Candidate:
     id: str
     tenant: str
     cost: Cost
+    # What a budget reserves for it: its max-runtime, seconds (None: none declared).
+    runtime: int | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class Placement:
     tenant: str
     pool: str
     cost: Cost
+    runtime: int | None = None
 
 
 def plan_admissions(
@@ -75,6 +79,8 @@ def plan_admissions(
     weights: Mapping[str, int] | None = None,
     *,
     stop_before: str | None = None,
+    budgets: Budgets | None = None,
+    history: Mapping[str, float] | None = None,
 ) -> list[Placement]:
     """Walk candidates and place each that fits, up to ``limit``.
 
@@ -88,16 +94,19 @@ def plan_admissions(
     fits by its nominal, borrowing limit and cohort room instead of its cap.
     Like the usages, ``sharing`` is not changed: the plan charges a copy.
     ``stop_before``: stop when that candidate's turn comes (the dry run: what is
-    placed before it).
+    placed before it). ``budgets``: a budgeted tenant's request must also fit
+    what its budget has left (quotagate.domain.budget); not changed either.
+    ``history``: tenants' decayed past shares, blended into the fair order.
     """
     sharing = sharing.copy() if sharing else None
+    budgets = budgets.copy() if budgets else None
     tenant_usage = {name: dict(usage) for name, usage in tenants.items()}
     pool_usage = {name: dict(usage) for name, usage in pools.items()}
     placements: list[Placement] = []
     order: Iterator[Candidate]
     fair: FairOrder[Candidate] | None = None
     if weights is not None:
-        fair = FairOrder(candidates, tenant_usage, weights)
+        fair = FairOrder(candidates, tenant_usage, weights, history)
         order = iter(fair)
     else:
         order = iter(candidates)
@@ -106,7 +115,7 @@ def plan_admissions(
             break
         usage = tenant_usage.get(candidate.tenant)
         if usage is not None:
-            _place(candidate, usage, pool_usage, sharing, placements)
+            _place(candidate, usage, pool_usage, sharing, placements, budgets)
         if fair is not None:
             fair.considered(usage or {})
     return placements
@@ -118,7 +127,11 @@ def _place(
     pool_usage: dict[str, dict[str, tuple[int, int]]],
     sharing: Sharing | None,
     placements: list[Placement],
+    budgets: Budgets | None = None,
 ) -> bool:
+    if budgets is not None and not budgets.fits(candidate.tenant, candidate.cost,
+                                                candidate.runtime):
+        return False
     member = sharing is not None and sharing.is_member(candidate.tenant)
     if member:
         assert sharing is not None
@@ -132,9 +145,12 @@ def _place(
     if member:
         assert sharing is not None
         sharing.charge(candidate.tenant, candidate.cost, usage)
+    if budgets is not None:
+        budgets.charge(candidate.tenant, candidate.cost, candidate.runtime)
     charge(usage, candidate.cost)
     charge(pool_usage[pool], candidate.cost)
-    placements.append(Placement(candidate.id, candidate.tenant, pool, candidate.cost))
+    placements.append(Placement(candidate.id, candidate.tenant, pool, candidate.cost,
+                                candidate.runtime))
     return True
 
 

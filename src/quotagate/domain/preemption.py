@@ -25,6 +25,9 @@ from quotagate.domain.sharing import Sharing, shared_delta
 
 Usage = dict[str, dict[str, tuple[int, int]]]
 
+# The kinds of preemption; a victim's reason starts ``preempted (KIND) by``.
+PREEMPTION_KINDS = ("reclaim", "within-tenant")
+
 
 @dataclass(frozen=True)
 class Running:

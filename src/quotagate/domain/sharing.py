@@ -278,3 +278,27 @@ class TenantSharing:
         if self.max_priority is not KEEP:
             parts.append(f"max_priority={'none' if self.max_priority is None else self.max_priority}")
         return ",".join(parts)
+
+
+def standings(
+    tenants: Mapping[str, Usage], sharing: Sharing
+) -> dict[tuple[str, str], tuple[int, int]]:
+    """``{(member, resource): (borrowed, lent)}`` from one snapshot's use and limits.
+
+    What ``inspect`` and ``GET /v1/usage`` show (attributed by
+    :func:`attribute_lending` within each root cohort and resource), computed
+    from rows already read instead of reading the members again.
+    """
+    trees: dict[tuple[str, str], list[Member]] = {}
+    for (tenant, resource), limits in sorted(sharing.limits.items()):
+        root = sharing.roots.get(tenant)
+        if root is None:
+            continue
+        used = tenants.get(tenant, {}).get(resource, (0, 0))[0]
+        trees.setdefault((root, resource), []).append(Member(tenant, used, limits))
+    result: dict[tuple[str, str], tuple[int, int]] = {}
+    for (_root, resource), members in trees.items():
+        lent = attribute_lending(members)
+        for member in members:
+            result[member.tenant, resource] = (member.borrowed, lent[member.tenant])
+    return result

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictStr
 
 from quotagate.domain.bucket import MAX_CAPACITY, MAX_REFILL_PER_SECOND, BucketConfig
+from quotagate.domain.budget import BUDGET_PATTERN, MAX_RUNTIME
 from quotagate.domain.model import (
     MAX_AMOUNT,
     MAX_PRIORITY,
@@ -120,12 +121,34 @@ class TenantBody(_Body):
         "lower-priority", examples=["lower-priority"],
         json_schema_extra={"enum": [*WITHIN_TENANT_POLICIES, None]},
     )
+    budget: dict[StrictStr, StrictStr | None] = Field(
+        default_factory=dict, description="Resource-time per rolling window, per resource, "
+        "e.g. {\"gpu\": \"100h/30d\"}; null removes that budget (docs/fair-sharing.md#budgets)",
+        examples=[{"gpu": "100h/30d"}],
+        json_schema_extra={"propertyNames": {"pattern": f"^{RESOURCE_PATTERN}$", "maxLength": 32},
+                           "additionalProperties": {"anyOf": [
+                               {"type": "string", "pattern": f"^{BUDGET_PATTERN}$"},
+                               {"type": "null"}]}},
+    )
+    default_max_runtime: WholeNumber | None = Field(
+        default=None, description="Seconds a budget reserves for its requests that declare no "
+        "max_runtime; null removes it, absent keeps it", examples=[3600],
+        json_schema_extra={"minimum": 1, "maximum": MAX_RUNTIME},
+    )
 
 
 class CohortBody(_Body):
     parent: StrictStr | None = Field(
         default=None, description="The parent cohort; null makes it a root, absent keeps it "
         "(a new cohort: a root)", examples=["org"], json_schema_extra=_NAME,
+    )
+
+
+class FairShareBody(_Body):
+    half_life: WholeNumber | None = Field(
+        description="Seconds: each tenant's past use, halved every half-life, is blended into "
+        "its fair share; null: current use only (docs/fair-sharing.md#half-life)",
+        examples=[3600], json_schema_extra={"minimum": 1, "maximum": MAX_RUNTIME},
     )
 
 
@@ -155,6 +178,10 @@ class SubmitBody(_Body):
     payload: Any = Field(default=None, description="JSON handed to the executor (at most 64 KiB)")
     target: StrictStr | None = Field(default=None, description="Delivery target name",
                                      json_schema_extra=_NAME)
+    max_runtime: WholeNumber | None = Field(
+        default=None, description="Seconds it may run: what its tenant's budget reserves for "
+        "it (absent: the tenant's default_max_runtime)", examples=[7200],
+        json_schema_extra={"minimum": 1, "maximum": MAX_RUNTIME})
 
 
 # The most requests one batch submit may carry (docs/decisions/309-batch-submit.md).

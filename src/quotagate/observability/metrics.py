@@ -12,7 +12,7 @@ the work. Each :class:`Metrics` has its own registry: two apps in one process
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 try:
@@ -34,7 +34,7 @@ from sqlalchemy.engine import Engine
 
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import RequestState
-from quotagate.errors import StoreUnavailable
+from quotagate.errors import InvalidInput, StoreUnavailable
 from quotagate.store import admission_stats
 from quotagate.store.counters import Counters
 from quotagate.store.counters import delivery_counters as new_delivery_counters
@@ -101,16 +101,18 @@ class LedgerCollector(Collector):
         rejected = CounterMetricFamily("quotagate_rejected_requests",
                                        "Requests recorded as rejected (ledger-wide)",
                                        labels=["tenant"])
-        # Victims of preemption (docs/fair-sharing.md#preemption); the audit log names
-        # each one's preemptor.
+        # Victims of preemption (docs/fair-sharing.md#preemption), by the victim's tenant
+        # and the kind of preemption; the audit log names each one's preemptor.
         preempted = CounterMetricFamily("quotagate_preempted_requests",
-                                        "Requests ended by preemption (ledger-wide)",
-                                        labels=["tenant"])
+                                        "Requests ended by preemption, by reason: reclaim "
+                                        "or within-tenant (ledger-wide)",
+                                        labels=["tenant", "reason"])
         families_by_state = {RequestState.EXPIRED.value: expired,
-                             RequestState.REJECTED.value: rejected,
-                             RequestState.PREEMPTED.value: preempted}
+                             RequestState.REJECTED.value: rejected}
         for (tenant, state), count in gauges.ended.items():
             families_by_state[state].add_metric([tenant], count)
+        for (tenant, kind), count in gauges.preempted.items():
+            preempted.add_metric([tenant, kind], count)
         families += [expired, rejected, preempted]
         backlog = GaugeMetricFamily("quotagate_outbox_backlog", "Undelivered outbox rows",
                                     labels=["tenant"])
@@ -241,6 +243,31 @@ class StreamStatsCollector(Collector):
         return families
 
 
+def serve_stream_metrics(host: str, port: int) -> Callable[[], None]:
+    """Export this process's stream counters on ``http://HOST:PORT/metrics``; the stop function.
+
+    A ``quotagate stream consume`` process counts what it consumed, acked,
+    redelivered and dead-lettered in its own memory, and has no HTTP server
+    whose ``/metrics`` could show it: this is that endpoint, and nothing more.
+    """
+    from prometheus_client import start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StreamStatsCollector())
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as error:
+        raise InvalidInput(f"cannot serve metrics on {host}:{port}: {error.strerror or error}",
+                           code="metrics_port_unavailable") from None
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+    return stop
+
+
 class Metrics:
     """Everything one process exports on ``/metrics``."""
 
@@ -283,8 +310,18 @@ class Metrics:
         self, admitted: Sequence[Any], created_by_id: dict[str, float], now: float
     ) -> None:
         """Count placements (objects with id, tenant, pool) and observe their waits."""
+        self.count_admissions(admitted)
+        self.observe_admission_waits(admitted, created_by_id, now)
+
+    def count_admissions(self, admitted: Sequence[Any]) -> None:
         for placement in admitted:
             self.admissions.labels(placement.tenant, placement.pool).inc()
+
+    def observe_admission_waits(
+        self, admitted: Sequence[Any], created_by_id: dict[str, float], now: float
+    ) -> None:
+        """How long each placement waited: ``now`` (its admission) minus its submission."""
+        for placement in admitted:
             created = created_by_id.get(placement.id)
             if created is not None:
                 self.admission_wait.labels(placement.tenant).observe(max(0.0, now - created))

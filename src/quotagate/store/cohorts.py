@@ -26,6 +26,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from quotagate.domain.budget import Budgets
 from quotagate.domain.placement import Placement
 from quotagate.domain.sharing import (
     KEEP,
@@ -72,15 +73,25 @@ class Snapshot:
     policies: dict[str, tuple[str, str]] = field(default_factory=dict)
     # Pools' capacity slices (quotagate.store.pool_slices); absent: one.
     slices: dict[str, int] = field(default_factory=dict)
+    # Tenants with a budget (their state is read apart: quotagate.store.budgets).
+    budgeted: set[str] = field(default_factory=set)
+    budgets: Budgets = field(default_factory=Budgets)
+    # The fair-share half-life (None: current use only) and, per tenant and
+    # resource, its decayed past use and when it was last decayed.
+    half_life: int | None = None
+    decayed: dict[str, dict[str, tuple[float, float | None]]] = field(default_factory=dict)
 
 
 def snapshot_from_rows(rows: Iterable[Sequence[Any]]) -> Snapshot:
     """Tenants, pools, cohorts and weights from the admission snapshot's rows."""
     snapshot = Snapshot({}, {}, Sharing(), {})
     tenants, pools, sharing = snapshot.tenants, snapshot.pools, snapshot.sharing
-    for kind, holder, resource, used, cap, borrowing_limit, lending_limit, root in rows:
+    for kind, holder, resource, used, cap, borrowing_limit, lending_limit, root, decayed, \
+            decayed_at in rows:
         if kind == "t":
             tenants.setdefault(holder, {})[resource] = (int(used), int(cap))
+            if decayed:
+                snapshot.decayed.setdefault(holder, {})[resource] = (float(decayed), decayed_at)
             if root is not None:
                 sharing.roots[holder] = root
                 sharing.limits[holder, resource] = _limits(cap, borrowing_limit, lending_limit)
@@ -92,6 +103,10 @@ def snapshot_from_rows(rows: Iterable[Sequence[Any]]) -> Snapshot:
             sharing.cohorts.setdefault(holder, {})[resource] = (int(used), int(cap))
         elif kind == "w":
             snapshot.weights[holder] = int(used)
+        elif kind == "g":
+            snapshot.budgeted.add(holder)
+        elif kind == "h":
+            snapshot.half_life = int(used)
         else:
             snapshot.policies[holder] = (resource, root)
     return snapshot

@@ -13,8 +13,9 @@ from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import validate_amounts, validate_name
 from quotagate.domain.sharing import KEEP, Keep, TenantSharing
 from quotagate.errors import Conflict, NotFound
-from quotagate.store import cohorts, pool_slices, schema
+from quotagate.store import budget_views, budgets, cohorts, fair_history, pool_slices, schema
 from quotagate.store.audit import AuditEntry, record
+from quotagate.store.budgets import BudgetChange
 from quotagate.store.dialect import reading, run_transaction
 from quotagate.store.rows import holder_usage
 
@@ -28,12 +29,13 @@ class Configuration:
 
     def set_tenant(
         self, name: str, quota: Mapping[str, object], *, actor: str = "admin",
-        sharing: TenantSharing | None = None,
+        sharing: TenantSharing | None = None, budget: BudgetChange | None = None,
     ) -> dict[str, dict[str, int]]:
         """Create the tenant if needed and set the caps it names; others stay as they are.
 
         A cap below current use is allowed: it blocks new admissions until use falls.
-        ``sharing`` changes its cohort, limits and weight (docs/fair-sharing.md).
+        ``sharing`` changes its cohort, limits and weight (docs/fair-sharing.md);
+        ``budget`` its budgets and default max-runtime, in the same transaction.
         """
         validate_name(name, "tenant")
         caps = validate_amounts(quota, what="quota", allow_zero=True) if quota else {}
@@ -41,7 +43,7 @@ class Configuration:
         if isinstance(change.cohort, str):
             validate_name(change.cohort, "cohort")
         return self._set(schema.tenant, schema.tenant_quota, "tenant", name, caps, actor,
-                         change)
+                         change, budget=budget)
 
     def set_cohort(
         self, name: str, *, parent: str | Keep | None = KEEP, actor: str = "admin"
@@ -70,6 +72,22 @@ class Configuration:
         with reading(self.engine) as connection:
             return cohorts.describe_cohort(connection, name)
 
+    def set_fair_share(self, half_life: int | None, *, actor: str = "admin") -> dict[str, Any]:
+        """Set or remove the ledger-wide fair-share half-life (docs/decisions/712)."""
+
+        def work(connection: sa.Connection) -> dict[str, Any]:
+            fair_history.set_half_life(connection, half_life)
+            record(connection, self.clock.now(), AuditEntry(
+                actor, "fair_share.set", "ok", None, "fair-share",
+                f"half_life={'none' if half_life is None else half_life}"))
+            return {"half_life": half_life}
+
+        return run_transaction(self.engine, work)
+
+    def fair_share(self) -> dict[str, Any]:
+        with reading(self.engine) as connection:
+            return {"half_life": fair_history.half_life(connection)}
+
     def set_pool(
         self, name: str, capacity: Mapping[str, object], *, actor: str = "admin",
         slices: int | None = None,
@@ -96,6 +114,7 @@ class Configuration:
         actor: str,
         sharing: TenantSharing | None = None,
         slices: int | None = None,
+        budget: BudgetChange | None = None,
     ) -> dict[str, dict[str, int]]:
         def work(connection: sa.Connection) -> dict[str, dict[str, int]]:
             now = self.clock.now()
@@ -130,6 +149,9 @@ class Configuration:
                 if sharing or old_cohort is not None:
                     cohorts.apply_tenant_sharing(connection, name, sharing, old_cohort)
                 change = ",".join(part for part in (change, sharing.describe()) if part)
+            if budget is not None:
+                budgets.apply(connection, name, budget)
+                change = ",".join(part for part in (change, budget.describe()) if part)
             record(
                 connection,
                 now,
@@ -156,6 +178,7 @@ class Configuration:
         described = self._get(schema.tenant, schema.tenant_quota, "tenant", name)
         with reading(self.engine) as connection:
             described.update(cohorts.describe_member(connection, name, described["quota"]))
+            described.update(budget_views.describe(connection, name, self.clock.now()))
         return described
 
     def get_pool(self, name: str) -> dict[str, Any]:

@@ -19,13 +19,16 @@ from sqlalchemy.engine import Engine
 
 from quotagate.domain.bucket import BucketConfig, BucketState, refill
 from quotagate.domain.clock import Clock, SystemClock
+from quotagate.domain.dry_run import describe_verdict, judge
 from quotagate.domain.explanation import explain_waiting
 from quotagate.domain.model import RequestState
 from quotagate.domain.ordering import effective_priority
+from quotagate.domain.placement import Candidate
+from quotagate.domain.sharing import standings
 from quotagate.errors import NotFound
-from quotagate.store import schema
+from quotagate.store import cohorts, schema, statements
 from quotagate.store.dialect import database_now, reading
-from quotagate.store.rows import all_usage, decode_cost, request_from_row
+from quotagate.store.rows import decode_cost, request_from_row
 
 
 class StreamsSection(Protocol):
@@ -50,6 +53,27 @@ class UsageRow:
     resource: str
     used: int
     cap: int
+
+
+@dataclass(frozen=True)
+class TenantRow:
+    """A tenant's use of one resource; in a cohort its cap is its nominal share.
+
+    ``cohort`` is the tenant's own cohort (None: a plain tenant, whose
+    ``borrowed`` and ``lent`` are 0); ``borrowed`` is its use above the nominal,
+    ``lent`` its share of what the other members borrow (docs/fair-sharing.md).
+    """
+
+    name: str
+    resource: str
+    used: int
+    cap: int
+    cohort: str | None = None
+    nominal: int = 0
+    borrowed: int = 0
+    lent: int = 0
+    # The most this tenant may use: nominal + borrowing limit (None: the room decides).
+    ceiling: int | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +111,10 @@ class DeliveryEntry:
     next_attempt_in: float
     claimed_by: str | None
     fencing_token: int
+    # The target's own words are for operators (docs/decisions/214): None for a tenant,
+    # who sees only that the last attempt failed.
     last_error: str | None
+    failing: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,6 +126,10 @@ class StopEntry:
     cost: dict[str, int]
     since_seconds: float
     reason: str | None
+    # Stop attempts the target did not confirm, and (operators only) its last answer.
+    attempts: int = 0
+    last_error: str | None = None
+    failing: bool = False
 
 
 @dataclass(frozen=True)
@@ -123,7 +154,7 @@ class MinuteEntry:
 class Snapshot:
     at: float
     tenant: str | None
-    tenants: list[UsageRow]
+    tenants: list[TenantRow]
     pools: list[UsageRow]
     waiting: int
     queue: list[QueueEntry]
@@ -133,6 +164,8 @@ class Snapshot:
     stops: list[StopEntry]
     buckets: list[BucketEntry]
     history: list[MinuteEntry] = field(default_factory=list)
+    # The shared room of each root cohort (admins only, as GET /v1/usage).
+    cohorts: list[UsageRow] = field(default_factory=list)
     # Read from the stream Redis by Quotagate.dashboard (quotagate.streams.overview).
     streams: StreamsSection | None = None
 
@@ -162,26 +195,36 @@ class DashboardViews:
         self._finished: dict[str | None, dict[int, tuple[int, int, int, int]]] = {}
         self._history_lock = threading.Lock()
 
-    def snapshot(self, tenant: str | None = None) -> Snapshot:
+    def snapshot(self, tenant: str | None = None, *, operator: bool | None = None) -> Snapshot:
+        """``operator`` (default: an unscoped read) also gets the targets' error texts."""
+        operator = tenant is None if operator is None else operator
         now = self.clock.now()
         with reading(self.engine) as connection:
-            tenants, pools = all_usage(connection)
-            waiting, queue = self._queue(connection, tenant, tenants, pools, now)
+            # Usage, limits and rooms as admission plans on them, in one round trip:
+            # a member's borrowed and lent need every member of its tree, whatever the scope.
+            usage = cohorts.snapshot_from_rows(
+                connection.execute(statements.admission_snapshot_query()))
+            tenant_cohorts = dict(connection.execute(
+                sa.select(schema.tenant.c.name, schema.tenant.c.cohort)
+                .order_by(schema.tenant.c.name)).all())
+            waiting, queue = self._queue(connection, tenant, usage, list(tenant_cohorts), now)
             decisions = self._decisions(connection, tenant)
-            backlog, deliveries = self._deliveries(connection, tenant, now)
-            stops = self._stops(connection, tenant, now)
+            backlog, deliveries = self._deliveries(connection, tenant, now, operator)
+            stops = self._stops(connection, tenant, now, operator)
             buckets = self._buckets(connection, tenant)
             history = self._history(connection, tenant, waiting, now)
-        if tenant is not None:
-            tenants = {name: usage for name, usage in tenants.items() if name == tenant}
         return Snapshot(
-            at=now, tenant=tenant, tenants=_usage_rows(tenants), pools=_usage_rows(pools),
+            at=now, tenant=tenant, tenants=_tenant_rows(usage, tenant_cohorts, tenant),
+            pools=_usage_rows(usage.pools),
             waiting=waiting, queue=queue, decisions=decisions, backlog=backlog,
             deliveries=deliveries, stops=stops, buckets=buckets, history=history,
+            cohorts=_usage_rows(usage.sharing.cohorts) if tenant is None else [],
         )
 
-    def story(self, request_id: str, tenant: str | None = None) -> dict[str, Any]:
+    def story(self, request_id: str, tenant: str | None = None, *,
+              operator: bool | None = None) -> dict[str, Any]:
         """A request's whole story: its row, every audit entry about it, binding and outbox."""
+        operator = tenant is None if operator is None else operator
         request, audit, binding, outbox = schema.request, schema.audit, schema.binding, schema.outbox
         with reading(self.engine) as connection:
             row = connection.execute(
@@ -215,7 +258,8 @@ class DashboardViews:
                 "next_attempt_at": delivery["next_attempt_at"],
                 "claimed_by": delivery["claimed_by"],
                 "fencing_token": delivery["claim_token"],
-                "last_error": delivery["last_error"],
+                "last_error": delivery["last_error"] if operator else None,
+                "failing": delivery["last_error"] is not None,
             },
         }
 
@@ -225,8 +269,8 @@ class DashboardViews:
         self,
         connection: sa.Connection,
         tenant: str | None,
-        tenants: dict[str, dict[str, tuple[int, int]]],
-        pools: dict[str, dict[str, tuple[int, int]]],
+        usage: cohorts.Snapshot,
+        every_tenant: list[str],
         now: float,
     ) -> tuple[int, list[QueueEntry]]:
         request = schema.request
@@ -236,13 +280,24 @@ class DashboardViews:
         total = int(connection.execute(waiting).scalar_one())
         if total == 0:
             return 0, []
-        names = [tenant] if tenant is not None else list(connection.execute(
-            sa.select(schema.tenant.c.name).order_by(schema.tenant.c.name)).scalars())
+        # A member's reason depends on what the other members' heads take first,
+        # so with cohorts every tenant's head is read, whatever the scope.
+        scoped = tenant is not None and not usage.sharing.roots
+        names = [tenant] if scoped else every_tenant
         # The first rows of the whole queue are among the first rows of each tenant's
         # queue: one bounded index range scan per tenant, merged here, as admission reads it.
-        rows = sorted(connection.execute(_head_query(len(names), self.rows),
-                                         {f"tenant_{i}": name for i, name in enumerate(names)}),
-                      key=lambda row: (row.queue_key, row.created, row.id))[:self.rows]
+        heads = sorted(connection.execute(_head_query(len(names),
+                                                      max(self.rows, self.admission_window)),
+                                          {f"tenant_{i}": name for i, name in enumerate(names)}),
+                       key=lambda row: (row.queue_key, row.created, row.id))
+        rows = [row for row in heads if tenant is None or row.tenant == tenant][:self.rows]
+        # What admission's next pass reads: the first `admission_window` of each tenant.
+        window: list[Candidate] = []
+        placed: dict[str, int] = {}
+        for head in heads:
+            placed[head.tenant] = placed.get(head.tenant, 0) + 1
+            if placed[head.tenant] <= self.admission_window:
+                window.append(Candidate(head.id, head.tenant, decode_cost(head.cost)))
         # In queue order every request of a tenant ahead of this one is listed
         # before it, so the tenant positions counted here are exact.
         seen: dict[str, int] = {}
@@ -250,17 +305,31 @@ class DashboardViews:
         for position, row in enumerate(rows, start=1):
             seen[row.tenant] = seen.get(row.tenant, 0) + 1
             cost = decode_cost(row.cost)
-            why = explain_waiting(cost, tenants.get(row.tenant, {}), pools, seen[row.tenant],
-                                  self.admission_window)
+            reason = self._reason(row, cost, seen[row.tenant], usage, window)
             entries.append(QueueEntry(
                 position=position, id=row.id, tenant=row.tenant, cost=cost,
                 priority=row.priority,
                 effective_priority=round(
                     effective_priority(row.priority, row.created, now, self.aging_interval), 3),
                 waited_seconds=round(max(0.0, now - row.created), 3),
-                reason=why.reason,
+                reason=reason,
             ))
         return total, entries
+
+    def _reason(self, row: Any, cost: dict[str, int], tenant_position: int,
+                usage: cohorts.Snapshot, window: list[Candidate]) -> str:
+        """The sentence ``explain`` gives for this request (LedgerViews.explain)."""
+        if not usage.sharing.is_member(row.tenant):
+            return explain_waiting(cost, usage.tenants.get(row.tenant, {}), usage.pools,
+                                   tenant_position, self.admission_window).reason
+        # A member's quota is a nominal share: its limits, its cohort and what the
+        # next pass places before it decide (the dry run's verdict).
+        request = Candidate(row.id, row.tenant, cost)
+        queue = window if any(entry.id == row.id for entry in window) else [*window, request]
+        verdict = judge(request, queue=queue, tenants=usage.tenants, pools=usage.pools,
+                        sharing=usage.sharing, weights=usage.weights,
+                        tenant_position=tenant_position, admission_window=self.admission_window)
+        return describe_verdict(verdict, self.admission_window)
 
     def _decisions(self, connection: sa.Connection, tenant: str | None) -> list[DecisionEntry]:
         audit = schema.audit
@@ -271,7 +340,7 @@ class DashboardViews:
         return [DecisionEntry(**dict(row)) for row in rows]
 
     def _deliveries(
-        self, connection: sa.Connection, tenant: str | None, now: float
+        self, connection: sa.Connection, tenant: str | None, now: float, operator: bool
     ) -> tuple[int, list[DeliveryEntry]]:
         outbox, request = schema.outbox, schema.request
         query = (
@@ -295,25 +364,31 @@ class DashboardViews:
                 attempts=int(row.attempts), age_seconds=round(max(0.0, now - row.created), 3),
                 next_attempt_in=round(max(0.0, row.next_attempt_at - now), 3),
                 claimed_by=row.claimed_by, fencing_token=int(row.claim_token),
-                last_error=row.last_error,
+                last_error=row.last_error if operator else None,
+                failing=row.last_error is not None,
             )
             for row in rows
         ]
         return (int(rows[0].total) if rows else 0), entries
 
-    def _stops(self, connection: sa.Connection, tenant: str | None, now: float) -> list[StopEntry]:
-        request = schema.request
+    def _stops(self, connection: sa.Connection, tenant: str | None, now: float,
+               operator: bool) -> list[StopEntry]:
+        request, outbox = schema.request, schema.outbox
         query = sa.select(
             request.c.id, request.c.tenant, request.c.state, request.c.pool, request.c.cost,
-            request.c.updated, request.c.reason,
-        ).where(request.c.state.in_(UNCONFIRMED_STOP_STATES))
+            request.c.updated, request.c.reason, outbox.c.attempts, outbox.c.last_error,
+        ).select_from(request.outerjoin(outbox, outbox.c.request_id == request.c.id)).where(
+            request.c.state.in_(UNCONFIRMED_STOP_STATES))
         if tenant is not None:
             query = query.where(request.c.tenant == tenant)
         rows = connection.execute(query.order_by(request.c.updated).limit(self.rows)).all()
         return [
             StopEntry(id=row.id, tenant=row.tenant, state=row.state, pool=row.pool,
                       cost=decode_cost(row.cost),
-                      since_seconds=round(max(0.0, now - row.updated), 3), reason=row.reason)
+                      since_seconds=round(max(0.0, now - row.updated), 3), reason=row.reason,
+                      attempts=int(row.attempts or 0),
+                      last_error=row.last_error if operator else None,
+                      failing=row.last_error is not None)
             for row in rows
         ]
 
@@ -415,6 +490,29 @@ def _head_query(tenant_count: int, rows: int) -> sa.Select[Any] | sa.CompoundSel
     if len(heads) == 1:
         return sa.select(heads[0])
     return sa.union_all(*(sa.select(head) for head in heads))
+
+
+def _tenant_rows(usage: cohorts.Snapshot, tenant_cohorts: dict[str, str | None],
+                 tenant: str | None) -> list[TenantRow]:
+    standing = standings(usage.tenants, usage.sharing)
+    rows = []
+    for name, resources in sorted(usage.tenants.items()):
+        if tenant is not None and name != tenant:
+            continue
+        for resource, (used, cap) in sorted(resources.items()):
+            limits = usage.sharing.limits.get((name, resource))
+            borrowed, lent = standing.get((name, resource), (0, 0))
+            member = usage.sharing.is_member(name)
+            ceiling: int | None = cap
+            if member:
+                ceiling = (None if limits is None or limits.borrowing_limit is None
+                           else limits.ceiling)
+            rows.append(TenantRow(
+                name, resource, used, cap,
+                cohort=(tenant_cohorts.get(name) or usage.sharing.roots[name]) if member else None,
+                nominal=cap, borrowed=borrowed, lent=lent, ceiling=ceiling,
+            ))
+    return rows
 
 
 def _usage_rows(usage: dict[str, dict[str, tuple[int, int]]]) -> list[UsageRow]:

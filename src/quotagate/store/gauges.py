@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from quotagate.domain.model import RequestState
+from quotagate.domain.preemption import PREEMPTION_KINDS
 from quotagate.store import schema
 from quotagate.store.dashboard import UNCONFIRMED_STOP_STATES
 from quotagate.store.dialect import reading
@@ -57,6 +58,8 @@ class LedgerGauges:
     waiting: list[Waiting]
     # (tenant, state) -> count, for the states a request ends in without running
     ended: dict[tuple[str, str], int]
+    # (tenant, kind) -> victims whose stop was confirmed (kind: PREEMPTION_KINDS)
+    preempted: dict[tuple[str, str], int]
     backlog: list[Backlog]
     # lease name -> generation
     lease_generations: dict[str, int]
@@ -74,9 +77,16 @@ def read_gauges(engine: Engine) -> LedgerGauges:
         ).all()
         ended = connection.execute(
             sa.select(request.c.tenant, request.c.state, sa.func.count())
-            .where(request.c.state.in_([RequestState.EXPIRED.value, RequestState.REJECTED.value,
-                                        RequestState.PREEMPTED.value]))
+            .where(request.c.state.in_([RequestState.EXPIRED.value, RequestState.REJECTED.value]))
             .group_by(request.c.tenant, request.c.state)
+        ).all()
+        # The kind is the victim's reason's (Ledger._preempt writes "preempted (KIND) by ID").
+        kind = sa.case(*((request.c.reason.like(f"preempted ({name})%"), name)
+                         for name in PREEMPTION_KINDS), else_="other").label("kind")
+        preempted = connection.execute(
+            sa.select(request.c.tenant, kind, sa.func.count())
+            .where(request.c.state == RequestState.PREEMPTED.value)
+            .group_by(request.c.tenant, kind)
         ).all()
         pending = sa.and_(outbox.c.delivered == sa.false(), outbox.c.stopping == sa.false())
         deliveries = connection.execute(
@@ -99,6 +109,7 @@ def read_gauges(engine: Engine) -> LedgerGauges:
         pools=pools,
         waiting=[Waiting(tenant, int(count), float(first)) for tenant, count, first in waiting],
         ended={(tenant, state): int(count) for tenant, state, count in ended},
+        preempted={(tenant, name): int(count) for tenant, name, count in preempted},
         backlog=[
             Backlog(tenant, int(pending_count or 0), int(attempt_count or 0), int(failing_count or 0),
                     int(stop_count or 0))

@@ -6,7 +6,8 @@ database decides. A stale snapshot makes a conditional UPDATE miss, which rolls
 the whole transaction back and runs it again on fresh numbers.
 
 Lock order, to keep concurrent transactions from deadlocking: request rows,
-then tenant quota rows (by tenant, resource), then pool rows (by pool, resource).
+then tenant quota rows (by tenant, resource), then pool rows (by pool, resource),
+then budget rows (quotagate.store.budgets).
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ from quotagate.domain.rate_refusal import rate_limited
 from quotagate.errors import Conflict, InvalidInput, QuotagateError
 from quotagate.store import (
     admission_stats,
+    budgets,
     cohorts,
+    fair_history,
     identity,
     pool_slices,
     schema,
@@ -238,7 +241,7 @@ class Ledger:
         decision = (
             self._take_token(connection, submission.tenant, held) if "bucket" in facts else None
         )
-        row = new_row(submission, decision, now, self.aging_interval)
+        row = new_row(submission, decision, now, self.aging_interval, facts)
         if existing is None:
             connection.execute(schema.request.insert(), row)
         else:
@@ -356,8 +359,15 @@ class Ledger:
         priorities = {row.id: int(row.priority) for row in connection.execute(
             sa.select(request.c.id, request.c.priority)
             .where(request.c.id.in_([head.id for head in heads])))}
+        candidates = [Candidate(head.id, head.tenant, dict(_cost_items(head.cost)),
+                                head.reserved_runtime) for head in heads]
+        if snapshot.budgeted:
+            # Never stop work for a request its budget keeps waiting anyway.
+            budget = budgets.read_budgets(connection, self.clock.now())
+            candidates = [candidate for candidate in candidates
+                          if budget.fits(candidate.tenant, candidate.cost, candidate.runtime)]
         chosen = choose_preemption(
-            [Candidate(head.id, head.tenant, dict(_cost_items(head.cost))) for head in heads],
+            candidates,
             priorities, tenants=snapshot.tenants, pools=snapshot.pools,
             sharing=snapshot.sharing, policies=policies, running=running)
         if chosen is None:
@@ -390,6 +400,11 @@ class Ledger:
             transaction.rows(statements.admission_snapshot_query(), {}))
         tenants, pools, sharing = snapshot.tenants, snapshot.pools, snapshot.sharing
         self._policies_seen = bool(snapshot.policies)
+        now = self.clock.now()
+        if snapshot.budgeted:
+            # One more read, only where some tenant has a budget.
+            snapshot.budgets = budgets.budgets_from_rows(
+                transaction.rows(budgets.budget_query(), {"now": now}))
         open_tenants = sorted(
             name for name, usage in tenants.items()
             if (sharing.open(name, usage) if sharing.is_member(name)
@@ -399,7 +414,6 @@ class Ledger:
             cap > used for usage in pools.values() for used, cap in usage.values()
         ):
             return []
-        now = self.clock.now()
         # With sliced pools, several admitters run: plan for the tenants no other
         # admitter is charging (quotagate.store.tenant_claims); if those had nothing
         # that fits, roll back and run once for all of them (Ledger.admit).
@@ -411,6 +425,8 @@ class Ledger:
             return []
         with admission_stats.lock_wait():
             self._charge(transaction, admitted, snapshot)
+            if snapshot.budgets and not budgets.charge(transaction, admitted, snapshot.budgets):
+                raise CapacityChanged("budget")
         self._record_admissions(transaction, admitted, targets, now, actor)
         return admitted
 
@@ -478,6 +494,7 @@ class Ledger:
             plan = plan_admissions(
                 [c for c in candidates if c.id not in skipped] if skipped else candidates,
                 tenants, pools, limit, sharing, snapshot.weights,
+                budgets=snapshot.budgets or None, history=fair_history.history(snapshot, now),
             )
             if not plan:
                 return []
@@ -490,6 +507,7 @@ class Ledger:
                         sharing.charge(placement.tenant, placement.cost, tenants[placement.tenant])
                     charge_usage(tenants[placement.tenant], placement.cost)
                     charge_usage(pools[placement.pool], placement.cost)
+                    snapshot.budgets.charge(placement.tenant, placement.cost, placement.runtime)
                 return reserved
             skipped |= {placement.id for placement in plan}
         return []
@@ -507,7 +525,8 @@ class Ledger:
             statements.head_query(len(tenants), window), statements.head_parameters(tenants)
         )
         rows.sort(key=lambda row: (row[3], row[4], row[0]))
-        candidates = [Candidate(row[0], row[1], dict(_cost_items(row[2]))) for row in rows]
+        candidates = [Candidate(row[0], row[1], dict(_cost_items(row[2])), row[6])
+                      for row in rows]
         return candidates, {row[0]: row[5] for row in rows}
 
     @staticmethod

@@ -20,13 +20,17 @@ commit (docs/decisions/218). Here a batch of ends is one transaction:
    cost to the slice it was charged to, and per tenant one
    return through :func:`quotagate.store.cohorts.adjust_tenant` (a cohort
    member's return goes back to its cohort's room too); the outbox rows deleted
-   and the audit rows inserted in one statement each.
+   and the audit rows inserted in one statement each;
+6. a budgeted tenant's usage accrued: cost * seconds since admission, into its
+   hour buckets, its reservation taken back (:func:`quotagate.store.budgets.accrue`);
+   with a fair-share half-life, the held time into the tenant's decayed past use
+   (:func:`quotagate.store.fair_history.accrue`).
 
 A request's cost therefore comes back once however many callers end it at the
 same time: only the transaction that moved its state counts it.
 
 Lock order, as in :mod:`quotagate.store.ledger`: request rows, tenant usage
-rows, pool usage rows (outbox rows of the batch's requests come after the
+rows, pool usage rows, budget rows (outbox rows of the batch's requests come after the
 request rows).
 """
 
@@ -48,7 +52,7 @@ from quotagate.domain.model import (
     validate_reason,
 )
 from quotagate.errors import Conflict, InvalidInput, NotFound
-from quotagate.store import cohorts, identity, pool_slices, schema
+from quotagate.store import budgets, cohorts, fair_history, identity, pool_slices, schema
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
 from quotagate.store.dialect import reserves_with_lock
@@ -185,6 +189,10 @@ def _round(
         lock_decisions(connection)  # not while a preemption decision reads (Ledger._preempt)
     released = _move_states(connection, moves, now)
     _return_cost(connection, released.values())
+    # Budgets: what the released work held, admission to now (docs/fair-sharing.md#budgets).
+    ended = [move.row for move in moves if move.row["id"] in released]
+    budgets.accrue(connection, ended, now)
+    fair_history.accrue(connection, ended, now)  # with a fair-share half-life only
     if released:
         # An undelivered outbox row must not be delivered any more; a stop's row is done.
         outbox = schema.outbox

@@ -41,6 +41,9 @@ tenant = sa.Table(
     # lower-priority work for a waiting request (never | lower-priority).
     sa.Column("reclaim", sa.String(16), nullable=False, server_default="never"),
     sa.Column("within_tenant", sa.String(16), nullable=False, server_default="never"),
+    # The max-runtime (seconds) its requests reserve against budgets when they
+    # declare none (docs/fair-sharing.md#budgets); NULL: none.
+    sa.Column("default_max_runtime", sa.BigInteger, nullable=True),
 )
 
 # Cohorts form trees (parent NULL: a root). Each tree is one sharing domain.
@@ -81,6 +84,36 @@ tenant_quota = sa.Table(
     # read it from the very row they charge, so a concurrent move in the tree (which
     # rewrites these rows) cannot slip between reading the root and charging its room.
     sa.Column("cohort_root", NAME, nullable=True),
+    # With a fair-share half-life (docs/decisions/712): the tenant's past use of the
+    # resource, resource-seconds decayed to ``decayed_at``; raised at every release.
+    sa.Column("decayed", sa.Double, nullable=False, server_default="0"),
+    sa.Column("decayed_at", TIME, nullable=True),
+)
+
+# A tenant's budget per resource (docs/decisions/710): ``amount`` resource-seconds
+# per rolling ``window_length`` seconds; ``reserved`` = sum of cost * reserved runtime of its
+# running work; ``accrued`` = all usage its released work ever accrued (raised
+# with the buckets, so admission can count releases committed after its read).
+tenant_budget = sa.Table(
+    "qg_tenant_budget",
+    metadata,
+    sa.Column("tenant", NAME, primary_key=True),
+    sa.Column("resource", RESOURCE, primary_key=True),
+    sa.Column("amount", sa.BigInteger, nullable=False),
+    sa.Column("window_length", sa.BigInteger, nullable=False),
+    sa.Column("reserved", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("accrued", sa.BigInteger, nullable=False, server_default="0"),
+)
+
+# Released work's usage, whole resource-seconds (rounded up) per hour bucket
+# (``bucket``: its start). Integers, so admission's check and the database's agree exactly.
+budget_usage = sa.Table(
+    "qg_budget_usage",
+    metadata,
+    sa.Column("tenant", NAME, primary_key=True),
+    sa.Column("resource", RESOURCE, primary_key=True),
+    sa.Column("bucket", sa.BigInteger, primary_key=True),
+    sa.Column("amount", sa.BigInteger, nullable=False),
 )
 
 pool = sa.Table(
@@ -123,6 +156,13 @@ request = sa.Table(
     sa.Column("created", TIME, nullable=False),
     sa.Column("updated", TIME, nullable=False),
     sa.Column("reason", sa.String(1024), nullable=True),
+    # Budgets (docs/fair-sharing.md#budgets): the max-runtime as submitted (part of
+    # the request's identity), the one its budget reserves (submitted, else the
+    # tenant's default at submission), and when it was admitted — accrual runs
+    # from there to its release, so a crash between loses nothing.
+    sa.Column("max_runtime", sa.BigInteger, nullable=True),
+    sa.Column("reserved_runtime", sa.BigInteger, nullable=True),
+    sa.Column("admitted", TIME, nullable=True),
     # Admission reads the head of each tenant's queue from this index.
     sa.Index(None, "tenant", "state", "queue_key", "created", "id"),
     # Expiry and "oldest waiting" read from this one.

@@ -21,6 +21,8 @@ from quotagate.domain.sharing import UNBOUNDED
 from quotagate.store import schema
 
 _WAITING = RequestState.WAITING.value
+# The qg_meta key of the ledger's fair-share half-life, seconds (docs/decisions/712).
+HALF_LIFE_KEY = "fair_share_half_life"
 
 
 @lru_cache(maxsize=1)
@@ -59,7 +61,7 @@ def head_query(tenant_count: int, window: int) -> sa.Select[Any] | sa.CompoundSe
     heads = [
         sa.select(
             request.c.id, request.c.tenant, request.c.cost, request.c.queue_key,
-            request.c.created, request.c.target,
+            request.c.created, request.c.target, request.c.reserved_runtime,
         )
         .where(request.c.tenant == sa.bindparam(f"tenant_{index}"), request.c.state == _WAITING)
         .order_by(request.c.queue_key, request.c.created, request.c.id)
@@ -126,7 +128,8 @@ def reserve_statement(count: int, *, lock: bool = False) -> sa.Update:
     statement = (
         statement
         .where(request.c.id.in_(chosen), request.c.state == _WAITING)
-        .values(state=RequestState.RESERVED.value, pool=pool_of, updated=sa.bindparam("now"))
+        .values(state=RequestState.RESERVED.value, pool=pool_of, updated=sa.bindparam("now"),
+                admitted=sa.bindparam("now"))
     )
     return statement.returning(request.c.id) if lock else statement
 
@@ -274,7 +277,8 @@ def submission_facts_query(with_target: bool) -> sa.CompoundSelect[Any]:
     ``target`` if the named target exists and serves the tenant,
     ``default_closed`` if no target is named and the default target serves only
     other tenants, ``bucket`` if the tenant has a rate quota, ``max_priority``
-    (as text) if the tenant has a maximum priority. Parameters: ``id``,
+    (as text) if the tenant has a maximum priority, ``default_max_runtime``
+    (as text) if it has a default max-runtime. Parameters: ``id``,
     ``tenant``, ``resources`` (a list), ``target``.
     """
     request, capacity = schema.request, schema.pool_capacity
@@ -292,6 +296,10 @@ def submission_facts_query(with_target: bool) -> sa.CompoundSelect[Any]:
                   sa.cast(schema.tenant.c.max_priority, sa.String(16)).label("value"))
         .where(schema.tenant.c.name == sa.bindparam("tenant"),
                schema.tenant.c.max_priority.is_not(None)),
+        sa.select(sa.literal("default_max_runtime").label("fact"),
+                  sa.cast(schema.tenant.c.default_max_runtime, sa.String(16)).label("value"))
+        .where(schema.tenant.c.name == sa.bindparam("tenant"),
+               schema.tenant.c.default_max_runtime.is_not(None)),
     ]
     target, allowed = schema.delivery_target, schema.target_tenant
     limited = sa.exists().where(allowed.c.target == target.c.name)
@@ -320,32 +328,45 @@ def admission_snapshot_query() -> sa.CompoundSelect[Any]:
     """Everything admission plans on, in one round trip: :func:`usage_query` and cohorts.
 
     Rows ``(kind, holder, resource, used, cap, borrowing_limit, lending_limit,
-    cohort_root)``: ``t`` tenant quota rows (with their limits and root cohort),
-    ``p`` pool rows (summed over their slices, the slice count in
-    ``borrowing_limit``), ``c`` the shared room of each root cohort, ``w`` the
-    weight (in ``used``) of each tenant whose weight is not 1, ``x`` the
-    preemption policies (reclaim in ``resource``, within-tenant in the last
-    column) of each tenant that has one. Without cohorts, weights and policies
-    the last three parts read nothing.
+    cohort_root, decayed, decayed_at)``: ``t`` tenant quota rows (with their
+    limits, root cohort and decayed past use), ``p`` pool rows (summed over
+    their slices, the slice count in ``borrowing_limit``), ``c`` the shared
+    room of each root cohort, ``w`` the weight (in ``used``) of each tenant
+    whose weight is not 1, ``x`` the preemption policies (reclaim in
+    ``resource``, within-tenant in ``cohort_root``) of each tenant that has
+    one, ``g`` each budgeted (tenant, resource), whose state admission then
+    reads (quotagate.store.budgets), ``h`` the fair-share half-life in
+    ``used`` if one is set. Without cohorts, weights, policies, budgets and a
+    half-life the last five parts read nothing.
     """
     quota, capacity, shared = schema.tenant_quota, schema.pool_capacity, schema.cohort_usage
-    tenant = schema.tenant
+    tenant, budget, meta = schema.tenant, schema.tenant_budget, schema.ledger_meta
     none = sa.cast(sa.null(), sa.BigInteger)
     no_root = sa.cast(sa.null(), schema.NAME)
+    no_resource = sa.cast(sa.null(), schema.RESOURCE)
+    no_time = sa.cast(sa.null(), schema.TIME)
     return sa.union_all(
         sa.select(sa.literal("t").label("kind"), quota.c.tenant.label("holder"), quota.c.resource,
                   quota.c.used, quota.c.cap, quota.c.borrowing_limit, quota.c.lending_limit,
-                  quota.c.cohort_root),
-        sa.select(sa.literal("p"), *summed_pool_columns(), none, no_root)
+                  quota.c.cohort_root, quota.c.decayed, quota.c.decayed_at),
+        sa.select(sa.literal("p"), *summed_pool_columns(), none, no_root, no_time, no_time)
         .group_by(capacity.c.pool, capacity.c.resource),
         sa.select(sa.literal("c"), shared.c.cohort, shared.c.resource, shared.c.used,
-                  shared.c.cap, none, none, no_root),
-        sa.select(sa.literal("w"), tenant.c.name, sa.cast(sa.null(), schema.RESOURCE),
-                  sa.cast(tenant.c.weight, sa.BigInteger), none, none, none, no_root)
+                  shared.c.cap, none, none, no_root, no_time, no_time),
+        sa.select(sa.literal("w"), tenant.c.name, no_resource,
+                  sa.cast(tenant.c.weight, sa.BigInteger), none, none, none, no_root, no_time,
+                  no_time)
         .where(tenant.c.weight != 1),
         sa.select(sa.literal("x"), tenant.c.name, sa.cast(tenant.c.reclaim, schema.RESOURCE),
-                  none, none, none, none, sa.cast(tenant.c.within_tenant, schema.NAME))
+                  none, none, none, none, sa.cast(tenant.c.within_tenant, schema.NAME), no_time,
+                  no_time)
         .where(sa.or_(tenant.c.reclaim != "never", tenant.c.within_tenant != "never")),
+        sa.select(sa.literal("g"), budget.c.tenant, budget.c.resource, none, none, none, none,
+                  no_root, no_time, no_time),
+        sa.select(sa.literal("h"), sa.cast(meta.c.key, schema.NAME), no_resource,
+                  sa.cast(meta.c.value, sa.BigInteger), none, none, none, no_root, no_time,
+                  no_time)
+        .where(meta.c.key == HALF_LIFE_KEY),
     )
 
 

@@ -84,6 +84,7 @@ def replayed(existing: Mapping[Any, Any], submission: Submission) -> Request:
             ("priority", existing["priority"], submission.priority),
             ("payload", existing["payload"], _payload_as_kept(existing, submission)),
             ("target", existing["target"], submission.target),
+            ("max_runtime", existing["max_runtime"], submission.max_runtime),
         )
         if stored != given
     ]
@@ -97,9 +98,15 @@ def replayed(existing: Mapping[Any, Any], submission: Submission) -> Request:
 
 
 def new_row(
-    submission: Submission, decision: Decision | None, now: float, aging_interval: float
+    submission: Submission, decision: Decision | None, now: float, aging_interval: float,
+    facts: Mapping[str, set[str]] | None = None,
 ) -> dict[str, Any]:
-    """The request row a new attempt writes: ``waiting``, or ``rejected`` by the rate gate."""
+    """The request row a new attempt writes: ``waiting``, or ``rejected`` by the rate gate.
+
+    Its reserved runtime is its own max-runtime, else the tenant's default now
+    (a fact of :func:`quotagate.store.statements.submission_facts_query`): a
+    later change of the default leaves waiting requests as they were.
+    """
     refused = decision is not None and not decision.granted
     state = RequestState.REJECTED if refused else RequestState.WAITING
     return {
@@ -115,7 +122,18 @@ def new_row(
         "created": now,
         "updated": now,
         "reason": rejection_reason(decision) if decision is not None and refused else None,
+        "max_runtime": submission.max_runtime,
+        "reserved_runtime": reserved_runtime(submission, facts or {}),
+        "admitted": None,
     }
+
+
+def reserved_runtime(submission: Submission, facts: Mapping[str, set[str]]) -> int | None:
+    """The max-runtime a budget reserves for ``submission``: its own, else the tenant's default."""
+    if submission.max_runtime is not None:
+        return submission.max_runtime
+    default = facts.get("default_max_runtime")
+    return int(next(iter(default))) if default else None
 
 
 def submit_audit(actor: str, row: Mapping[str, Any]) -> AuditEntry:
@@ -332,7 +350,7 @@ def _judge(
             # replay); this attempt then rolls back and runs again with the decision.
             pending.tokens_needed.append(token)
         decision = token.decision
-    row = new_row(submission, decision, now, aging_interval)
+    row = new_row(submission, decision, now, aging_interval, facts)
     if existing is None or submission.id in pending.inserts:
         pending.inserts[submission.id] = row
     else:

@@ -9,17 +9,26 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from quotagate.domain.clock import Clock, SystemClock
-from quotagate.domain.dry_run import Verdict, describe_verdict, judge
+from quotagate.domain.dry_run import BUDGET_EXHAUSTED, Verdict, describe_verdict, judge
 from quotagate.domain.explanation import explain_waiting
 from quotagate.domain.model import CHARGED_STATES, Request, RequestState, Submission
 from quotagate.domain.ordering import effective_priority, queue_key
 from quotagate.domain.placement import Candidate, total_cost
 from quotagate.domain.preemption import choose_preemption
 from quotagate.errors import Conflict, NotFound
-from quotagate.store import cohorts, pool_slices, schema, statements
+from quotagate.store import (
+    budget_views,
+    budgets,
+    cohorts,
+    fair_history,
+    pool_slices,
+    schema,
+    statements,
+)
 from quotagate.store.dialect import reading
 from quotagate.store.preemption import running_work
 from quotagate.store.rows import all_usage, decode_cost, request_from_row
+from quotagate.store.submission import reserved_runtime
 from quotagate.store.submission_facts import require_submittable
 
 
@@ -92,6 +101,8 @@ class Usage(TypedDict):
     tenants: list[TenantUsage]
     pools: list[PoolUsage]
     cohorts: list[CohortRoom]
+    # Per budgeted tenant and resource: spent, reserved ahead, left, frees_at (store.budgets).
+    budgets: NotRequired[list[dict[str, Any]]]
 
 
 class InspectedRequest(TypedDict):
@@ -167,7 +178,9 @@ class LedgerViews:
 
     def usage(self) -> Usage:
         with reading(self.engine) as connection:
-            return _usage_view(connection)
+            usage = _usage_view(connection)
+            usage["budgets"] = budget_views.describe_all(connection, self.clock.now())
+            return usage
 
     def inspect(self, limit: int = 20) -> Inspection:
         """The troubleshooting query: recent requests with their outbox row and binding."""
@@ -267,14 +280,16 @@ class LedgerViews:
             tenants, pools = all_usage(connection)
             position = self.queue_position(connection, row, same_tenant=False)
             tenant_position = self.queue_position(connection, row, same_tenant=True)
-            verdict = self._verdict(connection, Candidate(row["id"], row["tenant"], cost),
+            verdict = self._verdict(connection, Candidate(row["id"], row["tenant"], cost,
+                                                          row["reserved_runtime"]),
                                     (row["queue_key"], row["created"], row["id"]),
                                     tenant_position, rate_tokens=None)
         why = explain_waiting(cost, tenants.get(row["tenant"], {}), pools, tenant_position,
                               self.admission_window)
         reason = why.reason
-        if verdict.member:
-            # A member's quota is a nominal share: its limits and cohort decide.
+        if verdict.member or any(entry.code == BUDGET_EXHAUSTED for entry in verdict.reasons):
+            # A member's quota is a nominal share: its limits and cohort decide. A
+            # budget is not in the usage rows explain_waiting judges.
             reason = describe_verdict(verdict, self.admission_window)
         now = self.clock.now()
         return Explanation(
@@ -305,12 +320,14 @@ class LedgerViews:
         next admission pass would place before it (quotagate.domain.dry_run)."""
         snapshot = cohorts.snapshot_from_rows(
             connection.execute(statements.admission_snapshot_query()))
+        if snapshot.budgeted:
+            snapshot.budgets = budgets.read_budgets(connection, self.clock.now())
         names = sorted(snapshot.tenants)
         heads: list[tuple[tuple[float, float, str], Candidate]] = [(key, request)]
         if names:
             heads += [
                 ((head.queue_key, head.created, head.id),
-                 Candidate(head.id, head.tenant, decode_cost(head.cost)))
+                 Candidate(head.id, head.tenant, decode_cost(head.cost), head.reserved_runtime))
                 for head in connection.execute(
                     statements.head_query(len(names), self.admission_window),
                     statements.head_parameters(names))
@@ -321,7 +338,8 @@ class LedgerViews:
                      tenants=snapshot.tenants, pools=snapshot.pools, sharing=snapshot.sharing,
                      weights=snapshot.weights, tenant_position=tenant_position,
                      admission_window=self.admission_window, rate_tokens=rate_tokens,
-                     max_priority=max_priority)
+                     max_priority=max_priority, budgets=snapshot.budgets,
+                     history=fair_history.history(snapshot, self.clock.now()))
 
     def simulate(
         self, submission: Submission, *, rate_tokens: float | None = None,
@@ -360,7 +378,8 @@ class LedgerViews:
                 above = (submission.priority, int(next(iter(maximum))))
             verdict = self._verdict(connection,
                                     Candidate(submission.id, submission.tenant,
-                                              dict(submission.cost)),
+                                              dict(submission.cost),
+                                              reserved_runtime(submission, facts)),
                                     (key, now, submission.id), tenant_position,
                                     rate_tokens=rate_tokens, max_priority=above)
             would_preempt = [] if verdict.admissible else self._would_preempt(
@@ -481,4 +500,6 @@ class LedgerViews:
                     if used > cap and (holder == "pool" or name not in members):
                         over_cap.append(f"{holder} {name} {resource}: used {used} > cap {cap}")
         violations += cohorts.check(connection_rows)
+        with reading(self.engine) as connection:
+            violations += budget_views.check(connection)
         return LedgerCheck(violations, over_cap)

@@ -17,6 +17,7 @@ See docs/streaming.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from quotagate.app import Quotagate
@@ -24,6 +25,7 @@ from quotagate.delivery.dispatcher import lease_name
 from quotagate.delivery.targets.spark_launcher import checkpoint_location
 from quotagate.domain.model import RequestState
 from quotagate.errors import NotFound, QuotagateError
+from quotagate.store.engine import normalise_url
 from quotagate.streaming.checkpoint import CheckpointState, read_checkpoint
 from quotagate.streaming.sink_store import BatchMarker, SinkStore
 
@@ -66,6 +68,7 @@ def diagnose(gate: Quotagate, request_id: str, where: StreamingLocation | None =
     rows_in_table: dict[str, int] = {}
     fence_token: int | None = None
     if location.sink_url is not None:
+        _refuse_a_missing_sqlite_file(location.sink_url)
         with SinkStore(location.sink_url) as sink:
             markers = sink.markers(location.query)
             for table in sorted({marker.business_table for marker in markers}):
@@ -75,6 +78,14 @@ def diagnose(gate: Quotagate, request_id: str, where: StreamingLocation | None =
     layers.append(_checkpoint(state, markers, rows_in_table))
     layers.append(_idempotency(markers, fence_token, trail.binding))
     return layers
+
+
+def _refuse_a_missing_sqlite_file(url: str) -> None:
+    """Opening a SQLite URL creates the file: a mistyped --sink-db would look like an empty sink."""
+    parsed = normalise_url(url)
+    if parsed.get_backend_name() == "sqlite" and not Path(str(parsed.database)).is_file():
+        raise NotFound(f"no sink database at {parsed.database}: check --sink-db; nothing was created",
+                       code="sink_database_missing")
 
 
 def _spark_defaults(gate: Quotagate, tenant: str, binding: dict[str, Any] | None,

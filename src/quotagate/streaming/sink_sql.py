@@ -22,9 +22,37 @@ _MYSQL_DUPLICATE_ENTRY = 1062
 MAX_PARAMETERS = 30000
 
 
+# The most characters of values one chunk carries. MySQL/MariaDB refuse a statement longer than
+# max_allowed_packet (16 MiB by default) and drop the connection; a batch of wide rows would
+# then fail on every replay, however few rows a chunk holds.
+MAX_CHUNK_CHARACTERS = 4 * 1024 * 1024
+# Bytes of statement per character of value at worst: UTF-8 and MySQL's escaping of literals.
+_MYSQL_BYTES_PER_CHARACTER = 8
+# What a value that is not text or bytes counts for: a number or a date as a literal.
+_SCALAR_CHARACTERS = 24
+
+
 def chunk_rows(column_count: int, wanted: int) -> int:
     """How many rows one INSERT may carry for a table of ``column_count`` columns."""
     return max(1, min(wanted, MAX_PARAMETERS // max(1, column_count)))
+
+
+def chunk_characters(connection: sa.Connection) -> int | None:
+    """How many characters of values one chunk may carry on this connection's server.
+
+    None on PostgreSQL and SQLite: their values travel as bound parameters, apart
+    from the statement, so only MySQL's literal statements need counting.
+    """
+    if connection.dialect.name != "mysql":
+        return None
+    packet = int(connection.exec_driver_sql("SELECT @@max_allowed_packet").scalar_one())
+    return max(1, min(MAX_CHUNK_CHARACTERS, packet // _MYSQL_BYTES_PER_CHARACTER))
+
+
+def row_characters(row: Mapping[str, Any]) -> int:
+    """A cheap upper estimate of a row's size in a statement: its text and bytes, by length."""
+    return sum(len(value) if isinstance(value, (str, bytes, bytearray)) else _SCALAR_CHARACTERS
+               for value in row.values())
 
 
 def insert_if_absent(

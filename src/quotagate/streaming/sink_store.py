@@ -25,7 +25,7 @@ from quotagate.errors import InvalidInput, StaleGeneration
 from quotagate.store.dialect import reading, run_transaction
 from quotagate.store.engine import create_engine
 from quotagate.streaming import sink_schema
-from quotagate.streaming.sink_sql import chunk_rows, insert_if_absent
+from quotagate.streaming.sink_sql import chunk_characters, chunk_rows, insert_if_absent, row_characters
 
 __all__ = [
     "BatchMarker",
@@ -121,6 +121,9 @@ class SinkStore:
         self.engine: Engine = create_engine(url)
         self.chunk_size = chunk_size
         self._tables_ready = False
+        # Read from the server in the first batch; None: chunks are bounded by row count alone.
+        self._chunk_characters: int | None = None
+        self._chunk_characters_known = False
 
     def close(self) -> None:
         self.engine.dispose()
@@ -213,14 +216,21 @@ class SinkStore:
             if fencing is not None:
                 # First, so a stale writer is refused before it touches a business row.
                 _check_fence(connection, fencing, now)
-            seen = inserted = 0
+            if not self._chunk_characters_known:
+                self._chunk_characters = chunk_characters(connection)
+                self._chunk_characters_known = True
+            limit = self._chunk_characters
+            seen = inserted = pending_characters = 0
             pending: list[Mapping[str, Any]] = []
             for row in rows():
                 pending.append(_known_columns(row, table))
-                if len(pending) >= chunk:
+                if limit is not None:
+                    pending_characters += row_characters(row)
+                # A chunk ends at its row count or (on MySQL) its size, whichever comes first.
+                if len(pending) >= chunk or (limit is not None and pending_characters >= limit):
                     inserted += insert_if_absent(connection, table, keys, pending)
                     seen += len(pending)
-                    pending = []
+                    pending, pending_characters = [], 0
             inserted += insert_if_absent(connection, table, keys, pending)
             seen += len(pending)
             conflicts = seen - inserted

@@ -95,6 +95,7 @@ class Consumer:
         dlq_max_len: int = 100_000,
     ) -> None:
         validate_part(group, "group")
+        validate_part(name, "consumer name")  # says "consumer", not the lease's "worker"
         validate_owner(name)
         if batch < 1 or max_deliveries < 1 or visibility_timeout <= 0:
             raise InvalidInput("batch and max deliveries must be at least 1, the visibility "
@@ -393,14 +394,16 @@ class Consumer:
 
     def close(self) -> None:
         """Release the leases and leave the group, so others need not wait for expiry."""
-        for partition in list(self.owned):
-            self._let_go(partition)
         try:
+            for partition in list(self.owned):
+                self._let_go(partition)
             with self.redis.errors():
                 self.redis.client.zrem(self._members, self.name)
                 self.redis.client.hdel(self._in_flight, self.instance)
-        except Exception:  # closing must not hide the error that made us close
-            log.warning("could not leave the group cleanly", exc_info=True)
+        except Exception as error:  # closing must not hide the error that made us close
+            self.owned.clear()
+            log.warning("%s could not leave the group cleanly (its leases expire by "
+                        "themselves): %s", self.name, getattr(error, "message", error))
 
     def __enter__(self) -> Consumer:
         return self

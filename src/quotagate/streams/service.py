@@ -75,6 +75,9 @@ class Streams:
     ) -> TopicSpec:
         def write_meta(spec: TopicSpec) -> None:
             connection, keys = self.locate(tenant)
+            # Streams of an earlier topic of this name whose keys a failed delete left
+            # behind are no part of this one: its partitions start empty.
+            self._drop_keys(connection, keys, spec)
             with connection.errors():
                 connection.client.hset(keys.meta(topic), mapping={
                     "partitions": spec.partitions, "parallelism": spec.parallelism,
@@ -87,16 +90,23 @@ class Streams:
             rate=rate, actor=actor, on_created=write_meta)
 
     def delete_topic(self, tenant: str, topic: str, *, actor: str = "admin") -> TopicSpec:
-        """Delete in the ledger (the authority, quota returned once), then the Redis keys."""
+        """Delete in the ledger (the authority, quota returned once), then the Redis keys.
+
+        An unreachable Redis is refused before the ledger changes; should it fail between
+        the two steps, the keys left behind are dropped when the name is created again.
+        """
         connection, keys = self.locate(tenant)
+        with connection.errors():
+            connection.client.ping()
         spec = self.topics.delete(tenant, topic, actor=actor)
         with self._lock:
             self._producers.pop((tenant, topic), None)
         try:
             self._drop_keys(connection, keys, spec)
-        except QuotagateError:
-            log.warning("topic %s/%s is deleted, but its Redis keys could not all be removed",
-                        tenant, topic, exc_info=True)
+        except QuotagateError as error:
+            log.warning("topic %s/%s is deleted, but its Redis keys could not all be removed "
+                        "(they go when the topic is created again): %s", tenant, topic,
+                        error.message)
         return spec
 
     @staticmethod
@@ -105,9 +115,13 @@ class Streams:
         streams = [keys.partition(topic, partition) for partition in range(spec.partitions)]
         groups: set[str] = set()
         with connection.errors():
+            # One round trip for every partition's groups (a missing stream answers an error).
+            pipeline = connection.client.pipeline(transaction=False)
             for stream in streams:
-                if connection.client.exists(stream):
-                    groups |= {_text(group["name"]) for group in connection.client.xinfo_groups(stream)}
+                pipeline.xinfo_groups(stream)
+            for reply in pipeline.execute(raise_on_error=False):
+                if not isinstance(reply, Exception):
+                    groups |= {_text(group["name"]) for group in reply}
             names = [*streams, keys.dlq(topic), keys.meta(topic)]
             for group in sorted(groups):
                 names += [keys.retry(topic, group), keys.members(topic, group)]

@@ -93,6 +93,29 @@ def _spec(row: Any) -> TopicSpec:
 # Sentinel: "leave this setting as it is".
 KEEP: Any = object()
 
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://")
+
+
+def stream_setting_changes(
+    *, max_len: int | None = KEEP, max_in_flight: int | None = KEEP,
+    redis_url: str | None = KEEP,
+) -> dict[str, Any]:
+    """The settings given, checked (None clears one): callers check before changing anything."""
+    changes: dict[str, Any] = {}
+    if max_len is not KEEP:
+        changes["max_len"] = None if max_len is None else _whole(max_len, "max length", 1,
+                                                                 MAX_LEN)
+    if max_in_flight is not KEEP:
+        changes["max_in_flight"] = None if max_in_flight is None else _whole(
+            max_in_flight, "max in flight", 1, MAX_LEN)
+    if redis_url is not KEEP:
+        if redis_url is not None and (not isinstance(redis_url, str)
+                                      or not redis_url.startswith(REDIS_SCHEMES)):
+            raise InvalidInput("a tenant's Redis must be a redis://, rediss://, unix:// or "
+                               "redis+cluster:// URL", code="invalid_redis_url")
+        changes["redis_url"] = redis_url
+    return changes
+
 
 class Topics:
     """Create, delete and read topic specs and tenant stream settings (SQL only)."""
@@ -129,7 +152,9 @@ class Topics:
                                code="topic_exists")
             spec = self._capped(requested, settings)
             if not adjust_tenant(connection, tenant, spec.cost, charge=True):
-                raise self._over_quota(connection, spec)
+                # Some resources may be charged in this transaction already: say what is
+                # short from the committed rows, once it has rolled back.
+                raise _OverQuota(spec)
             now = self.clock.now()
             spec = TopicSpec(tenant, name, partitions, parallelism, spec.max_len, now)
             connection.execute(schema.topic.insert().values(
@@ -146,6 +171,9 @@ class Topics:
 
         try:
             return run_transaction(self.engine, work)
+        except _OverQuota as refused:
+            with reading(self.engine) as connection:
+                raise self._over_quota(connection, refused.spec) from None
         except IntegrityError as error:
             raise Conflict(f"topic {name!r} of tenant {tenant!r} is being created concurrently",
                            code="topic_exists") from error
@@ -220,24 +248,19 @@ class Topics:
         self, tenant: str, *, max_len: int | None = KEEP, max_in_flight: int | None = KEEP,
         redis_url: str | None = KEEP, actor: str = "admin",
     ) -> StreamSettings:
-        """Change the settings given (None clears one); the others stay as they are."""
-        changes: dict[str, Any] = {}
-        if max_len is not KEEP:
-            changes["max_len"] = None if max_len is None else _whole(max_len, "max length", 1,
-                                                                     MAX_LEN)
-        if max_in_flight is not KEEP:
-            changes["max_in_flight"] = None if max_in_flight is None else _whole(
-                max_in_flight, "max in flight", 1, MAX_LEN)
-        if redis_url is not KEEP:
-            if redis_url is not None and not redis_url.startswith(
-                    ("redis://", "rediss://", "unix://", "redis+cluster://")):
-                raise InvalidInput("a tenant's Redis must be a redis://, rediss://, unix:// or "
-                                   "redis+cluster:// URL", code="invalid_redis_url")
-            changes["redis_url"] = redis_url
+        """Change the settings given (None clears one); the others stay as they are.
+
+        A tenant's Redis cannot change while it has topics: their streams would stay
+        behind in the old one while the ledger sent producers and consumers to the new.
+        """
+        changes = stream_setting_changes(max_len=max_len, max_in_flight=max_in_flight,
+                                         redis_url=redis_url)
 
         def work(connection: sa.Connection) -> StreamSettings:
-            self._settings(connection, tenant, lock=True)
+            current = self._settings(connection, tenant, lock=True)
             table = schema.tenant_stream
+            if "redis_url" in changes and changes["redis_url"] != current.redis_url:
+                self._refuse_move(connection, tenant)
             if changes:
                 updated = connection.execute(
                     table.update().where(table.c.tenant == tenant).values(**changes))
@@ -277,6 +300,18 @@ class Topics:
         return StreamSettings(tenant, row.max_len, row.max_in_flight, row.redis_url)
 
     @staticmethod
+    def _refuse_move(connection: sa.Connection, tenant: str) -> None:
+        names = connection.execute(
+            sa.select(schema.topic.c.name).where(schema.topic.c.tenant == tenant)
+            .order_by(schema.topic.c.name).limit(6)).scalars().all()
+        if names:
+            shown = ", ".join(names[:5]) + (", …" if len(names) > 5 else "")
+            raise Conflict(
+                f"tenant {tenant!r} has topics ({shown}) in its current Redis; delete them "
+                "before mapping the tenant to another Redis (their streams would not move)",
+                code="tenant_has_topics")
+
+    @staticmethod
     def _capped(spec: TopicSpec, settings: StreamSettings) -> TopicSpec:
         """The tenant's length cap bounds the topic's: a spec asking more is refused."""
         cap = settings.max_len
@@ -294,7 +329,7 @@ class Topics:
     @staticmethod
     def _over_quota(connection: sa.Connection, spec: TopicSpec) -> Conflict:
         usage = holder_usage(connection, schema.tenant_quota, "tenant", spec.tenant)
-        short = []
+        short: list[str] = []
         for resource, amount in sorted(spec.cost.items()):
             if resource not in usage:
                 short.append(f"{resource}: no quota (set one with 'quotagate tenant set "
@@ -303,6 +338,8 @@ class Topics:
             used, cap = usage[resource]
             if used + amount > cap:
                 short.append(f"{resource} needs {amount}, {cap - used} of {cap} left")
+        if not short:  # it fitted when read again: the rows changed meanwhile
+            short.append("the tenant's use changed meanwhile; try again")
         return Conflict(f"topic {spec.name!r} does not fit tenant {spec.tenant!r}'s quota: "
                         + "; ".join(short) + "; nothing was created",
                         code="topic_quota_exceeded")
@@ -312,6 +349,14 @@ class Topics:
         rate_sql.configure_in(connection, key, config, fresh=existing is None)
         if not self.rates.in_transaction:
             self.rates.store.configure(key, config, fresh=existing is None)
+
+
+class _OverQuota(Exception):
+    """Raised inside the create transaction to roll it back; the caller explains it."""
+
+    def __init__(self, spec: TopicSpec) -> None:
+        super().__init__(spec.name)
+        self.spec = spec
 
 
 def _unknown(tenant: str, name: str) -> NotFound:

@@ -114,6 +114,18 @@ class ForgetsEnded(Protocol):
         ...
 
 
+@runtime_checkable
+class CreatesMany(Protocol):
+    """A target that can create many objects in one call (the webhook target's
+    ``--batch-deliver``). ``batch_size`` 1 means it does not, as configured."""
+
+    batch_size: int
+
+    def create_many(self, specs: Sequence[DeliverySpec]) -> list[ExternalObject | Exception]:
+        """``create_if_absent`` of every spec, in order: each its object or its own error."""
+        ...
+
+
 class TargetBuilder(Protocol):
     def __call__(self, config: Mapping[str, Any], *, ledger_id: str) -> Target: ...
 

@@ -9,6 +9,11 @@ object back after a lost reply (or a 409) and, if it carries a ``state`` of
 may instead call back, see docs/delivery.md). ``DELETE <url>/<name>`` asks it
 to stop: 200/204/404 confirm (404: it is gone), 202 means "stopping, ask again".
 
+With ``batch_deliver`` (``--batch-deliver N``) the worker sends up to N
+deliveries in one ``POST <url>/_batch`` and the receiver answers each item on
+its own (docs/decisions/236); every item carries what a single delivery's
+headers carry, so nothing about identity or fencing changes.
+
 One ``httpx.Client`` per target keeps connections open across deliveries.
 """
 
@@ -21,13 +26,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from quotagate.delivery.reasons import redact_text
 from quotagate.delivery.targets.base import (
     DeliveryFailed,
     DeliverySpec,
     ExternalObject,
+    IdentityMismatch,
     Outcome,
     StopResult,
     TargetKind,
@@ -42,6 +48,7 @@ LEDGER_HEADER = "Quotagate-Ledger"
 # enough not to crowd the delivery threads of a small machine.
 OUTCOME_READERS = 16
 BATCH_READ = 500  # names per batch read call
+MAX_BATCH_DELIVER = 500  # deliveries per batch POST, at most
 _FINAL = {"completed": True, "succeeded": True, "failed": False}
 
 
@@ -61,11 +68,18 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     batch_read = config.get("batch_read", False)
     if not isinstance(batch_read, bool):
         raise InvalidInput("batch-read must be true or false", code="invalid_target_config")
+    batch_deliver = config.get("batch_deliver", 1)
+    if (isinstance(batch_deliver, bool) or not isinstance(batch_deliver, int)
+            or not 1 <= batch_deliver <= MAX_BATCH_DELIVER):
+        raise InvalidInput(f"batch-deliver must be a whole number from 1 to {MAX_BATCH_DELIVER}",
+                           code="invalid_target_config")
     checked: dict[str, Any] = {"url": url.rstrip("/"), "timeout": float(timeout)}
     if poll_every:
         checked["poll_every"] = float(poll_every)
     if batch_read:
         checked["batch_read"] = True
+    if batch_deliver > 1:
+        checked["batch_deliver"] = batch_deliver
     return checked
 
 
@@ -106,6 +120,8 @@ class WebhookTarget:
         self._schedule = _ReadSchedule(self.poll_every, monotonic)
         # Read outcomes with ``POST <url>/_read`` (many names per call) instead of a GET each.
         self.batch_read: bool = checked.get("batch_read", False)
+        # Deliveries per ``POST <url>/_batch``; 1: one POST per delivery.
+        self.batch_size: int = checked.get("batch_deliver", 1)
         self._httpx = _httpx()
         self.max_connections = max_connections
         self._reader_pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -117,19 +133,74 @@ class WebhookTarget:
         )
 
     def create_if_absent(self, spec: DeliverySpec) -> ExternalObject:
-        body = {
-            "name": spec.external_name,
-            "ledger_id": spec.ledger_id,
-            "request_id": spec.request_id,
-            "tenant": spec.tenant,
-            "cost": dict(spec.cost),
-            "payload": spec.payload,
-            "fencing_token": spec.fencing_token,
-        }
         headers = {IDEMPOTENCY_HEADER: spec.request_id, FENCING_HEADER: str(spec.fencing_token),
                    LEDGER_HEADER: spec.ledger_id}
-        response = self._call("POST", self.url, json=body, headers=headers)
-        if response.status_code == 409:
+        response = self._call("POST", self.url, json=_body(spec), headers=headers)
+        if not 200 <= response.status_code < 300 and response.status_code != 409:
+            # The receiver's body may echo anything (the payload, its own
+            # secrets): it goes nowhere, not even into the admin's error.
+            raise DeliveryFailed(f"webhook POST {redact(self.url)} answered "
+                                 f"{response.status_code}",
+                                 public=f"webhook answered {response.status_code}")
+        return self._created(spec, response.status_code, self._json(response))
+
+    def create_many(self, specs: Sequence[DeliverySpec]) -> list[ExternalObject | Exception]:
+        """Up to ``batch_size`` deliveries in one ``POST <url>/_batch``, each answered alone.
+
+        Body ``{"deliveries": [...]}``, each item the single delivery's body
+        plus its ``idempotency_key``; the answer ``{"results": [{"status": S,
+        "object": {...}}, ...]}`` in the same order. An item is judged exactly as
+        a single POST answered ``S`` would be (2xx created, 409 read back and
+        its identity checked, anything else a retryable failure of that item);
+        an answer that is not such a list fails every item of the call, and
+        none of them is bound.
+        """
+        results: list[ExternalObject | Exception] = []
+        for start in range(0, len(specs), self.batch_size):
+            results.extend(self._create_chunk(specs[start:start + self.batch_size]))
+        return results
+
+    def _create_chunk(self, specs: Sequence[DeliverySpec]) -> list[ExternalObject | Exception]:
+        url = self._below("_batch")
+        # The ledger is the same for every item; tokens and keys are per item, in the body.
+        headers = {LEDGER_HEADER: specs[0].ledger_id}
+        deliveries = [{**_body(spec), "idempotency_key": spec.request_id} for spec in specs]
+        try:
+            response = self._call("POST", url, json={"deliveries": deliveries},
+                                  headers=headers)
+            if response.status_code != 200:
+                raise DeliveryFailed(f"webhook POST {redact(url)} answered "
+                                     f"{response.status_code}",
+                                     public=f"webhook answered {response.status_code}")
+            answers = self._json(response).get("results")
+            if not isinstance(answers, list) or len(answers) != len(specs) or not all(
+                isinstance(answer, dict) for answer in answers
+            ):
+                raise DeliveryFailed(f"webhook POST {redact(url)} answered without one result "
+                                     f"per delivery ({len(specs)})",
+                                     public="webhook answered without a result per delivery")
+        except DeliveryFailed as error:
+            return [error] * len(specs)
+        results: list[ExternalObject | Exception] = []
+        for spec, answer in zip(specs, answers, strict=True):
+            status = answer.get("status")
+            found = answer.get("object")
+            try:
+                if not isinstance(status, int) or isinstance(status, bool) or not (
+                    200 <= status < 300 or status == 409
+                ):
+                    raise DeliveryFailed(
+                        f"webhook POST {redact(url)} answered {status!r} for "
+                        f"{spec.external_name!r}", public=f"webhook answered {status}")
+                results.append(self._created(spec, status,
+                                             found if isinstance(found, dict) else {}))
+            except (DeliveryFailed, IdentityMismatch) as error:
+                results.append(error)
+        return results
+
+    def _created(self, spec: DeliverySpec, status: int, answer: dict[str, Any]) -> ExternalObject:
+        """The object a 2xx answer created, or on 409 the one read back (identity checked)."""
+        if status == 409:
             found = self.read(spec.external_name)
             if found is None:
                 raise DeliveryFailed(
@@ -137,13 +208,6 @@ class WebhookTarget:
                     public="webhook answered 409",
                 )
             return check_identity(found, spec)
-        if not 200 <= response.status_code < 300:
-            # The receiver's body may echo anything (the payload, its own
-            # secrets): it goes nowhere, not even into the admin's error.
-            raise DeliveryFailed(f"webhook POST {redact(self.url)} answered "
-                                 f"{response.status_code}",
-                                 public=f"webhook answered {response.status_code}")
-        answer = self._json(response)
         created = ExternalObject(
             name=spec.external_name,
             uid=None if answer.get("id") is None else str(answer["id"]),
@@ -210,7 +274,7 @@ class WebhookTarget:
     def stop(self, obtained: ExternalObject, fencing_token: int) -> StopResult:
         headers = {IDEMPOTENCY_HEADER: obtained.request_id, FENCING_HEADER: str(fencing_token),
                    LEDGER_HEADER: self.ledger_id}
-        response = self._call("DELETE", f"{self.url}/{quote(obtained.name, safe='')}",
+        response = self._call("DELETE", self._below(obtained.name),
                               headers=headers)
         if response.status_code == 404:
             return StopResult(stopped=True, reason="the webhook object is gone")
@@ -237,7 +301,7 @@ class WebhookTarget:
         answers: list[dict[str, Any] | None] = []
         for start in range(0, len(names), BATCH_READ):
             chunk = list(names[start:start + BATCH_READ])
-            response = self._call("POST", f"{self.url}/_read", json={"names": chunk})
+            response = self._call("POST", self._below("_read"), json={"names": chunk})
             if response.status_code != 200:
                 raise DeliveryFailed(f"webhook batch read answered {response.status_code}",
                                      public=f"webhook answered {response.status_code}")
@@ -251,13 +315,19 @@ class WebhookTarget:
         return answers
 
     def _get(self, name: str) -> dict[str, Any] | None:
-        response = self._call("GET", f"{self.url}/{quote(name, safe='')}")
+        response = self._call("GET", self._below(name))
         if response.status_code == 404:
             return None
         if response.status_code != 200:
             raise DeliveryFailed(f"webhook GET answered {response.status_code}",
                                  public=f"webhook answered {response.status_code}")
         return self._json(response)
+
+    def _below(self, name: str) -> str:
+        """``<url>/<name>``, the name before the URL's query string (which it keeps)."""
+        parts = urlsplit(self.url)
+        path = f"{parts.path.rstrip('/')}/{quote(name, safe='')}"
+        return urlunsplit((parts.scheme, parts.netloc, path, parts.query, parts.fragment))
 
     def _call(self, method: str, url: str, **options: Any) -> Any:
         try:
@@ -276,6 +346,19 @@ class WebhookTarget:
         except json.JSONDecodeError:
             return {}
         return answer if isinstance(answer, dict) else {}
+
+
+def _body(spec: DeliverySpec) -> dict[str, Any]:
+    """What a receiver gets for one delivery (the worker's own settings never go in it)."""
+    return {
+        "name": spec.external_name,
+        "ledger_id": spec.ledger_id,
+        "request_id": spec.request_id,
+        "tenant": spec.tenant,
+        "cost": dict(spec.cost),
+        "payload": spec.payload,
+        "fencing_token": spec.fencing_token,
+    }
 
 
 class _ReadSchedule:

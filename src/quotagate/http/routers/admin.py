@@ -10,7 +10,7 @@ from quotagate.auth import authorizer as operations
 from quotagate.domain.model import validate_name
 from quotagate.domain.sharing import KEEP
 from quotagate.http.context import Context
-from quotagate.http.models import CohortBody, PoolBody, TenantBody
+from quotagate.http.models import CohortBody, FairShareBody, PoolBody, TenantBody
 from quotagate.http.routers.rate import rate_view
 from quotagate.http.security import CurrentActor, authorize
 
@@ -30,6 +30,9 @@ def put_tenant(
         weight=body.weight,
         max_priority=body.max_priority if "max_priority" in body.model_fields_set else KEEP,
         reclaim=body.reclaim, within_tenant=body.within_tenant,
+        budget=body.budget,
+        default_max_runtime=body.default_max_runtime
+        if "default_max_runtime" in body.model_fields_set else KEEP,
     )
     if "rate" in body.model_fields_set:
         context.gate.set_rate(tenant, rate, actor=actor.name)
@@ -66,6 +69,18 @@ def get_cohort(cohort: str, context: Context, actor: CurrentActor) -> dict[str, 
     return context.gate.config.get_cohort(cohort)
 
 
+@router.put("/fair-share", summary="Set the ledger's fair-share half-life (admin)")
+def put_fair_share(body: FairShareBody, context: Context, actor: CurrentActor) -> dict[str, Any]:
+    authorize(context, actor, None, operations.FAIR_SHARE_SET)
+    return context.gate.set_fair_share(half_life=body.half_life, actor=actor.name)
+
+
+@router.get("/fair-share", summary="The ledger's fair-share settings (admin)")
+def get_fair_share(context: Context, actor: CurrentActor) -> dict[str, Any]:
+    authorize(context, actor, None, operations.FAIR_SHARE_READ)
+    return context.gate.fair_share()
+
+
 @router.put("/pools/{pool}", summary="Create a pool or change its capacity (admin)")
 def put_pool(pool: str, body: PoolBody, context: Context, actor: CurrentActor) -> dict[str, Any]:
     authorize(context, actor, None, operations.POOL_SET)
@@ -81,7 +96,7 @@ def get_pool(pool: str, context: Context, actor: CurrentActor) -> dict[str, Any]
 
 
 @router.get("/usage", summary="Used and cap per tenant and pool resource; nominal, borrowed "
-            "and lent per tenant; the shared room of each cohort")
+            "and lent per tenant; the shared room of each cohort; budgets")
 def get_usage(context: Context, actor: CurrentActor) -> dict[str, list[dict[str, Any]]]:
     authorize(context, actor, None, operations.USAGE_READ)
     usage = context.gate.usage()
@@ -89,5 +104,7 @@ def get_usage(context: Context, actor: CurrentActor) -> dict[str, list[dict[str,
     # cohorts are not its business (its own rows say what it borrows).
     tenants = [row for row in usage["tenants"] if actor.admin or row["tenant"] == actor.tenant]
     cohorts = usage.get("cohorts", []) if actor.admin else []
+    budgets = [row for row in usage.get("budgets", [])
+               if actor.admin or row["tenant"] == actor.tenant]
     return {"tenants": [dict(row) for row in tenants], "pools": [dict(row) for row in usage["pools"]],
-            "cohorts": [dict(row) for row in cohorts]}
+            "cohorts": [dict(row) for row in cohorts], "budgets": budgets}

@@ -44,7 +44,7 @@ def get_dashboard(
     authorize(context, actor, scope, operations.USAGE_READ)
     if scope is not None:
         validate_name(scope, "tenant")
-    data = context.gate.dashboard(scope).to_dict()
+    data = context.gate.dashboard(scope, operator=actor.admin).to_dict()
     data["admin"] = actor.admin
     return data
 
@@ -56,7 +56,7 @@ def get_story(
     authorize(context, actor, tenant, operations.REQUEST_READ, request_id=request_id)
     validate_name(tenant, "tenant")
     validate_request_id(request_id)
-    return context.gate.request_story(request_id, tenant=tenant)
+    return context.gate.request_story(request_id, tenant=tenant, operator=actor.admin)
 
 
 class _UiFiles(StaticFiles):

@@ -61,7 +61,7 @@ def submit(
     if dry_run:
         return JSONResponse(context.gate.simulate(
             tenant, body.cost, priority=body.priority, payload=body.payload,
-            target=body.target, request_id=body.id))
+            target=body.target, request_id=body.id, max_runtime=body.max_runtime))
     try:
         result = _submit(context, actor, tenant, body)
     except QuotagateError as error:
@@ -178,6 +178,7 @@ def _submit(
         return context.gate.submit(
             body.id, tenant, body.cost, priority=body.priority, payload=body.payload,
             target=body.target, actor=actor.name,
+            max_runtime=body.max_runtime if isinstance(body, SubmitBody) else None,
         )
     except Conflict as conflict:
         raise _taken_or(context, tenant, body.id, conflict) from None

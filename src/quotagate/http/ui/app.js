@@ -57,14 +57,15 @@ function buildCell(spec) {
   if (spec === null || spec === undefined) return ["", null];
   if (typeof spec !== "object") return [String(spec), null];
   if (spec.bar) {
-    const { used, cap } = spec.bar;
+    const { used, cap, borrowing } = spec.bar;
     const share = cap > 0 ? Math.min(1, used / cap) : (used > 0 ? 1 : 0);
-    const level = share >= 1 ? "bar full" : share >= 0.8 ? "bar high" : "bar";
+    // A cohort member above its nominal share is borrowing, not over a cap.
+    const level = borrowing ? "bar borrowing" : share >= 1 ? "bar full" : share >= 0.8 ? "bar high" : "bar";
     const fill = el("span");
     fill.style.width = `${(share * 100).toFixed(1)}%`;
     const bar = el("div", { class: level, role: "meter", "aria-valuemin": "0",
       "aria-valuemax": String(cap), "aria-valuenow": String(used),
-      "aria-label": `${number(used)} of ${number(cap)}` }, fill);
+      "aria-label": `${number(used)} of ${number(cap)}${borrowing ? ", borrowing above it" : ""}` }, fill);
     return [el("div", { class: "usage" }, bar,
       el("span", { class: "amount" }, `${number(used)} / ${number(cap)}`)), null];
   }
@@ -159,10 +160,37 @@ async function api(path) {
 
 // -- views ----------------------------------------------------------------------
 
-function usageRows(rows, holder) {
+function usageRows(rows) {
   return rows.map((row) => ({
     key: `${row.name}/${row.resource}`,
     cells: [row.name, row.resource, { bar: { used: row.used, cap: row.cap } }],
+  }));
+}
+
+function amount(value) {
+  return { text: value === null || value === undefined ? "–" : number(value), cls: "num" };
+}
+
+// Resource-hours left of a budget (issue 12), with its limit when the server names it.
+function budgetText(row) {
+  if (row.budget_left_hours === undefined || row.budget_left_hours === null) return "–";
+  const left = `${number(row.budget_left_hours)} h`;
+  return row.budget_limit ? `${left} of ${row.budget_limit}` : left;
+}
+
+// A tenant row: used against its cap, which in a cohort is its nominal share, then
+// what it borrows and lends. A budget is shown only when the server reports one.
+function tenantRows(rows) {
+  return rows.map((row) => ({
+    key: `${row.name}/${row.resource}`,
+    cells: [
+      row.name, row.resource,
+      { bar: { used: row.used, cap: row.cap, borrowing: row.cohort && row.used > row.cap } },
+      { text: row.cohort || "–", cls: "sharing" },
+      { ...amount(row.cohort ? row.borrowed : null), cls: "num sharing" },
+      { ...amount(row.cohort ? row.lent : null), cls: "num sharing" },
+      { text: budgetText(row), cls: "num budget" },
+    ],
   }));
 }
 
@@ -174,8 +202,18 @@ function renderOverview(data) {
   $("tile-stops").textContent = data.stops.length;
   $("tile-admitted").textContent = admitted;
   $("tile-rejected").textContent = rejected;
-  renderRows($("tenants").tBodies[0], usageRows(data.tenants, "tenant"), "No tenant has a quota yet.", 3);
-  renderRows($("pools").tBodies[0], usageRows(data.pools, "pool"), "No pool yet.", 3);
+  const tenants = $("tenants");
+  // The fair-sharing columns appear once some tenant is in a cohort.
+  tenants.classList.toggle("plain", !data.tenants.some((row) => row.cohort));
+  tenants.classList.toggle("budgets", data.tenants.some((row) => row.budget_left_hours !== undefined && row.budget_left_hours !== null));
+  const plain = tenants.classList.contains("plain");
+  tenants.rows[0].cells[2].textContent = plain ? "Used / cap" : "Used / nominal";
+  $("tenants-sub").textContent = plain ? "" : "in a cohort the cap is a nominal share; a purple bar is borrowing above it";
+  renderRows(tenants.tBodies[0], tenantRows(data.tenants), "No tenant has a quota yet.", 7);
+  renderRows($("pools").tBodies[0], usageRows(data.pools), "No pool yet.", 3);
+  const cohorts = data.cohorts || [];
+  $("cohorts-card").hidden = cohorts.length === 0;
+  renderRows($("cohorts").tBodies[0], usageRows(cohorts), "No cohort yet.", 3);
   renderChart(data.history);
 }
 
@@ -246,12 +284,15 @@ function renderQueue(data) {
   })), "Nothing is waiting.", 8);
 }
 
+// Audit operations whose target is a request: its steps, and the state a release ends it in.
+const REQUEST_OPERATIONS = ["submit", "admit", "expire", "deliver", "delivered", "cancel",
+  "cancelling", "cancelled", "preempt", "preempted", "completed", "failed", "requeued"];
+
 function targetCell(entry) {
   if (!entry.target) return "";
   // Entries about one request name it as their target; others name a tenant, a pool, a bucket.
   const looksLikeRequest = entry.tenant && !entry.target.includes("/") && entry.operation !== "tenant.set";
-  return looksLikeRequest && ["submit", "admit", "expire", "completed", "failed", "cancelled",
-    "cancelling", "preempt", "deliver", "delivered"].includes(entry.operation)
+  return looksLikeRequest && REQUEST_OPERATIONS.includes(entry.operation)
     ? { text: entry.target, href: requestHref(entry.tenant, entry.target), cls: "mono" }
     : { text: entry.target, cls: "mono" };
 }
@@ -260,11 +301,17 @@ function renderDecisions(data) {
   renderRows($("decisions").tBodies[0], data.decisions.map((entry) => ({
     key: String(entry.id),
     cells: [
-      clock(entry.at), entry.tenant || "–", entry.operation,
+      clock(entry.at), { text: entry.tenant || "–", cls: "nowrap" }, entry.operation,
       { badge: entry.outcome, text: entry.outcome },
       targetCell(entry), { text: entry.reason || "", cls: "reason" }, { text: entry.actor, cls: "mono" },
     ],
   })), "No decisions recorded yet.", 7);
+}
+
+// A target's own words are for operators; a tenant's token gets only that it failed.
+function lastError(entry) {
+  if (entry.last_error) return entry.last_error;
+  return entry.failing ? "the last attempt failed (the target's answer is shown to admins)" : "";
 }
 
 function renderDelivery(data) {
@@ -277,7 +324,7 @@ function renderDelivery(data) {
       { text: String(entry.attempts), cls: "num" }, { text: seconds(entry.age_seconds), cls: "num" },
       { text: entry.next_attempt_in > 0 ? `in ${seconds(entry.next_attempt_in)}` : "now", cls: "num" },
       { text: entry.claimed_by || "–", cls: "mono" }, { text: String(entry.fencing_token), cls: "num" },
-      { text: entry.last_error || "", cls: "reason" },
+      { text: lastError(entry), cls: "reason" },
     ],
   })), "Every admitted request has been delivered.", 10);
   renderRows($("stops").tBodies[0], data.stops.map((entry) => ({
@@ -286,8 +333,9 @@ function renderDelivery(data) {
       { text: entry.id, href: requestHref(entry.tenant, entry.id), cls: "mono" }, entry.tenant,
       { badge: entry.state, text: entry.state }, entry.pool || "–", costText(entry.cost),
       { text: seconds(entry.since_seconds), cls: "num" }, { text: entry.reason || "", cls: "reason" },
+      { text: String(entry.attempts ?? 0), cls: "num" }, { text: lastError(entry), cls: "reason" },
     ],
-  })), "No stop is waiting for its executor.", 7);
+  })), "No stop is waiting for its executor.", 9);
 }
 
 function renderRates(data) {
@@ -333,6 +381,15 @@ function renderStreams(data) {
   renderRows($("stream-groups").tBodies[0], groups, "No consumer group yet.", 6);
 }
 
+// Why a request has no outbox row: never admitted; ended before delivery (the row
+// goes with the release); or stopped after it (the row goes with the confirmed stop).
+function outboxGone(request, story) {
+  if (["waiting", "rejected", "expired"].includes(request.state)) return "none: the request was never admitted";
+  const delivered = story.history.find((entry) => entry.operation === "deliver" && entry.outcome === "delivered");
+  if (delivered) return `delivered at ${clock(delivered.at)}; its outbox row went when its stop was confirmed`;
+  return "none: it ended before it was delivered";
+}
+
 function renderStory(story) {
   const request = story.request;
   $("request-title").textContent = `Request ${request.id}`;
@@ -372,9 +429,8 @@ function renderStory(story) {
     ["Attempts", String(delivery.attempts)],
     ["Fencing token", String(delivery.fencing_token)],
     ["Claimed by", { text: delivery.claimed_by || "–", cls: "mono" }],
-    ["Last error", delivery.last_error || "–"],
-  ] : [["Outbox", request.state === "waiting" || request.state === "rejected" || request.state === "expired"
-    ? "none: the request was never admitted" : "none: it ended before it was delivered"]]);
+    ["Last error", lastError(delivery) || "–"],
+  ] : [["Outbox", outboxGone(request, story)]]);
   renderRows($("story").tBodies[0], story.history.map((entry) => ({
     key: String(entry.id),
     cells: [clock(entry.at), entry.operation, { badge: entry.outcome, text: entry.outcome },

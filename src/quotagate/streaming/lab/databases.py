@@ -15,10 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.exc import ArgumentError
 
 from quotagate.errors import StoreUnavailable
 from quotagate.store.engine import create_engine, normalise_url, redact
+
+# Where the lab connects to create and drop its databases when the URL names none:
+# databases every account may open on a stock server.
+_ADMIN_DATABASE = {"postgresql": "postgres", "mysql": "information_schema"}
 
 _EXISTS = {
     "postgresql": "SELECT count(*) FROM pg_database WHERE datname = :name",
@@ -42,14 +47,36 @@ def new_run_id() -> str:
     return uuid.uuid4().hex[:10]
 
 
+def server_url(base_url: str | None) -> URL | None:
+    """The server the lab creates its databases on; None for SQLite (a fresh file each).
+
+    Checked once, before any scenario runs, so a bad URL is one clear error
+    rather than every scenario failing alike. The database a server URL names
+    is only where the lab connects to create its own; a URL naming none
+    (``postgresql://postgres@host:5432/``) connects to one every account may open.
+    """
+    if base_url is None:
+        return None
+    try:
+        given = make_url(base_url)
+    except ArgumentError:
+        given = None
+    if given is not None and not given.database:
+        backend = given.drivername.partition("+")[0]
+        if backend in _ADMIN_DATABASE:
+            base_url = given.set(database=_ADMIN_DATABASE[backend]).render_as_string(hide_password=False)
+    url = normalise_url(base_url)
+    return None if url.get_backend_name() == "sqlite" else url
+
+
 @contextmanager
 def throwaway_database(
-    base_url: str | None, workdir: Path, run_id: str, label: str, cleanups: list[Cleanup]
+    url: URL | None, workdir: Path, run_id: str, label: str, cleanups: list[Cleanup]
 ) -> Iterator[str]:
-    """Yield the URL of a new empty database; drop it afterwards and record how that went."""
+    """Yield the URL of a new empty database on ``url`` (from :func:`server_url`), or a
+    fresh SQLite file when it is None; drop it afterwards and record how that went."""
     name = f"qglab_{run_id}_{label}"
-    url = normalise_url(base_url) if base_url else None
-    if url is None or url.get_backend_name() == "sqlite":
+    if url is None:
         path = workdir / f"{name}.db"
         cleanup = Cleanup(str(path))
         cleanups.append(cleanup)
@@ -60,14 +87,16 @@ def throwaway_database(
         return
     backend = url.get_backend_name()
     admin = create_engine(url.render_as_string(hide_password=False), isolation_level="AUTOCOMMIT")
-    cleanup = Cleanup(f"{redact(url.render_as_string(hide_password=False))} → {name}")
+    # URL.set ignores None: _replace is how the database is taken out of the name.
+    server = redact(url._replace(database=None).render_as_string(hide_password=False))
+    cleanup = Cleanup(f"database {name} on {server}")
     try:
         try:
             with admin.connect() as connection:
                 connection.exec_driver_sql(f"CREATE DATABASE {name}")
         except sa.exc.DBAPIError as error:
             raise StoreUnavailable(
-                f"cannot create a lab database on {redact(url.render_as_string(hide_password=False))}: "
+                f"cannot create a lab database on {server}: "
                 f"{str(error.orig).splitlines()[0]}; nothing was created",
                 code="lab_database_unavailable",
             ) from error

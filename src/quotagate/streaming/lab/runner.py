@@ -11,7 +11,7 @@ from typing import Any
 
 from quotagate.errors import InvalidInput, StoreUnavailable
 from quotagate.streaming.lab import checkpoint, gate, lease, quota
-from quotagate.streaming.lab.databases import Cleanup, new_run_id, throwaway_database
+from quotagate.streaming.lab.databases import Cleanup, new_run_id, server_url, throwaway_database
 from quotagate.streaming.lab.observations import Observation
 
 Scenario = Callable[[str, Path], list[Observation]]
@@ -73,8 +73,10 @@ def scenario_names(choice: str) -> list[str]:
 
 
 def run_lab(names: Sequence[str], db_url: str | None = None, *, keep_workdir: bool = False,
-            on_observation: Callable[[Observation], None] | None = None) -> LabReport:
+            on_observation: Callable[[Observation], None] | None = None,
+            on_start: Callable[[str], None] | None = None) -> LabReport:
     """Run the scenarios in order; a failing one is reported and the others still run."""
+    server = server_url(db_url)  # a bad URL is refused here, before anything runs
     run_id = new_run_id()
     workdir = Path(tempfile.mkdtemp(prefix=f"quotagate-lab-{run_id}-"))
     report = LabReport(run_id, workdir)
@@ -83,8 +85,10 @@ def run_lab(names: Sequence[str], db_url: str | None = None, *, keep_workdir: bo
             scenario = SCENARIOS[name]
             scenario_dir = workdir / name
             scenario_dir.mkdir()
+            if on_start is not None:
+                on_start(name)
             try:
-                with throwaway_database(db_url, workdir, report.run_id, name, report.cleanups) as url:
+                with throwaway_database(server, workdir, report.run_id, name, report.cleanups) as url:
                     observations = scenario(url, scenario_dir)
             except StoreUnavailable:
                 raise  # no database for any scenario: nothing to run

@@ -1,0 +1,79 @@
+"""Budgets and the fair-share half-life as a user sets them up: the CLI as subprocesses, and
+the HTTP API over HTTP (docs/fair-sharing.md#budgets)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+
+from support.cli import run
+from support.http_servers import bearer, make_token, running_server
+
+
+def test_budgets_from_the_cli(db_url: str, tmp_path: Path) -> None:
+    def quotagate(*args: str, expect: int = 0) -> str:
+        return run(*args, db=db_url, cwd=tmp_path, expect=expect).stdout
+
+    quotagate("pool", "set", "pool-1", "--capacity", "gpu=8")
+    quotagate("tenant", "set", "team-a", "--quota", "gpu=8", "--budget", "gpu=10h/30d",
+              "--default-max-runtime", "2h")
+    quotagate("submit", "--id", "a-1", "--tenant", "team-a", "--cost", "gpu=4")  # 8h reserved
+    quotagate("submit", "--id", "a-2", "--tenant", "team-a", "--cost", "gpu=1",
+              "--max-runtime", "3h")
+    assert quotagate("admit", "--until-idle").strip() == "admitted 1"
+    simulated = json.loads(quotagate("simulate", "--tenant", "team-a", "--cost", "gpu=1",
+                                     "--max-runtime", "3h", "--json"))
+    assert simulated["reasons"] == [
+        {"code": "budget_exhausted", "resource": "gpu", "needed": 3.0, "available": 2.0}]
+    assert "budget_exhausted: gpu needs 3, 2 available" in quotagate("explain", "a-2")
+    described = json.loads(quotagate("tenant", "show", "team-a", "--json"))
+    assert described["default_max_runtime"] == 7200
+    assert described["budget"]["gpu"]["limit"] == "10h/30d"
+    shown = quotagate("tenant", "show", "team-a")
+    assert "default max-runtime 2h" in shown and "budget gpu 10h/30d" in shown
+    assert "invariants hold" in quotagate("check")
+    bad = run("tenant", "set", "team-a", "--budget", "gpu=10h", db=db_url, cwd=tmp_path,
+              expect=2)
+    assert "invalid_budget" in bad.stderr
+    quotagate("tenant", "set", "team-a", "--budget", "none")
+    assert json.loads(quotagate("tenant", "show", "team-a", "--json"))["budget"] == {}
+    assert "half-life of 1h" in quotagate("fair-share", "set", "--half-life", "1h")
+    assert json.loads(quotagate("fair-share", "show", "--json")) == {"half_life": 3600}
+    quotagate("fair-share", "set", "--half-life", "none")
+
+
+def test_budgets_over_http(db_url: str, tmp_path: Path) -> None:
+    admin_token = make_token(db_url)
+    with running_server(db_url, tmp_path) as server, httpx.Client(
+        base_url=server.url, headers=bearer(admin_token), timeout=30
+    ) as admin:
+        assert admin.put("/v1/pools/pool-1", json={"capacity": {"gpu": 8}}).status_code == 200
+        tenant = admin.put("/v1/tenants/team-a", json={
+            "quota": {"gpu": 8}, "budget": {"gpu": "4h/1d"}, "default_max_runtime": 3600})
+        assert tenant.status_code == 200, tenant.text
+        assert tenant.json()["budget"]["gpu"]["amount_hours"] == 4.0
+        assert tenant.json()["default_max_runtime"] == 3600
+        refused = admin.put("/v1/tenants/team-a", json={"budget": {"gpu": "4h/1m"}})
+        assert refused.status_code == 400 and refused.json()["code"] == "invalid_budget"
+        dry = admin.post("/v1/tenants/team-a/requests", params={"dry_run": "true"},
+                         json={"id": "a-dry", "cost": {"gpu": 2}, "max_runtime": 9000})
+        assert dry.status_code == 200, dry.text
+        assert dry.json()["reasons"] == [
+            {"code": "budget_exhausted", "resource": "gpu", "needed": 5.0, "available": 4.0}]
+        submitted = admin.post("/v1/tenants/team-a/requests",
+                               json={"id": "a-1", "cost": {"gpu": 2}, "max_runtime": 7200})
+        assert submitted.status_code == 202, submitted.text
+        budgets = admin.get("/v1/usage").json()["budgets"]
+        assert [(row["tenant"], row["resource"], row["limit"]) for row in budgets] == [
+            ("team-a", "gpu", "4h/1d")]
+        removed = admin.put("/v1/tenants/team-a", json={"budget": {"gpu": None}})
+        assert removed.status_code == 200 and removed.json()["budget"] == {}
+        fair = admin.put("/v1/fair-share", json={"half_life": 3600})
+        assert fair.status_code == 200 and fair.json() == {"half_life": 3600}
+        assert admin.get("/v1/fair-share").json() == {"half_life": 3600}
+        tenant_token = make_token(db_url, tenant="team-a")
+        refused = httpx.put(f"{server.url}/v1/fair-share", json={"half_life": None},
+                            headers=bearer(tenant_token))
+        assert refused.status_code == 403
