@@ -17,6 +17,7 @@ from quotagate.domain.bucket import BucketConfig, config_from_mapping, parse_rat
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.lease import Lease
 from quotagate.domain.model import (
+    ON_PREEMPT_POLICIES,
     RECLAIM_POLICIES,
     WITHIN_TENANT_POLICIES,
     Request,
@@ -182,6 +183,7 @@ class Quotagate:
         max_priority: object = KEEP,
         reclaim: str | None = None,
         within_tenant: str | None = None,
+        on_preempt: str | None = None,
     ) -> dict[str, dict[str, int]]:
         """Create or change a tenant. ``cohort`` (None: leave it), limits per resource
         (a None amount removes a limit), ``weight`` and ``max_priority`` (None: no cap):
@@ -199,6 +201,8 @@ class Quotagate:
             else validate_policy(reclaim, RECLAIM_POLICIES, "reclaim"),
             within_tenant=None if within_tenant is None
             else validate_policy(within_tenant, WITHIN_TENANT_POLICIES, "within_tenant"),
+            on_preempt=None if on_preempt is None
+            else validate_policy(on_preempt, ON_PREEMPT_POLICIES, "on_preempt"),
         )
         return self.config.set_tenant(name, quota, actor=actor, sharing=sharing)
 

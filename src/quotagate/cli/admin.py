@@ -61,6 +61,9 @@ def tenant() -> None:
               help="Preempt other members' borrowed work to get back to its nominal share.")
 @click.option("--within-tenant", default=None, metavar="never|lower-priority",
               help="Preempt its own lower-priority running work for a waiting request.")
+@click.option("--on-preempt", default=None, metavar="fail|requeue",
+              help="What becomes of its work when it is preempted: it ends 'preempted' "
+              "(fail, the default) or waits again with its submission time (requeue).")
 @stream_settings_options
 @db_option
 @rate_store_option
@@ -69,7 +72,7 @@ def tenant_set(
     name: str, quotas: tuple[str, ...], rate: str | None, cohort: str | None,
     borrowing: tuple[str, ...], lending: tuple[str, ...], weight: int | None,
     max_priority: str | None, reclaim: str | None, within_tenant: str | None,
-    db_url: str | None, rate_store: str | None,
+    on_preempt: str | None, db_url: str | None, rate_store: str | None,
     **stream_options: str | None,
 ) -> None:
     """Create a tenant or change its quotas; its quota is its nominal share in a cohort."""
@@ -86,6 +89,7 @@ def tenant_set(
             borrowing_limit=parse_assignments(borrowing, "borrowing_limit", allow_none=True),
             lending_limit=parse_assignments(lending, "lending_limit", allow_none=True),
             weight=weight, max_priority=cap, reclaim=reclaim, within_tenant=within_tenant,
+            on_preempt=on_preempt,
         )
         status = gate.set_rate(name, bucket, actor="cli") if rate is not None else None
         settings = (gate.streams.set_settings(name, **stream_settings, actor="cli")
@@ -119,7 +123,8 @@ def tenant_show(name: str, as_json: bool, db_url: str | None, rate_store: str | 
             click.echo(f"cohort {described['cohort']} (root {described['cohort_root']})")
         click.echo(f"weight {described['weight']}, maximum priority "
                    f"{'none' if described['max_priority'] is None else described['max_priority']}"
-                   f", reclaim {described['reclaim']}, within tenant {described['within_tenant']}")
+                   f", reclaim {described['reclaim']}, within tenant {described['within_tenant']}"
+                   f", on preempt {described['on_preempt']}")
         click.echo(describe_rate(described["rate"]))
         click.echo(describe_stream_settings(settings))
 

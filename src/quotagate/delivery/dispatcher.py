@@ -345,8 +345,9 @@ class Dispatcher:
         spec = DeliverySpec(
             request_id=claim.request_id, tenant=claim.tenant, cost=claim.cost,
             payload=claim.payload, fencing_token=claim.fencing_token,
-            external_name=external_name(self.ledger_id, claim.tenant, claim.request_id),
-            ledger_id=self.ledger_id,
+            external_name=external_name(self.ledger_id, claim.tenant, claim.request_id,
+                                        claim.request_attempt),
+            ledger_id=self.ledger_id, attempt=claim.request_attempt,
         )
         obtained = target.create_if_absent(spec)
         self._crash_point("after_create")
@@ -445,7 +446,8 @@ class Dispatcher:
         _config, target = self.built.get(target_name)
         if obtained is None:
             # Never bound: a lost reply may still have created it under our name.
-            found = target.read(external_name(self.ledger_id, claim.tenant, claim.request_id))
+            found = target.read(external_name(self.ledger_id, claim.tenant, claim.request_id,
+                                              claim.request_attempt))
             if found is None:
                 return StopResult(stopped=True, reason="never delivered")
             if found.request_id != claim.request_id or found.ledger_id != self.ledger_id:

@@ -17,6 +17,8 @@ MAX_AMOUNT = 10**12
 MAX_WEIGHT = 1000
 RECLAIM_POLICIES = ("never", "lower-priority", "any")
 WITHIN_TENANT_POLICIES = ("never", "lower-priority")
+# What a confirmed preemption does to its victim (docs/decisions/720).
+ON_PREEMPT_POLICIES = ("fail", "requeue")
 
 # The patterns are matched whole (fullmatch: "$" would also match before a
 # trailing newline); the HTTP API's OpenAPI document states the same ones.
@@ -85,6 +87,8 @@ class Request:
     target: str | None = None
     reason: str | None = None
     updated: float | None = None
+    # The delivery attempt: 1, one more after every requeue (docs/decisions/720).
+    attempt: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -99,6 +103,7 @@ class Request:
             "created": self.created,
             "updated": self.updated,
             "reason": self.reason,
+            "attempt": self.attempt,
         }
 
 

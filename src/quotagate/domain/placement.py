@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from quotagate.domain.fairness import FairOrder
 from quotagate.domain.model import Cost
@@ -66,6 +67,17 @@ class Placement:
     cost: Cost
 
 
+class PlacementGuard(Protocol):
+    """A further condition on placements (held room: quotagate.domain.preemption.HeldRoom)."""
+
+    def allows(
+        self, candidate: Candidate, pool: str,
+        tenants: dict[str, dict[str, tuple[int, int]]],
+        pools: dict[str, dict[str, tuple[int, int]]],
+        sharing: Sharing | None, placed: set[str],
+    ) -> bool: ...
+
+
 def plan_admissions(
     candidates: Iterable[Candidate],
     tenants: Mapping[str, Mapping[str, tuple[int, int]]],
@@ -75,6 +87,7 @@ def plan_admissions(
     weights: Mapping[str, int] | None = None,
     *,
     stop_before: str | None = None,
+    guard: PlacementGuard | None = None,
 ) -> list[Placement]:
     """Walk candidates and place each that fits, up to ``limit``.
 
@@ -88,7 +101,7 @@ def plan_admissions(
     fits by its nominal, borrowing limit and cohort room instead of its cap.
     Like the usages, ``sharing`` is not changed: the plan charges a copy.
     ``stop_before``: stop when that candidate's turn comes (the dry run: what is
-    placed before it).
+    placed before it). ``guard``: a further condition every placement must meet.
     """
     sharing = sharing.copy() if sharing else None
     tenant_usage = {name: dict(usage) for name, usage in tenants.items()}
@@ -106,7 +119,8 @@ def plan_admissions(
             break
         usage = tenant_usage.get(candidate.tenant)
         if usage is not None:
-            _place(candidate, usage, pool_usage, sharing, placements)
+            _place(candidate, usage, pool_usage, sharing, placements,
+                   None if guard is None else (guard, tenant_usage))
         if fair is not None:
             fair.considered(usage or {})
     return placements
@@ -118,6 +132,7 @@ def _place(
     pool_usage: dict[str, dict[str, tuple[int, int]]],
     sharing: Sharing | None,
     placements: list[Placement],
+    guarded: tuple[PlacementGuard, dict[str, dict[str, tuple[int, int]]]] | None = None,
 ) -> bool:
     member = sharing is not None and sharing.is_member(candidate.tenant)
     if member:
@@ -128,6 +143,11 @@ def _place(
         return False
     pool = best_fit_pool(candidate.cost, pool_usage)
     if pool is None:
+        return False
+    if guarded is not None and not guarded[0].allows(
+        candidate, pool, guarded[1], pool_usage, sharing,
+        {placement.id for placement in placements},
+    ):
         return False
     if member:
         assert sharing is not None

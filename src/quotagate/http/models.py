@@ -15,6 +15,7 @@ from quotagate.domain.model import (
     MAX_PRIORITY,
     MAX_WEIGHT,
     NAME_PATTERN,
+    ON_PREEMPT_POLICIES,
     RECLAIM_POLICIES,
     REQUEST_ID_PATTERN,
     RESOURCE_PATTERN,
@@ -118,6 +119,11 @@ class TenantBody(_Body):
         default=None, description="Preempt its own lower-priority work: never or "
         "lower-priority", examples=["lower-priority"],
         json_schema_extra={"enum": [*WITHIN_TENANT_POLICIES, None]},
+    )
+    on_preempt: StrictStr | None = Field(
+        default=None, description="What becomes of its preempted work: fail (it ends "
+        "preempted) or requeue (it waits again, with its submission time)",
+        examples=["requeue"], json_schema_extra={"enum": [*ON_PREEMPT_POLICIES, None]},
     )
 
 

@@ -34,6 +34,7 @@ def request_from_row(row: Mapping[Any, Any]) -> Request:
         target=row["target"],
         reason=row["reason"],
         updated=row["updated"],
+        attempt=int(row.get("attempt") or 1),
     )
 
 

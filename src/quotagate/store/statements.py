@@ -182,8 +182,10 @@ def admission_records_statement() -> sa.TextClause:
         " AS batch(request_id, tenant, target, reason)"
         "), outbox_rows AS ("
         f" INSERT INTO {schema.outbox.name} (request_id, tenant, target, created, attempts,"
-        " next_attempt_at, delivered)"
-        " SELECT request_id, tenant, target, :now, 0, :now, false FROM admitted"
+        " next_attempt_at, delivered, claim_token)"
+        " SELECT admitted.request_id, admitted.tenant, admitted.target, :now, 0, :now, false,"
+        f" r.token_floor FROM admitted JOIN {schema.request.name} r"
+        " ON r.id = admitted.request_id"
         ")"
         f" INSERT INTO {schema.audit.name} (at, actor, tenant, operation, target, outcome, reason)"
         " SELECT :now, :actor, tenant, 'admit', request_id, 'reserved', reason FROM admitted"
@@ -192,12 +194,19 @@ def admission_records_statement() -> sa.TextClause:
 
 @lru_cache(maxsize=1)
 def outbox_insert() -> sa.Insert:
-    """One admission's outbox row (``request_id``, ``tenant``, ``target``, ``now``)."""
+    """One admission's outbox row (``request_id``, ``tenant``, ``target``, ``now``).
+
+    Its claim counter starts at the request's token floor: a requeued request's
+    next attempt carries tokens above every earlier attempt's (docs/decisions/720).
+    """
     now = sa.bindparam("now", type_=sa.Double)
+    request = schema.request
     return schema.outbox.insert().values(
         request_id=sa.bindparam("request_id"), tenant=sa.bindparam("tenant"),
         target=sa.bindparam("target"), created=now, attempts=0, next_attempt_at=now,
         delivered=sa.false(),
+        claim_token=sa.select(request.c.token_floor)
+        .where(request.c.id == sa.bindparam("request_id")).scalar_subquery(),
     )
 
 
@@ -296,8 +305,9 @@ def admission_snapshot_query() -> sa.CompoundSelect[Any]:
     ``p`` pool rows, ``c`` the shared room of each root cohort, ``w`` the
     weight (in ``used``) of each tenant whose weight is not 1, ``x`` the
     preemption policies (reclaim in ``resource``, within-tenant in the last
-    column) of each tenant that has one. Without cohorts, weights and policies
-    the last three parts read nothing.
+    column) of each tenant that has one, ``h`` each preemptor whose freed room
+    is held (quotagate.store.holds). Without cohorts, weights, policies and
+    holds the last four parts read nothing.
     """
     quota, capacity, shared = schema.tenant_quota, schema.pool_capacity, schema.cohort_usage
     tenant = schema.tenant
@@ -317,6 +327,8 @@ def admission_snapshot_query() -> sa.CompoundSelect[Any]:
         sa.select(sa.literal("x"), tenant.c.name, sa.cast(tenant.c.reclaim, schema.RESOURCE),
                   none, none, none, none, sa.cast(tenant.c.within_tenant, schema.NAME))
         .where(sa.or_(tenant.c.reclaim != "never", tenant.c.within_tenant != "never")),
+        sa.select(sa.literal("h"), schema.hold.c.request_id,
+                  sa.cast(sa.null(), schema.RESOURCE), none, none, none, none, no_root),
     )
 
 

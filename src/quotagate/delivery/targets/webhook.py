@@ -89,6 +89,12 @@ def _httpx() -> Any:
     return httpx
 
 
+def idempotency_key(spec: DeliverySpec) -> str:
+    """The request id; a requeued request's later attempt adds its number (``job-1#2``),
+    so a receiver that dedupes by key does not take it for the stopped attempt's replay."""
+    return spec.request_id if spec.attempt == 1 else f"{spec.request_id}#{spec.attempt}"
+
+
 class WebhookTarget:
     kind = "webhook"
 
@@ -125,8 +131,9 @@ class WebhookTarget:
             "cost": dict(spec.cost),
             "payload": spec.payload,
             "fencing_token": spec.fencing_token,
+            "attempt": spec.attempt,
         }
-        headers = {IDEMPOTENCY_HEADER: spec.request_id, FENCING_HEADER: str(spec.fencing_token),
+        headers = {IDEMPOTENCY_HEADER: idempotency_key(spec), FENCING_HEADER: str(spec.fencing_token),
                    LEDGER_HEADER: spec.ledger_id}
         response = self._call("POST", self.url, json=body, headers=headers)
         if response.status_code == 409:

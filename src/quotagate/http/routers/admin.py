@@ -29,7 +29,7 @@ def put_tenant(
         borrowing_limit=body.borrowing_limit, lending_limit=body.lending_limit,
         weight=body.weight,
         max_priority=body.max_priority if "max_priority" in body.model_fields_set else KEEP,
-        reclaim=body.reclaim, within_tenant=body.within_tenant,
+        reclaim=body.reclaim, within_tenant=body.within_tenant, on_preempt=body.on_preempt,
     )
     if "rate" in body.model_fields_set:
         context.gate.set_rate(tenant, rate, actor=actor.name)
