@@ -384,3 +384,64 @@ def drive(dispatcher: Dispatcher, observed: Observed, done: Callable[[], bool],
         return done()
 
     wait_for(step, what)
+
+
+# -- a worker killed between the confirmed stop and the requeue ----------------------
+
+
+def test_a_worker_killed_after_confirming_the_stop_is_replaced_and_requeues_once(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Real `quotagate worker` processes and a real SIGKILL (crash point ``after_stop``):
+    the victim's process is stopped, the worker dies before the ledger hears of it; the
+    next worker stops it again (idempotent), and the victim is requeued exactly once."""
+    import signal
+
+    from support.worker_processes import finish, start_worker, stop_all, table
+
+    runs = tmp_path / "runs"
+    with Quotagate.connect(db_url) as gate:
+        gate.set_target("local", "process", {"command": ["sh", "-c", "sleep 60"],
+                                             "run_dir": str(runs)}, default=True)
+        _within_tenant(gate)
+        gate.submit("low", "team-a", {"gpu": 2}, priority=0)
+        gate.admit()
+        first = start_worker(db_url, "w1", crash_at="after_stop")
+        workers = [first]
+        try:
+            wait_for(lambda: _state(gate, "low") == "delivered", "the victim delivered",
+                     timeout=60)
+            [run] = [path for path in runs.iterdir() if not path.name.startswith(".")]
+            wait_for(lambda: (run / "pid").exists() and (run / "pid").read_text(),
+                     "the victim to run", timeout=60)
+            gate.submit("high", "team-a", {"gpu": 2}, priority=5)
+            assert gate.admit() == [] and _state(gate, "low") == "preempting"
+            assert finish(first) == -signal.SIGKILL
+            assert (run / "exit_status").exists()  # stopped, but the ledger does not know
+            assert _state(gate, "low") == "preempting" and gate.show("low").attempt == 1
+            second = start_worker(db_url, "w2")
+            workers.append(second)
+            wait_for(lambda: _state(gate, "low") == "waiting", "the victim requeued",
+                     timeout=60)
+            assert gate.show("low").attempt == 2
+            releases = [row for row in table(gate, schema.audit)
+                        if row["target"] == "low" and row["outcome"] == "released"]
+            requeues = [row for row in table(gate, schema.audit)
+                        if row["target"] == "low" and row["operation"] == "requeue"]
+            assert len(releases) == 1 and len(requeues) == 1  # its cost came back once
+            assert [placement.id for placement in gate.admit()] == ["high"]
+            assert gate.check_invariants() == []
+            gate.cancel("high")
+            wait_for(lambda: _state(gate, "high") == "cancelled", "the preemptor stopped",
+                     timeout=60)
+            assert [placement.id for placement in gate.admit()] == ["low"]
+            wait_for(lambda: _state(gate, "low") == "delivered", "the second attempt",
+                     timeout=60)
+            binding = gate.binding("low")
+            assert binding is not None and binding["external_name"] != run.name
+            gate.cancel("low")
+            wait_for(lambda: _state(gate, "low") == "cancelled", "the second attempt stopped",
+                     timeout=60)
+            assert gate.check_invariants() == []
+        finally:
+            stop_all(workers)

@@ -15,7 +15,8 @@ downstream, one higher at every claim (docs/decisions/213).
 
 Crash points for tests: ``QUOTAGATE_CRASH_AT=after_claim|after_create|after_binding``
 makes the worker SIGKILL itself at that step of its first delivery batch
-(``after_binding``: once the batch's bindings and marks are committed).
+(``after_binding``: once the batch's bindings and marks are committed);
+``after_stop``: once a target confirmed a stop, before the ledger records it.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ __all__ = ["CRASH_POINTS", "Dispatcher", "lease_name"]
 logger = logging.getLogger("quotagate.delivery")
 
 CRASH_ENVIRONMENT_VARIABLE = "QUOTAGATE_CRASH_AT"
-CRASH_POINTS = ("after_claim", "after_create", "after_binding")
+CRASH_POINTS = ("after_claim", "after_create", "after_binding", "after_stop")
 DEFAULT_LEASE_TTL = 15.0
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_CONCURRENCY = 32
@@ -438,6 +439,8 @@ class Dispatcher:
                 self._stale(error)
             except RequestGone:
                 pass
+        if confirmed:
+            self._crash_point("after_stop")
         return self._stopped(lease, confirmed) if confirmed and self._lease is not None else 0
 
     def _stop(self, claim: Claim) -> StopResult:
