@@ -167,6 +167,16 @@ def test_the_freed_room_goes_to_the_preemptor_not_to_another_tenant(gate: Quotag
     assert gate.check_invariants() == []
 
 
+def test_the_dry_run_and_explain_say_the_room_is_held(gate: Quotagate) -> None:
+    _contested(gate)
+    answer = gate.simulate("team-c", {"gpu": 2})
+    assert answer["admissible"] is False
+    assert answer["reasons"] == [{"code": "held_for_preemptor", "resource": "room",
+                                  "needed": 1, "available": 0}]
+    assert gate.explain("c-wait")["admissible"] is False
+    assert gate.explain("high")["admissible"] is True
+
+
 def test_an_expired_hold_holds_nothing(gate: Quotagate, clock: ManualClock) -> None:
     _contested(gate)
     clock.advance(gate.ledger.hold_seconds + 1)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from quotagate.domain.model import Cost
 from quotagate.domain.placement import (
     Candidate,
+    PlacementGuard,
     best_fit_pool,
     blocking_resources,
     charge,
@@ -37,6 +38,10 @@ PRIORITY_ABOVE_MAX = "priority_above_max"
 # first ``admission_window`` waiting requests of each tenant and this one is
 # further back (docs/admission.md, "The window").
 QUEUE_WINDOW = "queue_window"
+# Not in the issue's list either: it fits, but in room a preemption freed (or will
+# free) for its preemptor, which admission holds for it (docs/decisions/721).
+# ``resource`` "room", ``needed`` the preemptors it would keep out, ``available`` 0.
+HELD_FOR_PREEMPTOR = "held_for_preemptor"
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ def _before(
     pools: Mapping[str, Usage],
     sharing: Sharing,
     weights: Mapping[str, int] | None,
+    guard: PlacementGuard | None = None,
 ) -> tuple[dict[str, dict[str, tuple[int, int]]], dict[str, dict[str, tuple[int, int]]], Sharing]:
     """The usage left when the request's turn comes, placing what comes before it
     exactly as admission's planner would (fair share between tenants with ``weights``)."""
@@ -88,7 +94,7 @@ def _before(
     left = sharing.copy()
     candidates = list(queue)
     for placement in plan_admissions(candidates, tenant_usage, pool_usage, len(candidates),
-                                     left, weights, stop_before=request.id):
+                                     left, weights, stop_before=request.id, guard=guard):
         if left.is_member(placement.tenant):
             left.charge(placement.tenant, placement.cost, tenant_usage[placement.tenant])
         charge(tenant_usage[placement.tenant], placement.cost)
@@ -129,22 +135,30 @@ def judge(
     admission_window: int,
     rate_tokens: float | None = None,
     max_priority: tuple[int, int] | None = None,
+    guard: PlacementGuard | None = None,
 ) -> Verdict:
     """The verdict for ``request``, a candidate among ``queue`` (heads in queue order).
 
     ``rate_tokens``: the tokens left in the tenant's bucket, for a request not
     submitted yet (None: no bucket, or the request has passed the gate already).
     ``max_priority``: (the request's priority, the tenant's maximum) when above it.
+    ``guard``: admission's guard of held room, if a preemptor's room is held.
     """
     reasons: list[Reason] = []
     if max_priority is not None:
         reasons.append(Reason(PRIORITY_ABOVE_MAX, "priority", *max_priority))
     if rate_tokens is not None and rate_tokens < 1:
         reasons.append(Reason(RATE_LIMITED, "tokens", 1, round(max(rate_tokens, 0.0), 3)))
-    tenant_usage, pool_usage, left = _before(request, queue, tenants, pools, sharing, weights)
+    tenant_usage, pool_usage, left = _before(request, queue, tenants, pools, sharing, weights,
+                                             guard)
     reasons += tenant_reasons(request.tenant, request.cost, tenant_usage.get(request.tenant, {}),
                               left)
     reasons += pool_reasons(request.cost, pool_usage)
+    pool = best_fit_pool(request.cost, pool_usage)
+    if not reasons and guard is not None and pool is not None and not guard.allows(
+        request, pool, tenant_usage, pool_usage, left, set()
+    ):
+        reasons.append(Reason(HELD_FOR_PREEMPTOR, "room", 1, 0))
     if not reasons and tenant_position > admission_window:
         reasons.append(Reason(QUEUE_WINDOW, "queue", tenant_position, admission_window))
     return Verdict(not reasons, reasons, sharing.is_member(request.tenant))

@@ -78,14 +78,19 @@ def holders(connection: sa.Connection, now: float) -> list[Candidate]:
     return _holders(connection.execute(_holders_query(), {"now": now}).all())
 
 
-def read_guard(transaction: DriverTransaction, now: float) -> HeldRoom | None:
-    """Admission's guard over held room, or None when no hold is live."""
-    held = _holders(transaction.rows(_holders_query(), {"now": now}))
+def read_guard(transaction: DriverTransaction | sa.Connection, now: float) -> HeldRoom | None:
+    """Admission's guard over held room (the dry run's too), or None when no hold is live."""
+    def rows(statement: sa.Select[Any], parameters: dict[str, Any]) -> Sequence[Any]:
+        if isinstance(transaction, sa.Connection):
+            return transaction.execute(statement, parameters).all()
+        return transaction.rows(statement, parameters)
+
+    held = _holders(rows(_holders_query(), {"now": now}))
     if not held:
         return None
     stopping = [Running(row[0], row[1], row[2], json.loads(row[3]), int(row[4]),
                         float(row[5]), stopping=True)
-                for row in transaction.rows(_stopping_query(), {})]
+                for row in rows(_stopping_query(), {})]
     return HeldRoom(held, stopping)
 
 
