@@ -1,6 +1,7 @@
 """The ``webhook`` target: POST each request once in effect to an HTTP endpoint.
 
-The receiver gets ``Idempotency-Key: <request id>``, the fencing token and the
+The receiver gets ``Idempotency-Key: <request id>`` (``<request id>#<attempt>`` for a
+requeued request's later attempt), the fencing token and the
 ledger id in headers (``Quotagate-Fencing-Token``, ``Quotagate-Ledger``), so
 it can deduplicate retries, refuse a stale worker and tell ledgers apart. Its
 answer's ``id`` is recorded as the binding's UID; ``GET <url>/<name>`` reads an
