@@ -79,6 +79,7 @@ def test_a_requeued_victim_waits_again_with_its_submission_time_and_its_cost_bac
     assert _state(gate, "low") == "waiting"
     assert ("requeue", "waiting", "attempt 2 after preemption by high") in _audit(gate, "low")
     assert ("preempt", "stopping", "within-tenant for high") in _audit(gate, "low")
+    assert ("hold", "held", "within-tenant: room of low") in _audit(gate, "high")
     assert [placement.id for placement in gate.admit()] == ["high"]
     assert gate.check_invariants() == []
     gate.complete("high")

@@ -354,6 +354,10 @@ class Ledger:
             return None
         preemptor_tenant = next(head.tenant for head in heads if head.id == chosen.preemptor)
         holds.hold(connection, chosen.preemptor, preemptor_tenant, now, self.hold_seconds)
+        # The preemptor's own story names its victims (theirs name it).
+        record(connection, now, AuditEntry(
+            actor, "hold", "held", preemptor_tenant, chosen.preemptor,
+            f"{chosen.kind}: room of {', '.join(victim.id for victim in chosen.victims)}"))
         for victim in chosen.victims:
             reason = f"preempted ({chosen.kind}) by {chosen.preemptor}"
             moved = connection.execute(
