@@ -410,9 +410,12 @@ class Ledger:
         window = min(self.admission_window, max(4, 2 * limit))
         admitted: list[Placement] = []
         targets: dict[str, str | None] = {}
+        floors: dict[str, int] = {}
         while True:
-            candidates, window_targets = self._candidates(transaction, open_tenants, window)
+            candidates, window_targets, window_floors = self._candidates(
+                transaction, open_tenants, window)
             targets.update(window_targets)
+            floors.update(window_floors)
             admitted += self._plan_and_reserve(
                 transaction, candidates, snapshot, limit - len(admitted), now, guard
             )
@@ -429,6 +432,10 @@ class Ledger:
         with admission_stats.lock_wait():
             self._charge(transaction, admitted, sharing)
         self._record_admissions(transaction, admitted, targets, now, actor)
+        carried = [{"request_id": placement.id, "token": floors[placement.id]}
+                   for placement in admitted if placement.id in floors]
+        if carried:  # requeued requests: their tokens go on above the stopped attempt's
+            transaction.executemany(statements.carry_token_statement(), carried)
         if guard is not None:
             held = [placement.id for placement in admitted if placement.id in guard.ids]
             if held:  # the preemptor has its room: the hold is done
@@ -479,8 +486,9 @@ class Ledger:
     @staticmethod
     def _candidates(
         transaction: DriverTransaction, tenants: Sequence[str], window: int
-    ) -> tuple[list[Candidate], dict[str, str | None]]:
-        """The head of each open tenant's queue, merged into queue order, and their targets.
+    ) -> tuple[list[Candidate], dict[str, str | None], dict[str, int]]:
+        """The head of each open tenant's queue, merged into queue order, their targets,
+        and the token floors of those that were requeued (docs/decisions/720).
 
         One bounded index range scan per tenant: the cost does not grow with
         the length of the waiting queue.
@@ -490,7 +498,8 @@ class Ledger:
         )
         rows.sort(key=lambda row: (row[3], row[4], row[0]))
         candidates = [Candidate(row[0], row[1], dict(_cost_items(row[2]))) for row in rows]
-        return candidates, {row[0]: row[5] for row in rows}
+        return (candidates, {row[0]: row[5] for row in rows},
+                {row[0]: int(row[6]) for row in rows if row[6]})
 
     @staticmethod
     def _reserve(

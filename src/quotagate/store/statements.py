@@ -45,7 +45,7 @@ def head_query(tenant_count: int, window: int) -> sa.Select[Any] | sa.CompoundSe
     heads = [
         sa.select(
             request.c.id, request.c.tenant, request.c.cost, request.c.queue_key,
-            request.c.created, request.c.target,
+            request.c.created, request.c.target, request.c.token_floor,
         )
         .where(request.c.tenant == sa.bindparam(f"tenant_{index}"), request.c.state == _WAITING)
         .order_by(request.c.queue_key, request.c.created, request.c.id)
@@ -182,10 +182,8 @@ def admission_records_statement() -> sa.TextClause:
         " AS batch(request_id, tenant, target, reason)"
         "), outbox_rows AS ("
         f" INSERT INTO {schema.outbox.name} (request_id, tenant, target, created, attempts,"
-        " next_attempt_at, delivered, claim_token)"
-        " SELECT admitted.request_id, admitted.tenant, admitted.target, :now, 0, :now, false,"
-        f" r.token_floor FROM admitted JOIN {schema.request.name} r"
-        " ON r.id = admitted.request_id"
+        " next_attempt_at, delivered)"
+        " SELECT request_id, tenant, target, :now, 0, :now, false FROM admitted"
         ")"
         f" INSERT INTO {schema.audit.name} (at, actor, tenant, operation, target, outcome, reason)"
         " SELECT :now, :actor, tenant, 'admit', request_id, 'reserved', reason FROM admitted"
@@ -194,20 +192,22 @@ def admission_records_statement() -> sa.TextClause:
 
 @lru_cache(maxsize=1)
 def outbox_insert() -> sa.Insert:
-    """One admission's outbox row (``request_id``, ``tenant``, ``target``, ``now``).
-
-    Its claim counter starts at the request's token floor: a requeued request's
-    next attempt carries tokens above every earlier attempt's (docs/decisions/720).
-    """
+    """One admission's outbox row (``request_id``, ``tenant``, ``target``, ``now``)."""
     now = sa.bindparam("now", type_=sa.Double)
-    request = schema.request
     return schema.outbox.insert().values(
         request_id=sa.bindparam("request_id"), tenant=sa.bindparam("tenant"),
         target=sa.bindparam("target"), created=now, attempts=0, next_attempt_at=now,
         delivered=sa.false(),
-        claim_token=sa.select(request.c.token_floor)
-        .where(request.c.id == sa.bindparam("request_id")).scalar_subquery(),
     )
+
+
+@lru_cache(maxsize=1)
+def carry_token_statement() -> sa.Update:
+    """A requeued request's new outbox row counts its claims on from ``token``, the last
+    fencing token of its stopped attempt (``request_id``; docs/decisions/720)."""
+    outbox = schema.outbox
+    return (outbox.update().where(outbox.c.request_id == sa.bindparam("request_id"))
+            .values(claim_token=sa.bindparam("token", type_=sa.BigInteger)))
 
 
 @lru_cache(maxsize=1)
