@@ -479,7 +479,7 @@ class Quotagate:
                                code="invalid_retention")
         if forget is None:
             def forget(bindings: list[retention.PrunedBinding]) -> int:
-                return remove_run_directories(self.targets, bindings)
+                return remove_run_directories(self.targets, bindings, self.ledger_id)
         return retention.prune(self.engine, self.clock.now() - older_than, batch=batch,
                                forget=forget, progress=progress, max_batches=max_batches)
 

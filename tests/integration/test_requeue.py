@@ -258,9 +258,11 @@ class Observed:
     """What a target shows of the requests' objects (the external side)."""
 
     def __init__(self, objects: Callable[[], dict[str, dict[str, Any]]],
-                 confirm: Callable[[str], None] = lambda _name: None) -> None:
+                 confirm: Callable[[str], None] = lambda _name: None,
+                 run_dir: Path | None = None) -> None:
         self.objects = objects  # name -> {"attempt", "token", "stopped"}
         self.confirm = confirm  # what an executor does to confirm a stop, if anything
+        self.run_dir = run_dir  # the process target's run directories
 
 
 @pytest.fixture(params=["process", "webhook", "kubernetes"])
@@ -284,7 +286,7 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TargetSet
                                            "stopped": (run / "exit_status").exists()}
                     return found
 
-                return Observed(objects)
+                return Observed(objects, run_dir=runs)
 
             yield process
         elif request.param == "webhook":
@@ -339,7 +341,7 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TargetSet
 
 
 def test_a_requeued_victim_is_delivered_again_as_a_new_attempt(
-    gate: Quotagate, target: TargetSetup
+    gate: Quotagate, clock: ManualClock, target: TargetSetup
 ) -> None:
     observed = target(gate)
     _within_tenant(gate)
@@ -381,6 +383,12 @@ def test_a_requeued_victim_is_delivered_again_as_a_new_attempt(
         gate.cancel("low")
         drive(dispatcher, observed, lambda: _state(gate, "low") == "cancelled",
               "the second attempt stopped")
+        if observed.run_dir is not None:
+            # Pruning removes every attempt's run directory, not only the bound one.
+            clock.advance(10)
+            assert gate.prune(1).external_objects == 3  # low twice, high once
+            assert [path for path in observed.run_dir.iterdir()
+                    if not path.name.startswith(".")] == []
     finally:
         dispatcher.release()
 
