@@ -18,6 +18,7 @@ from quotagate.domain.budget import parse_duration
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.lease import Lease
 from quotagate.domain.model import (
+    ON_PREEMPT_POLICIES,
     RECLAIM_POLICIES,
     WITHIN_TENANT_POLICIES,
     Request,
@@ -190,6 +191,7 @@ class Quotagate:
         budget: Mapping[str, object] | None = None,
         clear_budgets: bool = False,
         default_max_runtime: object = KEEP,
+        on_preempt: str | None = None,
     ) -> dict[str, dict[str, int]]:
         """Create or change a tenant. ``cohort`` (None: leave it), limits per resource
         (a None amount removes a limit), ``weight`` and ``max_priority`` (None: no cap):
@@ -210,6 +212,8 @@ class Quotagate:
             else validate_policy(reclaim, RECLAIM_POLICIES, "reclaim"),
             within_tenant=None if within_tenant is None
             else validate_policy(within_tenant, WITHIN_TENANT_POLICIES, "within_tenant"),
+            on_preempt=None if on_preempt is None
+            else validate_policy(on_preempt, ON_PREEMPT_POLICIES, "on_preempt"),
         )
         return self.config.set_tenant(name, quota, actor=actor, sharing=sharing, budget=change)
 
@@ -503,7 +507,7 @@ class Quotagate:
                                code="invalid_retention")
         if forget is None:
             def forget(bindings: list[retention.PrunedBinding]) -> int:
-                return remove_run_directories(self.targets, bindings)
+                return remove_run_directories(self.targets, bindings, self.ledger_id)
         return retention.prune(self.engine, self.clock.now() - older_than, batch=batch,
                                forget=forget, progress=progress, max_batches=max_batches)
 

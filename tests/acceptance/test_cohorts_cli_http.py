@@ -78,6 +78,13 @@ def test_cohorts_from_the_cli(db_url: str, tmp_path: Path) -> None:
     bad = run("tenant", "set", "team-b", "--reclaim", "always", db=db_url, cwd=tmp_path,
               expect=2)
     assert "invalid_reclaim" in bad.stderr
+    assert "on preempt fail" in quotagate("tenant", "show", "team-b")  # the default
+    quotagate("tenant", "set", "team-b", "--on-preempt", "requeue")
+    assert json.loads(quotagate("tenant", "show", "team-b", "--json"))["on_preempt"] == "requeue"
+    bad = run("tenant", "set", "team-b", "--on-preempt", "retry", db=db_url, cwd=tmp_path,
+              expect=2)
+    assert "invalid_on_preempt" in bad.stderr
+    assert "on preempt requeue" in quotagate("tenant", "show", "team-b")  # changed nothing
     quotagate("tenant", "set", "team-b", "--max-priority", "none")
     quotagate("tenant", "set", "team-b", "--lending-limit", "gpu=none")
     assert json.loads(quotagate("cohort", "show", "org", "--json"))["room"]["gpu"] == {
@@ -107,6 +114,12 @@ def test_cohorts_over_http(db_url: str, tmp_path: Path) -> None:
                                                       "reclaim": "any"})
         assert kept.json()["cohort"] == "research" and kept.json()["max_priority"] == 7
         assert kept.json()["reclaim"] == "any" and kept.json()["within_tenant"] == "never"
+        assert kept.json()["on_preempt"] == "fail"
+        requeues = admin.put("/v1/tenants/team-a", json={"on_preempt": "requeue"})
+        assert requeues.status_code == 200 and requeues.json()["on_preempt"] == "requeue"
+        unknown = admin.put("/v1/tenants/team-a", json={"on_preempt": "retry"})
+        assert unknown.status_code == 400 and unknown.json()["code"] == "invalid_on_preempt"
+        assert admin.get("/v1/tenants/team-a").json()["on_preempt"] == "requeue"
         refused = admin.put("/v1/tenants/team-a", json={"lending_limit": {"gpu": 5}})
         assert refused.status_code == 400 and refused.json()["code"] == "invalid_lending_limit"
         missing = admin.put("/v1/tenants/team-c", json={"cohort": "nowhere"})

@@ -432,6 +432,7 @@ def test_a_process_run_sees_only_its_allowed_environment_in_private_files(
     assert set(seen) - {"PWD", "SHLVL", "_", "OLDPWD"} <= {
         "PATH", "HOME", "LANG", "MODEL_CACHE", "QUOTAGATE_REQUEST_ID", "QUOTAGATE_TENANT",
         "QUOTAGATE_FENCING_TOKEN", "QUOTAGATE_PAYLOAD", "QUOTAGATE_RUN_DIR",
+        "QUOTAGATE_ATTEMPT",
     }
     assert seen["MODEL_CACHE"] == "/models" and seen["QUOTAGATE_REQUEST_ID"] == request_id
     assert "hunter2" not in (run / "env.txt").read_text()

@@ -175,7 +175,8 @@ def test_the_dry_run_names_what_it_would_preempt_and_stops_nothing(borrowed: Quo
 
 
 @pytest.mark.slow
-def test_several_admitters_reclaim_exactly_what_is_borrowed(db_url: str) -> None:
+@pytest.mark.parametrize("on_preempt", ["fail", "requeue"])
+def test_several_admitters_reclaim_exactly_what_is_borrowed(db_url: str, on_preempt: str) -> None:
     from support import cohort_workers
     from support.waiting import wait_for
 
@@ -183,7 +184,7 @@ def test_several_admitters_reclaim_exactly_what_is_borrowed(db_url: str) -> None
         gate.set_pool("pool-1", {"gpu": 8})
         gate.set_cohort("org")
         gate.set_tenant("team-a", {"gpu": 4}, cohort="org", reclaim="any")
-        gate.set_tenant("team-b", {"gpu": 4}, cohort="org")
+        gate.set_tenant("team-b", {"gpu": 4}, cohort="org", on_preempt=on_preempt)
         for index in range(8):
             gate.submit(f"b-{index}", "team-b", {"gpu": 1})
         assert gate.admit_until_idle() == 8
@@ -210,8 +211,10 @@ def test_several_admitters_reclaim_exactly_what_is_borrowed(db_url: str) -> None
     assert all(process.exitcode == 0 for process in processes)
     with Quotagate.connect(db_url) as gate:
         states = [_state(gate, f"b-{index}") for index in range(8)]
-        # Exactly the 4 borrowed units were taken back: never more than needed.
-        assert states.count("preempted") == 4 and states.count("reserved") == 4
+        # Exactly the 4 borrowed units were taken back: never more than needed (requeued
+        # victims wait: team-b is back at its nominal, and the room is team-a's).
+        ended = "preempted" if on_preempt == "fail" else "waiting"
+        assert states.count(ended) == 4 and states.count("reserved") == 4
         assert _used(gate, "team-a") == 4 and _used(gate, "team-b") == 4
         assert sum(counts) == 2 + 4  # admissions of a, and confirmed stops
         assert gate.check_invariants() == []

@@ -60,7 +60,8 @@ def test_creates_a_model_service_carrying_ledger_request_and_fencing_token(
     }
     assert metadata["annotations"] == {"quotagate.io/request-id": "job:1",
                                        "quotagate.io/ledger-id": LEDGER,
-                                       "quotagate.io/fencing-token": "3"}
+                                       "quotagate.io/fencing-token": "3",
+                                       "quotagate.io/attempt": "1"}
     assert stored["spec"] == {"requestId": "job:1", "tenant": "team-a", "cost": {"gpu": 1},
                               "payload": {"model": "m"}}
     assert created == ExternalObject(metadata["name"], metadata["uid"], "job:1",

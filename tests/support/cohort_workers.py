@@ -83,3 +83,11 @@ def admit_until(url: str, finished: Any, batch: int, results: Any) -> None:
         while not finished.is_set():
             admitted += len(gate.admit(batch))
     results.put(admitted)
+
+
+def admit_once(url: str, barrier: Any, results: Any) -> None:
+    """One admission pass, started together with others (the held-room race)."""
+    with Quotagate.connect(url) as gate:
+        gate.engine.connect().close()
+        barrier.wait(timeout=120)
+        results.put([placement.id for placement in gate.admit(limit=8)])

@@ -100,3 +100,12 @@ def test_webhook_urls_lose_their_credentials_in_messages() -> None:
         "see http://h/x?token=***&b=*** and https://c/"
     )
     assert redact("http://127.0.0.1:9/hooks") == "http://127.0.0.1:9/hooks"
+
+
+def test_a_later_attempt_gets_a_name_of_its_own() -> None:
+    first = external_name(LEDGER, "team-a", "job-1")
+    assert external_name(LEDGER, "team-a", "job-1", attempt=1) == first  # names kept
+    second = external_name(LEDGER, "team-a", "job-1", attempt=2)
+    assert second != first and second.startswith("team-a-job-1-a2-")
+    assert len(external_name(LEDGER, "t" * 63, "x" * 128, attempt=12)) <= 63
+    assert external_name(LEDGER, "team-a", "job-1", attempt=3) != second

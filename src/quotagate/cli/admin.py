@@ -72,6 +72,9 @@ def tenant() -> None:
 @click.option("--default-max-runtime", default=None, metavar="DURATION",
               help="What a budget reserves for its requests that declare no --max-runtime "
               "(e.g. 1h; 'none' removes it).")
+@click.option("--on-preempt", default=None, metavar="fail|requeue",
+              help="What becomes of its work when it is preempted: it ends 'preempted' "
+              "(fail, the default) or waits again with its submission time (requeue).")
 @stream_settings_options
 @db_option
 @rate_store_option
@@ -81,7 +84,7 @@ def tenant_set(
     borrowing: tuple[str, ...], lending: tuple[str, ...], weight: int | None,
     max_priority: str | None, reclaim: str | None, within_tenant: str | None,
     budget: tuple[str, ...], default_max_runtime: str | None,
-    db_url: str | None, rate_store: str | None,
+    on_preempt: str | None, db_url: str | None, rate_store: str | None,
     **stream_options: str | None,
 ) -> None:
     """Create a tenant or change its quotas; its quota is its nominal share in a cohort."""
@@ -112,6 +115,7 @@ def tenant_set(
             lending_limit=parse_assignments(lending, "lending_limit", allow_none=True),
             weight=weight, max_priority=cap, reclaim=reclaim, within_tenant=within_tenant,
             budget=limits, clear_budgets=clear_budgets, default_max_runtime=runtime,
+            on_preempt=on_preempt,
         )
         status = gate.set_rate(name, bucket, actor="cli") if rate is not None else None
         if stream_settings and settings is None:  # a new tenant: it exists now
@@ -145,7 +149,8 @@ def tenant_show(name: str, as_json: bool, db_url: str | None, rate_store: str | 
             click.echo(f"cohort {described['cohort']} (root {described['cohort_root']})")
         click.echo(f"weight {described['weight']}, maximum priority "
                    f"{'none' if described['max_priority'] is None else described['max_priority']}"
-                   f", reclaim {described['reclaim']}, within tenant {described['within_tenant']}")
+                   f", reclaim {described['reclaim']}, within tenant {described['within_tenant']}"
+                   f", on preempt {described['on_preempt']}")
         for line in describe_budgets(described):
             click.echo(line)
         click.echo(describe_rate(described["rate"]))

@@ -15,7 +15,8 @@ downstream, one higher at every claim (docs/decisions/213).
 
 Crash points for tests: ``QUOTAGATE_CRASH_AT=after_claim|after_create|after_binding``
 makes the worker SIGKILL itself at that step of its first delivery batch
-(``after_binding``: once the batch's bindings and marks are committed).
+(``after_binding``: once the batch's bindings and marks are committed);
+``after_stop``: once a target confirmed a stop, before the ledger records it.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ __all__ = ["CRASH_POINTS", "Dispatcher", "lease_name"]
 logger = logging.getLogger("quotagate.delivery")
 
 CRASH_ENVIRONMENT_VARIABLE = "QUOTAGATE_CRASH_AT"
-CRASH_POINTS = ("after_claim", "after_create", "after_binding")
+CRASH_POINTS = ("after_claim", "after_create", "after_binding", "after_stop")
 DEFAULT_LEASE_TTL = 15.0
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_CONCURRENCY = 32
@@ -392,8 +393,9 @@ class Dispatcher:
         return DeliverySpec(
             request_id=claim.request_id, tenant=claim.tenant, cost=claim.cost,
             payload=claim.payload, fencing_token=claim.fencing_token,
-            external_name=external_name(self.ledger_id, claim.tenant, claim.request_id),
-            ledger_id=self.ledger_id,
+            external_name=external_name(self.ledger_id, claim.tenant, claim.request_id,
+                                        claim.request_attempt),
+            ledger_id=self.ledger_id, attempt=claim.request_attempt,
         )
 
     def _delivery_error(self, claim: Claim, error: BaseException) -> int:
@@ -481,6 +483,8 @@ class Dispatcher:
                 self._stale(error)
             except RequestGone:
                 pass
+        if confirmed:
+            self._crash_point("after_stop")
         return self._stopped(lease, confirmed) if confirmed and self._lease is not None else 0
 
     def _stop(self, claim: Claim) -> StopResult:
@@ -489,7 +493,8 @@ class Dispatcher:
         _config, target = self.built.get(target_name)
         if obtained is None:
             # Never bound: a lost reply may still have created it under our name.
-            found = target.read(external_name(self.ledger_id, claim.tenant, claim.request_id))
+            found = target.read(external_name(self.ledger_id, claim.tenant, claim.request_id,
+                                              claim.request_attempt))
             if found is None:
                 return StopResult(stopped=True, reason="never delivered")
             if found.request_id != claim.request_id or found.ledger_id != self.ledger_id:

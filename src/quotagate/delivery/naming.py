@@ -15,19 +15,28 @@ _INVALID = re.compile(r"[^a-z0-9-]+")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$")
 
 
-def digest(ledger_id: str, tenant: str, request_id: str, length: int = _HASH_LENGTH) -> str:
-    return hashlib.sha256(f"{ledger_id}/{tenant}/{request_id}".encode()).hexdigest()[:length]
+def digest(ledger_id: str, tenant: str, request_id: str, length: int = _HASH_LENGTH,
+           attempt: int = 1) -> str:
+    # The first attempt hashes what every name hashed before attempts existed, so the
+    # objects of requests delivered before keep their names.
+    key = f"{ledger_id}/{tenant}/{request_id}" + (f"/{attempt}" if attempt > 1 else "")
+    return hashlib.sha256(key.encode()).hexdigest()[:length]
 
 
-def external_name(ledger_id: str, tenant: str, request_id: str) -> str:
-    """A DNS-1123 label (≤ 63 characters) unique to (ledger, tenant, request id).
+def external_name(ledger_id: str, tenant: str, request_id: str, attempt: int = 1) -> str:
+    """A DNS-1123 label (≤ 63 characters) unique to (ledger, tenant, request id, attempt).
 
     The readable part is lossy (case folded, odd characters replaced, long ids
     cut), so a hash of the exact triple is always appended: ``A_1`` and ``a-1``,
     or two long ids sharing a prefix, still get different names, and two
     ledgers delivering to one place do not collide on the same request id.
+    A requeued request's later attempts (``attempt`` > 1) get names of their own,
+    ``…-a2-<hash>``: a new attempt never finds the stopped one's object
+    (docs/decisions/720).
     """
-    suffix = digest(ledger_id, tenant, request_id)
+    suffix = digest(ledger_id, tenant, request_id, attempt=attempt)
+    if attempt > 1:
+        suffix = f"a{attempt}-{suffix}"
     readable = _INVALID.sub("-", f"{tenant}-{request_id}".lower()).strip("-")
     readable = readable[: MAX_NAME - len(suffix) - 1].rstrip("-")
     return f"{readable}-{suffix}" if readable else f"qg-{suffix}"

@@ -56,6 +56,8 @@ class Claim:
     cost: dict[str, int] = field(default_factory=dict)
     payload: Any = None
     stop: bool = False  # a stop to carry out, not a delivery
+    # The request's delivery attempt (1, more after a requeue): part of the object's name.
+    request_attempt: int = 1
 
 
 @dataclass
@@ -191,7 +193,8 @@ class OutboxStore:
             requests = {
                 request.id: request
                 for request in connection.execute(
-                    sa.select(_request.c.id, _request.c.cost, _request.c.payload).where(
+                    sa.select(_request.c.id, _request.c.cost, _request.c.payload,
+                              _request.c.attempt).where(
                         _request.c.id.in_([row.request_id for row in claimed])
                     )
                 )
@@ -203,6 +206,7 @@ class OutboxStore:
                     decode_cost(requests[row.request_id].cost),
                     json.loads(requests[row.request_id].payload),
                     stop=bool(row.stopping),
+                    request_attempt=int(requests[row.request_id].attempt),
                 )
                 for row in claimed
                 if row.request_id in requests

@@ -16,6 +16,7 @@ from quotagate.domain.budget import Budgets
 from quotagate.domain.model import Cost
 from quotagate.domain.placement import (
     Candidate,
+    PlacementGuard,
     best_fit_pool,
     blocking_resources,
     charge,
@@ -38,6 +39,10 @@ PRIORITY_ABOVE_MAX = "priority_above_max"
 # first ``admission_window`` waiting requests of each tenant and this one is
 # further back (docs/admission.md, "The window").
 QUEUE_WINDOW = "queue_window"
+# Not in the issue's list either: it fits, but in room a preemption freed (or will
+# free) for its preemptor, which admission holds for it (docs/decisions/721).
+# ``resource`` "room", ``needed`` the preemptors it would keep out, ``available`` 0.
+HELD_FOR_PREEMPTOR = "held_for_preemptor"
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,7 @@ def _before(
     weights: Mapping[str, int] | None,
     budgets: Budgets,
     history: Mapping[str, float] | None = None,
+    guard: PlacementGuard | None = None,
 ) -> tuple[dict[str, dict[str, tuple[int, int]]], dict[str, dict[str, tuple[int, int]]], Sharing]:
     """The usage left when the request's turn comes, placing what comes before it
     exactly as admission's planner would (fair share between tenants with ``weights``);
@@ -93,7 +99,7 @@ def _before(
     candidates = list(queue)
     for placement in plan_admissions(candidates, tenant_usage, pool_usage, len(candidates),
                                      left, weights, stop_before=request.id,
-                                     budgets=budgets or None, history=history):
+                                     budgets=budgets or None, history=history, guard=guard):
         budgets.charge(placement.tenant, placement.cost, placement.runtime)
         if left.is_member(placement.tenant):
             left.charge(placement.tenant, placement.cost, tenant_usage[placement.tenant])
@@ -137,6 +143,7 @@ def judge(
     max_priority: tuple[int, int] | None = None,
     budgets: Budgets | None = None,
     history: Mapping[str, float] | None = None,
+    guard: PlacementGuard | None = None,
 ) -> Verdict:
     """The verdict for ``request``, a candidate among ``queue`` (heads in queue order).
 
@@ -146,6 +153,7 @@ def judge(
     ``budgets``: the snapshot's budgets; a request whose reservation does not fit
     what its budget has left is ``budget_exhausted`` (needed, available:
     resource-hours). ``history``: tenants' decayed past shares (a half-life).
+    ``guard``: admission's guard of held room, if a preemptor's room is held.
     """
     reasons: list[Reason] = []
     if max_priority is not None:
@@ -154,7 +162,7 @@ def judge(
         reasons.append(Reason(RATE_LIMITED, "tokens", 1, round(max(rate_tokens, 0.0), 3)))
     budgets_left = budgets.copy() if budgets else Budgets()
     tenant_usage, pool_usage, left = _before(request, queue, tenants, pools, sharing, weights,
-                                             budgets_left, history)
+                                             budgets_left, history, guard)
     # Budgets in resource-hours, as they are set (gpu=100h/30d).
     reasons += [Reason(BUDGET_EXHAUSTED, block.resource, round(block.needed / 3600, 3),
                        round(block.available / 3600, 3))
@@ -163,6 +171,11 @@ def judge(
     reasons += tenant_reasons(request.tenant, request.cost, tenant_usage.get(request.tenant, {}),
                               left)
     reasons += pool_reasons(request.cost, pool_usage)
+    pool = best_fit_pool(request.cost, pool_usage)
+    if not reasons and guard is not None and pool is not None and not guard.allows(
+        request, pool, tenant_usage, pool_usage, left, set()
+    ):
+        reasons.append(Reason(HELD_FOR_PREEMPTOR, "room", 1, 0))
     if not reasons and tenant_position > admission_window:
         reasons.append(Reason(QUEUE_WINDOW, "queue", tenant_position, admission_window))
     return Verdict(not reasons, reasons, sharing.is_member(request.tenant))

@@ -18,6 +18,8 @@ MAX_AMOUNT = 10**12
 MAX_WEIGHT = 1000
 RECLAIM_POLICIES = ("never", "lower-priority", "any")
 WITHIN_TENANT_POLICIES = ("never", "lower-priority")
+# What a confirmed preemption does to its victim (docs/decisions/720).
+ON_PREEMPT_POLICIES = ("fail", "requeue")
 
 # The patterns are matched whole (fullmatch: "$" would also match before a
 # trailing newline); the HTTP API's OpenAPI document states the same ones.
@@ -88,6 +90,8 @@ class Request:
     updated: float | None = None
     # Seconds, as submitted (docs/fair-sharing.md#budgets); None: none declared.
     max_runtime: int | None = None
+    # The delivery attempt: 1, one more after every requeue (docs/decisions/720).
+    attempt: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,6 +107,7 @@ class Request:
             "updated": self.updated,
             "reason": self.reason,
             "max_runtime": self.max_runtime,
+            "attempt": self.attempt,
         }
 
 

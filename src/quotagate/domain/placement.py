@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from quotagate.domain.budget import Budgets
 from quotagate.domain.fairness import FairOrder
@@ -70,6 +71,17 @@ class Placement:
     runtime: int | None = None
 
 
+class PlacementGuard(Protocol):
+    """A further condition on placements (held room: quotagate.domain.preemption.HeldRoom)."""
+
+    def allows(
+        self, candidate: Candidate, pool: str,
+        tenants: dict[str, dict[str, tuple[int, int]]],
+        pools: dict[str, dict[str, tuple[int, int]]],
+        sharing: Sharing | None, placed: set[str],
+    ) -> bool: ...
+
+
 def plan_admissions(
     candidates: Iterable[Candidate],
     tenants: Mapping[str, Mapping[str, tuple[int, int]]],
@@ -81,6 +93,7 @@ def plan_admissions(
     stop_before: str | None = None,
     budgets: Budgets | None = None,
     history: Mapping[str, float] | None = None,
+    guard: PlacementGuard | None = None,
 ) -> list[Placement]:
     """Walk candidates and place each that fits, up to ``limit``.
 
@@ -97,6 +110,7 @@ def plan_admissions(
     placed before it). ``budgets``: a budgeted tenant's request must also fit
     what its budget has left (quotagate.domain.budget); not changed either.
     ``history``: tenants' decayed past shares, blended into the fair order.
+    ``guard``: a further condition every placement must meet.
     """
     sharing = sharing.copy() if sharing else None
     budgets = budgets.copy() if budgets else None
@@ -115,7 +129,8 @@ def plan_admissions(
             break
         usage = tenant_usage.get(candidate.tenant)
         if usage is not None:
-            _place(candidate, usage, pool_usage, sharing, placements, budgets)
+            _place(candidate, usage, pool_usage, sharing, placements, budgets,
+                   None if guard is None else (guard, tenant_usage))
         if fair is not None:
             fair.considered(usage or {})
     return placements
@@ -128,6 +143,7 @@ def _place(
     sharing: Sharing | None,
     placements: list[Placement],
     budgets: Budgets | None = None,
+    guarded: tuple[PlacementGuard, dict[str, dict[str, tuple[int, int]]]] | None = None,
 ) -> bool:
     if budgets is not None and not budgets.fits(candidate.tenant, candidate.cost,
                                                 candidate.runtime):
@@ -141,6 +157,11 @@ def _place(
         return False
     pool = best_fit_pool(candidate.cost, pool_usage)
     if pool is None:
+        return False
+    if guarded is not None and not guarded[0].allows(
+        candidate, pool, guarded[1], pool_usage, sharing,
+        {placement.id for placement in placements},
+    ):
         return False
     if member:
         assert sharing is not None

@@ -11,7 +11,9 @@ Two kinds (docs/fair-sharing.md#preemption), both Kueue's:
 Victims are added until the request would fit once their cost is back, then
 every victim not needed is dropped again: never more than needed. The cost of
 work already being stopped counts as coming back, so while a preemption is in
-flight nothing more is chosen (no preemption loops).
+flight nothing more is chosen (no preemption loops). A preemptor whose room is
+held (docs/decisions/721) counts as having taken it, and a requeued victim never
+chooses its own preemptor (docs/decisions/722).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from quotagate.domain.model import Cost
-from quotagate.domain.placement import Candidate, best_fit_pool, fits
+from quotagate.domain.placement import Candidate, best_fit_pool, charge, fits
 from quotagate.domain.sharing import Sharing, shared_delta
 
 Usage = dict[str, dict[str, tuple[int, int]]]
@@ -77,6 +79,22 @@ class _State:
                 used, cap = holder.get(resource, (0, 0))
                 holder[resource] = (used - amount, cap)
 
+    def take(self, candidate: Candidate, pool: str) -> None:
+        """Charge ``candidate`` to its tenant (and its cohort's room) and to ``pool``."""
+        usage = self.tenants.setdefault(candidate.tenant, {})
+        if self.sharing.is_member(candidate.tenant):
+            self.sharing.charge(candidate.tenant, candidate.cost, usage)
+        charge(usage, candidate.cost)
+        charge(self.pools.setdefault(pool, {}), candidate.cost)
+
+    def take_if_it_fits(self, candidate: Candidate) -> bool:
+        if not self.admits(candidate):
+            return False
+        pool = best_fit_pool(candidate.cost, self.pools)
+        assert pool is not None
+        self.take(candidate, pool)
+        return True
+
     def admits(self, candidate: Candidate) -> bool:
         usage = self.tenants.get(candidate.tenant, {})
         if self.sharing.is_member(candidate.tenant):
@@ -93,7 +111,7 @@ def _within_nominal(candidate: Candidate, usage: Mapping[str, tuple[int, int]]) 
 
 def _victims_for(
     candidate: Candidate, priority: int, kind: str, policy: str, state: _State,
-    running: Sequence[Running],
+    running: Sequence[Running], spared: str | None,
 ) -> list[Running]:
     sharing = state.sharing
     if kind == "reclaim":
@@ -104,6 +122,9 @@ def _victims_for(
         pool = [work for work in running if work.tenant == candidate.tenant]
     if policy == "lower-priority":
         pool = [work for work in pool if work.priority < priority]
+    if spared is not None:
+        # A requeued victim does not stop the request that stopped it: no ping-pong.
+        pool = [work for work in pool if work.id != spared]
     # Lowest priority first, then the most recently admitted.
     return sorted(pool, key=lambda work: (work.priority, -work.admitted, work.id))
 
@@ -149,22 +170,32 @@ def choose_preemption(
     sharing: Sharing,
     policies: Mapping[str, tuple[str, str]],
     running: Sequence[Running],
+    spared: Mapping[str, str] | None = None,
+    holders: Sequence[Candidate] = (),
 ) -> Preemption | None:
     """The first candidate (in admission's order) a preemption would let in, and its victims.
 
     ``policies``: tenant → (reclaim, within-tenant). ``running``: every charged
     request that could be a victim, and those already stopping. None when
     nothing is to be preempted — including when work already stopping will make
-    room for the first candidate that needs it.
+    room for the first candidate that needs it. ``spared``: candidate → the
+    request that preempted it (never its victim in turn). ``holders``: waiting
+    preemptors whose room is held, oldest first; the room they will take once
+    the stopping work is back is not offered to anyone else.
     """
     state = _State({name: dict(usage) for name, usage in tenants.items()},
                    {name: dict(usage) for name, usage in pools.items()}, sharing.copy())
     for work in running:
         if work.stopping:
             state.give_back(work)
+    held = set()
+    for holder in holders:
+        if state.take_if_it_fits(holder):
+            held.add(holder.id)
     victims = [work for work in running if not work.stopping]
+    spared = spared or {}
     for candidate in candidates:
-        if candidate.tenant not in policies:
+        if candidate.tenant not in policies or candidate.id in held:
             continue
         if state.admits(candidate):
             return None  # it fits, or will once the stopping work is back: wait
@@ -173,13 +204,48 @@ def choose_preemption(
         usage = state.tenants.get(candidate.tenant, {})
         if (reclaim != "never" and sharing.is_member(candidate.tenant)
                 and _within_nominal(candidate, usage)):
-            ordered = _victims_for(candidate, priority, "reclaim", reclaim, state, victims)
+            ordered = _victims_for(candidate, priority, "reclaim", reclaim, state, victims,
+                                   spared.get(candidate.id))
             found = _choose(candidate, "reclaim", ordered, state)
             if found:
                 return Preemption(candidate.id, found, "reclaim")
         if within != "never":
-            ordered = _victims_for(candidate, priority, "within-tenant", within, state, victims)
+            ordered = _victims_for(candidate, priority, "within-tenant", within, state, victims,
+                                   spared.get(candidate.id))
             found = _choose(candidate, "within-tenant", ordered, state)
             if found:
                 return Preemption(candidate.id, found, "within-tenant")
     return None
+
+
+class HeldRoom:
+    """Admission's guard of held room (docs/decisions/721): a placement is allowed only
+    if every waiting preemptor that would fit once the stopping work is back still
+    fits with it. ``holders`` oldest hold first; ``stopping``: work being stopped."""
+
+    def __init__(self, holders: Sequence[Candidate], stopping: Sequence[Running]) -> None:
+        self.holders = tuple(holders)
+        self.stopping = tuple(stopping)
+        self.ids = frozenset(holder.id for holder in self.holders)
+
+    def _fitting(self, state: _State, placed: set[str]) -> set[str]:
+        for work in self.stopping:
+            state.give_back(work)
+        return {holder.id for holder in self.holders
+                if holder.id not in placed and state.take_if_it_fits(holder)}
+
+    def allows(
+        self, candidate: Candidate, pool: str, tenants: Usage, pools: Usage,
+        sharing: Sharing | None, placed: set[str],
+    ) -> bool:
+        """May ``candidate`` go into ``pool`` now, on the plan's usage so far?"""
+        if candidate.id in self.ids:
+            return True
+        base = _State({name: dict(usage) for name, usage in tenants.items()},
+                      {name: dict(usage) for name, usage in pools.items()},
+                      sharing.copy() if sharing is not None else Sharing())
+        trial = base.copy()
+        trial.take(candidate, pool)
+        # Only the holders that would fit without it must still fit with it: a hold
+        # that cannot be honoured anyway (a cap lowered since) blocks nobody.
+        return self._fitting(base, placed) <= self._fitting(trial, placed)

@@ -254,12 +254,14 @@ class TenantSharing:
     # Preemption policies; None: unchanged.
     reclaim: str | None = None
     within_tenant: str | None = None
+    # What a confirmed preemption does to its victims (fail | requeue); None: unchanged.
+    on_preempt: str | None = None
 
     def __bool__(self) -> bool:
         return (self.cohort is not KEEP or bool(self.borrowing_limit)
                 or bool(self.lending_limit) or self.weight is not None
                 or self.max_priority is not KEEP or self.reclaim is not None
-                or self.within_tenant is not None)
+                or self.within_tenant is not None or self.on_preempt is not None)
 
     def describe(self) -> str:
         """The change, for the audit log."""
@@ -272,7 +274,8 @@ class TenantSharing:
                       for resource, amount in sorted(limits.items())]
         if self.weight is not None:
             parts.append(f"weight={self.weight}")
-        for name, policy in (("reclaim", self.reclaim), ("within_tenant", self.within_tenant)):
+        for name, policy in (("reclaim", self.reclaim), ("within_tenant", self.within_tenant),
+                             ("on_preempt", self.on_preempt)):
             if policy is not None:
                 parts.append(f"{name}={policy}")
         if self.max_priority is not KEEP:

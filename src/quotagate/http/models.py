@@ -16,6 +16,7 @@ from quotagate.domain.model import (
     MAX_PRIORITY,
     MAX_WEIGHT,
     NAME_PATTERN,
+    ON_PREEMPT_POLICIES,
     RECLAIM_POLICIES,
     REQUEST_ID_PATTERN,
     RESOURCE_PATTERN,
@@ -134,6 +135,11 @@ class TenantBody(_Body):
         default=None, description="Seconds a budget reserves for its requests that declare no "
         "max_runtime; null removes it, absent keeps it", examples=[3600],
         json_schema_extra={"minimum": 1, "maximum": MAX_RUNTIME},
+    )
+    on_preempt: StrictStr | None = Field(
+        default=None, description="What becomes of its preempted work: fail (it ends "
+        "preempted) or requeue (it waits again, with its submission time)",
+        examples=["requeue"], json_schema_extra={"enum": [*ON_PREEMPT_POLICIES, None]},
     )
 
 

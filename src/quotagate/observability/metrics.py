@@ -114,6 +114,19 @@ class LedgerCollector(Collector):
         for (tenant, kind), count in gauges.preempted.items():
             preempted.add_metric([tenant, kind], count)
         families += [expired, rejected, preempted]
+        # --on-preempt requeue (docs/decisions/720): victims put back in the queue, and
+        # preemptors whose freed room is held for them (721).
+        requeued = CounterMetricFamily("quotagate_requeued_requests",
+                                       "Preempted requests put back in the queue (ledger-wide)",
+                                       labels=["tenant"])
+        for tenant, count in sorted(gauges.requeued.items()):
+            requeued.add_metric([tenant], count)
+        held = GaugeMetricFamily("quotagate_held_preemptors",
+                                 "Waiting preemptors the room their preemption frees is held for",
+                                 labels=["tenant"])
+        for tenant, count in sorted(gauges.held.items()):
+            held.add_metric([tenant], count)
+        families += [requeued, held]
         backlog = GaugeMetricFamily("quotagate_outbox_backlog", "Undelivered outbox rows",
                                     labels=["tenant"])
         attempts = GaugeMetricFamily("quotagate_outbox_delivery_attempts",

@@ -80,6 +80,8 @@ class Snapshot:
     # resource, its decayed past use and when it was last decayed.
     half_life: int | None = None
     decayed: dict[str, dict[str, tuple[float, float | None]]] = field(default_factory=dict)
+    # Preemptors whose freed room is held (quotagate.store.holds), live or not.
+    holds: list[str] = field(default_factory=list)
 
 
 def snapshot_from_rows(rows: Iterable[Sequence[Any]]) -> Snapshot:
@@ -107,6 +109,8 @@ def snapshot_from_rows(rows: Iterable[Sequence[Any]]) -> Snapshot:
             snapshot.budgeted.add(holder)
         elif kind == "h":
             snapshot.half_life = int(used)
+        elif kind == "i":
+            snapshot.holds.append(holder)
         else:
             snapshot.policies[holder] = (resource, root)
     return snapshot
@@ -424,6 +428,9 @@ def apply_tenant_sharing(
     if change.within_tenant is not None:
         connection.execute(tenant.update().where(tenant.c.name == name)
                            .values(within_tenant=change.within_tenant))
+    if change.on_preempt is not None:
+        connection.execute(tenant.update().where(tenant.c.name == name)
+                           .values(on_preempt=change.on_preempt))
     if change.borrowing_limit or change.lending_limit:
         if new_root is None:
             raise InvalidInput(
@@ -480,7 +487,8 @@ def describe_member(
     added to ``quota``."""
     tenant, table = schema.tenant, schema.tenant_quota
     row = connection.execute(sa.select(tenant.c.cohort, tenant.c.weight, tenant.c.max_priority,
-                                       tenant.c.reclaim, tenant.c.within_tenant)
+                                       tenant.c.reclaim, tenant.c.within_tenant,
+                                       tenant.c.on_preempt)
                              .where(tenant.c.name == name)).one()
     root = None if row.cohort is None else root_of(row.cohort, cohort_parents(connection))
     if row.cohort is not None:
@@ -493,7 +501,7 @@ def describe_member(
                 quota[resource]["lending_limit"] = lending_limit
     return {"cohort": row.cohort, "cohort_root": root, "weight": int(row.weight),
             "max_priority": row.max_priority, "reclaim": row.reclaim,
-            "within_tenant": row.within_tenant}
+            "within_tenant": row.within_tenant, "on_preempt": row.on_preempt}
 
 
 # -- views and the invariant check ----------------------------------------------------

@@ -7,7 +7,7 @@ Prometheus families. Each query is one GROUP BY over an indexed column.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -64,6 +64,10 @@ class LedgerGauges:
     # lease name -> generation
     lease_generations: dict[str, int]
     stops: list[StopsPending]
+    # tenant -> requeues after preemption (attempts beyond the first) of its requests
+    requeued: dict[str, int] = field(default_factory=dict)
+    # tenant -> its waiting preemptors whose freed room is held
+    held: dict[str, int] = field(default_factory=dict)
 
 
 def read_gauges(engine: Engine) -> LedgerGauges:
@@ -104,6 +108,14 @@ def read_gauges(engine: Engine) -> LedgerGauges:
             .where(request.c.state.in_(UNCONFIRMED_STOP_STATES))
             .group_by(request.c.tenant, request.c.state)
         ).all()
+        # Only preemption's victims carry preempted_by (an index of mostly NULLs).
+        requeued = connection.execute(
+            sa.select(request.c.tenant, sa.func.sum(request.c.attempt - 1))
+            .where(request.c.preempted_by.is_not(None)).group_by(request.c.tenant)
+        ).all()
+        held = connection.execute(
+            sa.select(schema.hold.c.tenant, sa.func.count()).group_by(schema.hold.c.tenant)
+        ).all()
     return LedgerGauges(
         tenants=tenants,
         pools=pools,
@@ -117,4 +129,6 @@ def read_gauges(engine: Engine) -> LedgerGauges:
         ],
         lease_generations={name: int(generation) for name, generation in leases},
         stops=[StopsPending(tenant, state, int(count), float(first)) for tenant, state, count, first in stops],
+        requeued={tenant: int(count or 0) for tenant, count in requeued if count},
+        held={tenant: int(count) for tenant, count in held},
     )

@@ -32,7 +32,7 @@ from quotagate.domain.model import (
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL
 from quotagate.domain.placement import Candidate, Placement, plan_admissions
 from quotagate.domain.placement import charge as charge_usage
-from quotagate.domain.preemption import Preemption, choose_preemption
+from quotagate.domain.preemption import HeldRoom, Preemption, choose_preemption
 from quotagate.domain.rate_refusal import rate_limited
 from quotagate.errors import Conflict, InvalidInput, QuotagateError
 from quotagate.store import (
@@ -40,6 +40,7 @@ from quotagate.store import (
     budgets,
     cohorts,
     fair_history,
+    holds,
     identity,
     pool_slices,
     schema,
@@ -127,6 +128,7 @@ class Ledger:
         admission_window: int = DEFAULT_ADMISSION_WINDOW,
         expiry_every: float = 1.0,
         rate_gate: RateGate | None = None,
+        hold_seconds: float = holds.DEFAULT_HOLD_SECONDS,
     ) -> None:
         if aging_interval <= 0:
             raise InvalidInput("aging interval must be positive", code="invalid_aging_interval")
@@ -140,6 +142,8 @@ class Ledger:
         self.ttl = ttl
         self.admission_window = admission_window
         self.expiry_every = expiry_every
+        # How long the room a preemption frees is held for its preemptor.
+        self.hold_seconds = hold_seconds
         # None: no rate quotas at all. With a gate, tenants without a bucket are unlimited.
         self.rate_gate = rate_gate
         self._last_expiry = float("-inf")
@@ -356,23 +360,36 @@ class Ledger:
             key=lambda head: (head.queue_key, head.created, head.id))
         if not heads:
             return None
-        priorities = {row.id: int(row.priority) for row in connection.execute(
-            sa.select(request.c.id, request.c.priority)
-            .where(request.c.id.in_([head.id for head in heads])))}
+        priorities: dict[str, int] = {}
+        spared: dict[str, str] = {}
+        for row in connection.execute(
+            sa.select(request.c.id, request.c.priority, request.c.preempted_by)
+            .where(request.c.id.in_([head.id for head in heads]))):
+            priorities[row.id] = int(row.priority)
+            if row.preempted_by is not None:
+                spared[row.id] = row.preempted_by
+        now = self.clock.now()
+        holds.clean(connection, now)
         candidates = [Candidate(head.id, head.tenant, dict(_cost_items(head.cost)),
                                 head.reserved_runtime) for head in heads]
         if snapshot.budgeted:
             # Never stop work for a request its budget keeps waiting anyway.
-            budget = budgets.read_budgets(connection, self.clock.now())
+            budget = budgets.read_budgets(connection, now)
             candidates = [candidate for candidate in candidates
                           if budget.fits(candidate.tenant, candidate.cost, candidate.runtime)]
         chosen = choose_preemption(
             candidates,
             priorities, tenants=snapshot.tenants, pools=snapshot.pools,
-            sharing=snapshot.sharing, policies=policies, running=running)
+            sharing=snapshot.sharing, policies=policies, running=running, spared=spared,
+            holders=holds.holders(connection, now))
         if chosen is None:
             return None
-        now = self.clock.now()
+        preemptor_tenant = next(head.tenant for head in heads if head.id == chosen.preemptor)
+        holds.hold(connection, chosen.preemptor, preemptor_tenant, now, self.hold_seconds)
+        # The preemptor's own story names its victims (theirs name it).
+        record(connection, now, AuditEntry(
+            actor, "hold", "held", preemptor_tenant, chosen.preemptor,
+            f"{chosen.kind}: room of {', '.join(victim.id for victim in chosen.victims)}"))
         for victim in chosen.victims:
             reason = f"preempted ({chosen.kind}) by {chosen.preemptor}"
             moved = connection.execute(
@@ -380,7 +397,8 @@ class Ledger:
                 .where(request.c.id == victim.id,
                        request.c.state.in_([RequestState.RESERVED.value,
                                             RequestState.DELIVERED.value]))
-                .values(state=RequestState.PREEMPTING.value, updated=now, reason=reason))
+                .values(state=RequestState.PREEMPTING.value, updated=now, reason=reason,
+                        preempted_by=chosen.preemptor))
             if moved.rowcount != 1:
                 raise CapacityChanged(victim.id)
             # The stop, due at once; a delivered row's claim is spent (as _begin_stop).
@@ -398,6 +416,17 @@ class Ledger:
     ) -> list[Placement]:
         snapshot = cohorts.snapshot_from_rows(
             transaction.rows(statements.admission_snapshot_query(), {}))
+        guard: HeldRoom | None = None
+        if snapshot.holds:
+            # Freed room is held for a preemptor (docs/decisions/721): judge it on a
+            # snapshot taken under the decision lock, which a victim's confirmed stop
+            # takes too, so no two admitters spend the same freed room.
+            transaction.rows(holds.lock_query(), {})
+            snapshot = cohorts.snapshot_from_rows(
+                transaction.rows(statements.admission_snapshot_query(), {}))
+            guard = holds.read_guard(transaction, self.clock.now())
+            if guard is None:  # every hold expired or lost its preemptor: forget them
+                transaction.execute(holds.clean_statement(), {"now": self.clock.now()})
         tenants, pools, sharing = snapshot.tenants, snapshot.pools, snapshot.sharing
         self._policies_seen = bool(snapshot.policies)
         now = self.clock.now()
@@ -417,8 +446,9 @@ class Ledger:
         # With sliced pools, several admitters run: plan for the tenants no other
         # admitter is charging (quotagate.store.tenant_claims); if those had nothing
         # that fits, roll back and run once for all of them (Ledger.admit).
-        admitted, targets, narrowed = self._fill(transaction, open_tenants, snapshot, limit, now,
-                                                 claim=claim and bool(snapshot.slices))
+        admitted, targets, floors, narrowed = self._fill(
+            transaction, open_tenants, snapshot, limit, now, guard,
+            claim=claim and bool(snapshot.slices))
         if not admitted and narrowed:
             raise tenant_claims.ClaimsTooNarrow
         if not admitted:
@@ -428,18 +458,29 @@ class Ledger:
             if snapshot.budgets and not budgets.charge(transaction, admitted, snapshot.budgets):
                 raise CapacityChanged("budget")
         self._record_admissions(transaction, admitted, targets, now, actor)
+        carried = [{"request_id": placement.id, "token": floors[placement.id]}
+                   for placement in admitted if placement.id in floors]
+        if carried:  # requeued requests: their tokens go on above the stopped attempt's
+            transaction.executemany(statements.carry_token_statement(), carried)
+        if guard is not None:
+            held = [placement.id for placement in admitted if placement.id in guard.ids]
+            if held:  # the preemptor has its room: the hold is done
+                transaction.execute(holds.release_statement(len(held)),
+                                    {f"id_{index}": name for index, name in enumerate(held)})
         return admitted
 
     def _fill(
         self, transaction: DriverTransaction, open_tenants: Sequence[str],
-        snapshot: cohorts.Snapshot, limit: int, now: float, *, claim: bool = False,
-    ) -> tuple[list[Placement], dict[str, str | None], bool]:
+        snapshot: cohorts.Snapshot, limit: int, now: float, guard: HeldRoom | None,
+        *, claim: bool = False,
+    ) -> tuple[list[Placement], dict[str, str | None], dict[str, int], bool]:
         """Plan and reserve up to ``limit`` from the heads of ``open_tenants``' queues.
 
-        With ``claim`` (sliced pools: several admitters) only the tenants with
+        Returns the placements, the requests' targets, the token floors of
+        requeued ones (:meth:`_candidates`) and whether claims left tenants out:
+        with ``claim`` (sliced pools: several admitters) only the tenants with
         waiting requests whose quota rows no other admitter holds are planned
-        for (quotagate.store.tenant_claims); the last value says whether that
-        left any out.
+        for (quotagate.store.tenant_claims).
         """
         # Most admissions are decided by the first few requests of each queue;
         # read the whole window only when those do not fill the batch.
@@ -448,9 +489,12 @@ class Ledger:
         targets: dict[str, str | None] = {}
         claimed: set[str] | None = None
         narrowed = False
+        floors: dict[str, int] = {}
         while True:
-            candidates, window_targets = self._candidates(transaction, open_tenants, window)
+            candidates, window_targets, window_floors = self._candidates(
+                transaction, open_tenants, window)
             targets.update(window_targets)
+            floors.update(window_floors)
             if claim:
                 if claimed is None:
                     waiting = sorted({candidate.tenant for candidate in candidates})
@@ -459,7 +503,7 @@ class Ledger:
                     narrowed = len(claimed) < len(waiting)
                 candidates = [c for c in candidates if c.tenant in claimed]
             admitted += self._plan_and_reserve(
-                transaction, candidates, snapshot, limit - len(admitted), now
+                transaction, candidates, snapshot, limit - len(admitted), now, guard
             )
             if len(admitted) == limit or window >= self.admission_window:
                 break
@@ -469,7 +513,7 @@ class Ledger:
             # The wider read no longer sees what was just reserved (it is not
             # waiting any more), and plans on usage that includes it.
             window = self.admission_window
-        return admitted, targets, narrowed
+        return admitted, targets, floors, narrowed
 
     def _plan_and_reserve(
         self,
@@ -478,6 +522,7 @@ class Ledger:
         snapshot: cohorts.Snapshot,
         limit: int,
         now: float,
+        guard: HeldRoom | None = None,
     ) -> list[Placement]:
         """Plan on the snapshot and reserve what was planned; charge the snapshot with it.
 
@@ -495,6 +540,7 @@ class Ledger:
                 [c for c in candidates if c.id not in skipped] if skipped else candidates,
                 tenants, pools, limit, sharing, snapshot.weights,
                 budgets=snapshot.budgets or None, history=fair_history.history(snapshot, now),
+                guard=guard,
             )
             if not plan:
                 return []
@@ -515,8 +561,9 @@ class Ledger:
     @staticmethod
     def _candidates(
         transaction: DriverTransaction, tenants: Sequence[str], window: int
-    ) -> tuple[list[Candidate], dict[str, str | None]]:
-        """The head of each open tenant's queue, merged into queue order, and their targets.
+    ) -> tuple[list[Candidate], dict[str, str | None], dict[str, int]]:
+        """The head of each open tenant's queue, merged into queue order, their targets,
+        and the token floors of those that were requeued (docs/decisions/720).
 
         One bounded index range scan per tenant: the cost does not grow with
         the length of the waiting queue.
@@ -527,7 +574,8 @@ class Ledger:
         rows.sort(key=lambda row: (row[3], row[4], row[0]))
         candidates = [Candidate(row[0], row[1], dict(_cost_items(row[2])), row[6])
                       for row in rows]
-        return candidates, {row[0]: row[5] for row in rows}
+        return (candidates, {row[0]: row[5] for row in rows},
+                {row[0]: int(row[7]) for row in rows if row[7]})
 
     @staticmethod
     def _reserve(
@@ -712,7 +760,9 @@ class Ledger:
         request = schema.request
         query = (
             sa.select(request.c.id, request.c.tenant)
-            .where(request.c.state == RequestState.WAITING.value, request.c.created < now - self.ttl)
+            .where(request.c.state == RequestState.WAITING.value, request.c.created < now - self.ttl,
+                   # A requeued request waits its TTL again from its requeue.
+                   sa.or_(request.c.attempt == 1, request.c.updated < now - self.ttl))
             .order_by(request.c.created)
             .limit(_MAX_EXPIRED_PER_PASS)
         )

@@ -52,7 +52,15 @@ from quotagate.domain.model import (
     validate_reason,
 )
 from quotagate.errors import Conflict, InvalidInput, NotFound
-from quotagate.store import budgets, cohorts, fair_history, identity, pool_slices, schema
+from quotagate.store import (
+    budgets,
+    cohorts,
+    fair_history,
+    identity,
+    pool_slices,
+    requeue,
+    schema,
+)
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
 from quotagate.store.dialect import reserves_with_lock
@@ -161,6 +169,7 @@ def _round(
         ).mappings()
     }
     moves: list[_Move] = []
+    requeuing: set[str] | None = None
     for index in indexes:
         end = ends[index]
         try:
@@ -178,9 +187,18 @@ def _round(
             row = rows[end.request_id]
             current = RequestState(row["state"])
             if current == RequestState.PREEMPTING:
-                # The victim's confirmed stop (docs/fair-sharing.md#preemption).
-                moves.append(_Move(index, end, row, current, RequestState.PREEMPTED,
-                                   row["reason"]))
+                # The victim's confirmed stop (docs/fair-sharing.md#preemption): it ends
+                # preempted, or goes back to the queue if its tenant requeues.
+                if requeuing is None:
+                    requeuing = requeue.tenants_that_requeue(
+                        connection, (rows[ends[i].request_id]["tenant"] for i in indexes
+                                     if ends[i].request_id in rows))
+                if row["tenant"] in requeuing:
+                    moves.append(_Move(index, end, row, current, RequestState.WAITING,
+                                       requeue.requeue_reason(row)))
+                else:
+                    moves.append(_Move(index, end, row, current, RequestState.PREEMPTED,
+                                       row["reason"]))
             else:
                 moves.append(_Move(index, end, row, current, end.to_state, end.reason))
     if not moves:
@@ -193,6 +211,9 @@ def _round(
     ended = [move.row for move in moves if move.row["id"] in released]
     budgets.accrue(connection, ended, now)
     fair_history.accrue(connection, ended, now)  # with a fair-share half-life only
+    requeue.requeue(connection, [move.row for move in moves
+                                 if move.to_state == RequestState.WAITING
+                                 and move.row["id"] in released], now, moves[0].end.actor)
     if released:
         # An undelivered outbox row must not be delivered any more; a stop's row is done.
         outbox = schema.outbox
@@ -229,6 +250,10 @@ def _judge(
         and end.stopped
     ):
         # Done already (a preemption's stop confirmed twice ends it once).
+        return ReleaseResult(request_from_row(row), released={})
+    if end.stopped and current == RequestState.WAITING:
+        # A stop confirmed again after its victim was requeued: nothing runs, nothing
+        # to return, and the waiting request is not cancelled by it.
         return ReleaseResult(request_from_row(row), released={})
     if end.to_state == RequestState.CANCELLED and current in _STOPPABLE and not end.stopped:
         return "stop"

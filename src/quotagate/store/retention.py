@@ -36,6 +36,9 @@ class PrunedBinding:
     request_id: str
     target: str
     external_name: str
+    # A requeued request's earlier attempts had objects of their own (docs/decisions/720).
+    tenant: str = ""
+    attempt: int = 1
 
 
 @dataclass(frozen=True)
@@ -65,9 +68,12 @@ def prune_request_batch(engine: Engine, cutoff: float, *, batch: int = DEFAULT_B
             return RequestBatch([], [])
         binding = schema.binding
         bindings = [
-            PrunedBinding(row.request_id, row.target, row.external_name)
+            PrunedBinding(row.request_id, row.target, row.external_name, row.tenant,
+                          int(row.attempt))
             for row in connection.execute(
-                sa.select(binding.c.request_id, binding.c.target, binding.c.external_name)
+                sa.select(binding.c.request_id, binding.c.target, binding.c.external_name,
+                          request.c.tenant, request.c.attempt)
+                .select_from(binding.join(request, request.c.id == binding.c.request_id))
                 .where(binding.c.request_id.in_(ids))
             )
         ]

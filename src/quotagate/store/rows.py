@@ -35,6 +35,7 @@ def request_from_row(row: Mapping[Any, Any]) -> Request:
         reason=row["reason"],
         updated=row["updated"],
         max_runtime=row.get("max_runtime"),
+        attempt=int(row.get("attempt") or 1),
     )
 
 

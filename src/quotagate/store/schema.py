@@ -44,6 +44,9 @@ tenant = sa.Table(
     # The max-runtime (seconds) its requests reserve against budgets when they
     # declare none (docs/fair-sharing.md#budgets); NULL: none.
     sa.Column("default_max_runtime", sa.BigInteger, nullable=True),
+    # What a confirmed preemption does to its victim: fail (ends ``preempted``) or
+    # requeue (back to ``waiting`` with its submission time, docs/decisions/720).
+    sa.Column("on_preempt", sa.String(16), nullable=False, server_default="fail"),
 )
 
 # Cohorts form trees (parent NULL: a root). Each tree is one sharing domain.
@@ -163,6 +166,16 @@ request = sa.Table(
     sa.Column("max_runtime", sa.BigInteger, nullable=True),
     sa.Column("reserved_runtime", sa.BigInteger, nullable=True),
     sa.Column("admitted", TIME, nullable=True),
+    # The delivery generation: 1, raised by one at every requeue after a preemption.
+    # It goes into the external name, so a new attempt never meets the stopped
+    # one's object (docs/decisions/720).
+    sa.Column("attempt", sa.Integer, nullable=False, server_default="1"),
+    # The last fencing token an earlier attempt carried: the next attempt's outbox
+    # row counts on from it, so tokens keep growing across attempts.
+    sa.Column("token_floor", sa.BigInteger, nullable=False, server_default="0"),
+    # The request whose preemption stopped this one (kept after a requeue: a
+    # requeued victim never preempts its own preemptor, docs/decisions/722).
+    sa.Column("preempted_by", REQUEST_ID, nullable=True),
     # Admission reads the head of each tenant's queue from this index.
     sa.Index(None, "tenant", "state", "queue_key", "created", "id"),
     # Expiry and "oldest waiting" read from this one.
@@ -170,6 +183,8 @@ request = sa.Table(
     # A tenant's requests, newest first (HTTP listing).
     sa.Index(None, "tenant", "created", "id"),
     sa.Index(None, "created"),
+    # Preemption's victims (metrics count requeues from them; most rows are NULL).
+    sa.Index(None, "preempted_by"),
 )
 
 outbox = sa.Table(
@@ -195,6 +210,18 @@ outbox = sa.Table(
     sa.Column("stopping", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Index(None, "delivered", "next_attempt_at"),
     sa.Index(None, "stopping", "next_attempt_at"),
+)
+
+# The room a preemption frees, held for its preemptor (docs/decisions/721): while
+# the preemptor waits and the hold has not expired, admission places nothing
+# that would keep it from fitting once its victims' cost is back.
+hold = sa.Table(
+    "qg_hold",
+    metadata,
+    sa.Column("request_id", REQUEST_ID, primary_key=True),
+    sa.Column("tenant", NAME, nullable=False),
+    sa.Column("created", TIME, nullable=False),
+    sa.Column("expires", TIME, nullable=False),
 )
 
 binding = sa.Table(

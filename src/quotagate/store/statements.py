@@ -62,6 +62,7 @@ def head_query(tenant_count: int, window: int) -> sa.Select[Any] | sa.CompoundSe
         sa.select(
             request.c.id, request.c.tenant, request.c.cost, request.c.queue_key,
             request.c.created, request.c.target, request.c.reserved_runtime,
+            request.c.token_floor,
         )
         .where(request.c.tenant == sa.bindparam(f"tenant_{index}"), request.c.state == _WAITING)
         .order_by(request.c.queue_key, request.c.created, request.c.id)
@@ -233,6 +234,15 @@ def outbox_insert() -> sa.Insert:
 
 
 @lru_cache(maxsize=1)
+def carry_token_statement() -> sa.Update:
+    """A requeued request's new outbox row counts its claims on from ``token``, the last
+    fencing token of its stopped attempt (``request_id``; docs/decisions/720)."""
+    outbox = schema.outbox
+    return (outbox.update().where(outbox.c.request_id == sa.bindparam("request_id"))
+            .values(claim_token=sa.bindparam("token", type_=sa.BigInteger)))
+
+
+@lru_cache(maxsize=1)
 def admission_audit_insert() -> sa.Insert:
     """One admission's audit entry (``at``, ``actor``, ``tenant``, ``target``, ``reason``)."""
     return schema.audit.insert().values(
@@ -336,8 +346,9 @@ def admission_snapshot_query() -> sa.CompoundSelect[Any]:
     ``resource``, within-tenant in ``cohort_root``) of each tenant that has
     one, ``g`` each budgeted (tenant, resource), whose state admission then
     reads (quotagate.store.budgets), ``h`` the fair-share half-life in
-    ``used`` if one is set. Without cohorts, weights, policies, budgets and a
-    half-life the last five parts read nothing.
+    ``used`` if one is set, ``i`` each preemptor whose freed room is held
+    (quotagate.store.holds). Without cohorts, weights, policies, budgets, a
+    half-life and holds the last six parts read nothing.
     """
     quota, capacity, shared = schema.tenant_quota, schema.pool_capacity, schema.cohort_usage
     tenant, budget, meta = schema.tenant, schema.tenant_budget, schema.ledger_meta
@@ -367,6 +378,8 @@ def admission_snapshot_query() -> sa.CompoundSelect[Any]:
                   sa.cast(meta.c.value, sa.BigInteger), none, none, none, no_root, no_time,
                   no_time)
         .where(meta.c.key == HALF_LIFE_KEY),
+        sa.select(sa.literal("i"), schema.hold.c.request_id, no_resource, none, none, none,
+                  none, no_root, no_time, no_time),
     )
 
 

@@ -21,6 +21,7 @@ from quotagate.store import (
     budgets,
     cohorts,
     fair_history,
+    holds,
     pool_slices,
     schema,
     statements,
@@ -339,7 +340,9 @@ class LedgerViews:
                      weights=snapshot.weights, tenant_position=tenant_position,
                      admission_window=self.admission_window, rate_tokens=rate_tokens,
                      max_priority=max_priority, budgets=snapshot.budgets,
-                     history=fair_history.history(snapshot, self.clock.now()))
+                     history=fair_history.history(snapshot, self.clock.now()),
+                     guard=holds.read_guard(connection, self.clock.now())
+                     if snapshot.holds else None)
 
     def simulate(
         self, submission: Submission, *, rate_tokens: float | None = None,
@@ -384,7 +387,7 @@ class LedgerViews:
                                     rate_tokens=rate_tokens, max_priority=above)
             would_preempt = [] if verdict.admissible else self._would_preempt(
                 connection, Candidate(submission.id, submission.tenant, dict(submission.cost)),
-                submission.priority)
+                submission.priority, now)
         return {
             "admissible": verdict.admissible,
             "position": position,
@@ -395,7 +398,7 @@ class LedgerViews:
 
     @staticmethod
     def _would_preempt(
-        connection: sa.Connection, request: Candidate, priority: int
+        connection: sa.Connection, request: Candidate, priority: int, now: float
     ) -> list[dict[str, Any]]:
         """The victims a preemption would stop for ``request`` if it waited now."""
         snapshot = cohorts.snapshot_from_rows(
@@ -405,7 +408,8 @@ class LedgerViews:
         chosen = choose_preemption(
             [request], {request.id: priority}, tenants=snapshot.tenants, pools=snapshot.pools,
             sharing=snapshot.sharing, policies=snapshot.policies,
-            running=running_work(connection, {request.tenant}))
+            running=running_work(connection, {request.tenant}),
+            holders=holds.holders(connection, now) if snapshot.holds else ())
         if chosen is None:
             return []
         return [{"id": victim.id, "tenant": victim.tenant, "kind": chosen.kind,

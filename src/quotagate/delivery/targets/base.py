@@ -31,6 +31,8 @@ class DeliverySpec:
     fencing_token: int
     external_name: str
     ledger_id: str
+    # 1, or the later attempt of a requeued request (its name differs: docs/decisions/720).
+    attempt: int = 1
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ LABEL_LEDGER = "quotagate.io/ledger"
 ANNOTATION_LEDGER_ID = "quotagate.io/ledger-id"
 ANNOTATION_REQUEST_ID = "quotagate.io/request-id"
 ANNOTATION_FENCING_TOKEN = "quotagate.io/fencing-token"
+# The delivery attempt of a requeued request (docs/decisions/720); 1 for most.
+ANNOTATION_ATTEMPT = "quotagate.io/attempt"
 COMPLETED_PHASES = frozenset({"Completed", "Succeeded"})
 FAILED_PHASES = frozenset({"Failed"})
 ENDED_PHASES = COMPLETED_PHASES | FAILED_PHASES
@@ -44,6 +46,7 @@ def body(spec: DeliverySpec, config: Mapping[str, Any]) -> dict[str, Any]:
                 ANNOTATION_REQUEST_ID: spec.request_id,
                 ANNOTATION_LEDGER_ID: spec.ledger_id,
                 ANNOTATION_FENCING_TOKEN: str(spec.fencing_token),
+                ANNOTATION_ATTEMPT: str(spec.attempt),
             },
         },
         "spec": {

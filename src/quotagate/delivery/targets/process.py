@@ -233,6 +233,7 @@ class ProcessTarget:
             "tenant": spec.tenant,
             "uid": uid,
             "fencing_token": spec.fencing_token,
+            "attempt": spec.attempt,
             "command": self.command,
             "payload": spec.payload,
             "cost": dict(spec.cost),

@@ -65,6 +65,7 @@ def run(run_directory: Path) -> int:
         QUOTAGATE_REQUEST_ID=spec["request_id"],
         QUOTAGATE_TENANT=spec["tenant"],
         QUOTAGATE_FENCING_TOKEN=str(spec["fencing_token"]),
+        QUOTAGATE_ATTEMPT=str(spec.get("attempt", 1)),
         QUOTAGATE_PAYLOAD=json.dumps(spec["payload"]),
         QUOTAGATE_RUN_DIR=str(run_directory),
     )

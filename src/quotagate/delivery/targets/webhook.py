@@ -1,6 +1,7 @@
 """The ``webhook`` target: POST each request once in effect to an HTTP endpoint.
 
-The receiver gets ``Idempotency-Key: <request id>``, the fencing token and the
+The receiver gets ``Idempotency-Key: <request id>`` (``<request id>#<attempt>`` for a
+requeued request's later attempt), the fencing token and the
 ledger id in headers (``Quotagate-Fencing-Token``, ``Quotagate-Ledger``), so
 it can deduplicate retries, refuse a stale worker and tell ledgers apart. Its
 answer's ``id`` is recorded as the binding's UID; ``GET <url>/<name>`` reads an
@@ -103,6 +104,12 @@ def _httpx() -> Any:
     return httpx
 
 
+def idempotency_key(spec: DeliverySpec) -> str:
+    """The request id; a requeued request's later attempt adds its number (``job-1#2``),
+    so a receiver that dedupes by key does not take it for the stopped attempt's replay."""
+    return spec.request_id if spec.attempt == 1 else f"{spec.request_id}#{spec.attempt}"
+
+
 class WebhookTarget:
     kind = "webhook"
 
@@ -133,7 +140,7 @@ class WebhookTarget:
         )
 
     def create_if_absent(self, spec: DeliverySpec) -> ExternalObject:
-        headers = {IDEMPOTENCY_HEADER: spec.request_id, FENCING_HEADER: str(spec.fencing_token),
+        headers = {IDEMPOTENCY_HEADER: idempotency_key(spec), FENCING_HEADER: str(spec.fencing_token),
                    LEDGER_HEADER: spec.ledger_id}
         response = self._call("POST", self.url, json=_body(spec), headers=headers)
         if not 200 <= response.status_code < 300 and response.status_code != 409:
@@ -164,7 +171,7 @@ class WebhookTarget:
         url = self._below("_batch")
         # The ledger is the same for every item; tokens and keys are per item, in the body.
         headers = {LEDGER_HEADER: specs[0].ledger_id}
-        deliveries = [{**_body(spec), "idempotency_key": spec.request_id} for spec in specs]
+        deliveries = [{**_body(spec), "idempotency_key": idempotency_key(spec)} for spec in specs]
         try:
             response = self._call("POST", url, json={"deliveries": deliveries},
                                   headers=headers)
@@ -358,6 +365,7 @@ def _body(spec: DeliverySpec) -> dict[str, Any]:
         "cost": dict(spec.cost),
         "payload": spec.payload,
         "fencing_token": spec.fencing_token,
+        "attempt": spec.attempt,
     }
 
 

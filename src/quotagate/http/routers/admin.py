@@ -29,7 +29,7 @@ def put_tenant(
         borrowing_limit=body.borrowing_limit, lending_limit=body.lending_limit,
         weight=body.weight,
         max_priority=body.max_priority if "max_priority" in body.model_fields_set else KEEP,
-        reclaim=body.reclaim, within_tenant=body.within_tenant,
+        reclaim=body.reclaim, within_tenant=body.within_tenant, on_preempt=body.on_preempt,
         budget=body.budget,
         default_max_runtime=body.default_max_runtime
         if "default_max_runtime" in body.model_fields_set else KEEP,

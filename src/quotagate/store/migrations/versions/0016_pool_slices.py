@@ -1,7 +1,7 @@
 """capacity slices: qg_pool_capacity rows per (pool, slice, resource); a request records its slice
 
 Revision ID: 0016
-Revises: 0010
+Revises: 0011
 Create Date: 2026-12-01 17:30:00
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = '0016'
-down_revision = '0010'
+down_revision = '0011'
 branch_labels = None
 depends_on = None
 
