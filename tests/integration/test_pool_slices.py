@@ -150,6 +150,33 @@ def test_more_slices_while_in_use_and_fewer_only_once_the_slices_going_are_empty
     assert gate.check_invariants() == []
 
 
+def test_a_requeued_victim_forgets_its_slice_and_is_charged_and_returned_where_it_runs_next(
+    gate: Quotagate,
+) -> None:
+    gate.set_tenant("team-a", {"gpu": 4}, within_tenant="lower-priority", on_preempt="requeue")
+    gate.set_pool("pool-1", {"gpu": 4}, slices=2)
+    gate.submit("filler", "team-a", {"gpu": 2}, priority=3)
+    gate.submit("low", "team-a", {"gpu": 2}, priority=0)
+    assert len(gate.admit(1)) == 1 and len(gate.admit(1)) == 1  # a batch claims one slice
+    assert {_slice_of(gate, "filler"), _slice_of(gate, "low")} == {0, 1}
+    gate.submit("high", "team-a", {"gpu": 2}, priority=5)
+    assert gate.admit() == [] and gate.show("low").state == RequestState.PREEMPTING
+    gate.ledger.release("low", RequestState.CANCELLED, stopped=True)  # the confirmed stop
+    victim = gate.show("low")
+    assert (victim.state, victim.pool, _slice_of(gate, "low")) == (RequestState.WAITING, None,
+                                                                   None)
+    assert [placement.id for placement in gate.admit()] == ["high"]
+    gate.release("high", RequestState.COMPLETED)
+    gate.release("filler", RequestState.COMPLETED)
+    # One slice again: the victim runs next on an unsliced pool, which records no slice.
+    gate.set_pool("pool-1", {}, slices=1)
+    assert [placement.id for placement in gate.admit()] == ["low"]
+    assert _slice_of(gate, "low") is None
+    gate.release("low", RequestState.COMPLETED)
+    assert _slices(gate, "pool-1") == {(0, "gpu"): (0, 4)}
+    assert gate.check_invariants() == []
+
+
 def test_a_cap_lowered_below_use_leaves_no_slice_room(gate: Quotagate) -> None:
     gate.set_tenant("team-a", {"gpu": 16})
     gate.set_pool("pool-1", {"gpu": 8}, slices=4)

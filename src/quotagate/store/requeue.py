@@ -12,6 +12,7 @@ attempt:
 - ``token_floor`` takes the last fencing token of the stopped attempt (its
   outbox row's claim counter, read before that row is deleted): the next
   attempt's outbox row counts on from it, so every token it carries is larger;
+- its pool and capacity slice are cleared (its next admission charges anew);
 - its binding (the stopped object) is deleted, so the next delivery binds its own
   object; the audit entry names the stopped object's attempt and the preemptor.
 """
@@ -60,7 +61,10 @@ def requeue(connection: sa.Connection, rows: Sequence[dict[str, Any]], now: floa
                   .where(outbox.c.request_id == request.c.id).scalar_subquery())
     connection.execute(
         request.update().where(request.c.id.in_(ids))
-        .values(attempt=request.c.attempt + 1, pool=None,
+        # The pool and its capacity slice are forgotten with the cost: the next
+        # admission may charge another pool, or an unsliced one that records no slice,
+        # and a stale slice would send that charge back to the wrong row.
+        .values(attempt=request.c.attempt + 1, pool=None, pool_slice=None,
                 token_floor=sa.func.coalesce(last_token, request.c.token_floor)))
     connection.execute(binding.delete().where(binding.c.request_id.in_(ids)))
     record(connection, now, *(
@@ -72,3 +76,4 @@ def requeue(connection: sa.Connection, rows: Sequence[dict[str, Any]], now: floa
     for row in rows:
         row["attempt"] = int(row.get("attempt") or 1) + 1
         row["pool"] = None
+        row["pool_slice"] = None
