@@ -439,7 +439,7 @@ def test_a_tenant_with_a_budget_shows_its_hours_left_and_the_request_it_keeps_wa
     assert page.locator("#tenants thead").inner_text().lower().count("budget left") == 1
     # A tenant without a budget has a dash in the column, not a number.
     assert row(page, "tenants", f"{plain}/gpu").locator(
-        'td[data-label="Budget left"]').inner_text() == "–"
+        'td[data-label="Budget left"]').inner_text() == "\N{EN DASH}"
     page.screenshot(path=str(site.screenshots / "overview-budgets-desktop.png"), full_page=True)
     page.goto(f"{site.page_url}#/queue")
     waiting = row(page, "queue", f"{budgeted}-over")

@@ -18,8 +18,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from quotagate.domain.bucket import BucketConfig, BucketState, refill
-from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.budget import BudgetState, format_duration
+from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.dry_run import BUDGET_EXHAUSTED, describe_verdict, judge
 from quotagate.domain.explanation import explain_waiting
 from quotagate.domain.model import RequestState
