@@ -105,7 +105,8 @@ def render(data: dict[str, Any]) -> Any:
                           str(row.get("lent", 0))]
             if budgets:
                 left = row.get("budget_left_hours")
-                cells.append("-" if left is None else f"{left}h of {row.get('budget_limit') or '?'}")
+                cells.append("-" if left is None
+                             else f"{left:g}h of {row.get('budget_limit') or '?'}")
             table.add_row(*cells)
         if not rows:
             table.add_row(f"no {holder} yet", "", "", "", *([""] * len(extra)))

@@ -18,15 +18,16 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from quotagate.domain.bucket import BucketConfig, BucketState, refill
+from quotagate.domain.budget import BudgetState, format_duration
 from quotagate.domain.clock import Clock, SystemClock
-from quotagate.domain.dry_run import describe_verdict, judge
+from quotagate.domain.dry_run import BUDGET_EXHAUSTED, describe_verdict, judge
 from quotagate.domain.explanation import explain_waiting
 from quotagate.domain.model import RequestState
 from quotagate.domain.ordering import effective_priority
 from quotagate.domain.placement import Candidate
 from quotagate.domain.sharing import standings
 from quotagate.errors import NotFound
-from quotagate.store import cohorts, schema, statements
+from quotagate.store import budgets, cohorts, fair_history, schema, statements
 from quotagate.store.dialect import database_now, reading
 from quotagate.store.rows import decode_cost, request_from_row
 
@@ -74,6 +75,13 @@ class TenantRow:
     lent: int = 0
     # The most this tenant may use: nominal + borrowing limit (None: the room decides).
     ceiling: int | None = None
+    # Its budget on this resource as admission judges it (None: no budget), in
+    # resource-hours: released usage its window still counts, what running work
+    # reserves, what is left of the limit (``100h/30d``) (docs/decisions/613).
+    budget_spent_hours: float | None = None
+    budget_reserved_hours: float | None = None
+    budget_left_hours: float | None = None
+    budget_limit: str | None = None
 
 
 @dataclass(frozen=True)
@@ -207,6 +215,10 @@ class DashboardViews:
             tenant_cohorts = dict(connection.execute(
                 sa.select(schema.tenant.c.name, schema.tenant.c.cohort)
                 .order_by(schema.tenant.c.name)).all())
+            if usage.budgeted:
+                # Every budget with its window's usage, one statement for all tenants:
+                # what admission reads, for the column and for the reasons.
+                usage.budgets = budgets.read_budgets(connection, now)
             waiting, queue = self._queue(connection, tenant, usage, list(tenant_cohorts), now)
             decisions = self._decisions(connection, tenant)
             backlog, deliveries = self._deliveries(connection, tenant, now, operator)
@@ -281,8 +293,9 @@ class DashboardViews:
         if total == 0:
             return 0, []
         # A member's reason depends on what the other members' heads take first,
-        # so with cohorts every tenant's head is read, whatever the scope.
-        scoped = tenant is not None and not usage.sharing.roots
+        # and a budget's on which of its tenant's requests the next pass places
+        # first, so with cohorts or budgets every tenant's head is read, whatever the scope.
+        scoped = tenant is not None and not usage.sharing.roots and not usage.budgeted
         names = [tenant] if scoped else every_tenant
         # The first rows of the whole queue are among the first rows of each tenant's
         # queue: one bounded index range scan per tenant, merged here, as admission reads it.
@@ -297,7 +310,8 @@ class DashboardViews:
         for head in heads:
             placed[head.tenant] = placed.get(head.tenant, 0) + 1
             if placed[head.tenant] <= self.admission_window:
-                window.append(Candidate(head.id, head.tenant, decode_cost(head.cost)))
+                window.append(Candidate(head.id, head.tenant, decode_cost(head.cost),
+                                        head.reserved_runtime))
         # In queue order every request of a tenant ahead of this one is listed
         # before it, so the tenant positions counted here are exact.
         seen: dict[str, int] = {}
@@ -305,7 +319,7 @@ class DashboardViews:
         for position, row in enumerate(rows, start=1):
             seen[row.tenant] = seen.get(row.tenant, 0) + 1
             cost = decode_cost(row.cost)
-            reason = self._reason(row, cost, seen[row.tenant], usage, window)
+            reason = self._reason(row, cost, seen[row.tenant], usage, window, now)
             entries.append(QueueEntry(
                 position=position, id=row.id, tenant=row.tenant, cost=cost,
                 priority=row.priority,
@@ -317,19 +331,24 @@ class DashboardViews:
         return total, entries
 
     def _reason(self, row: Any, cost: dict[str, int], tenant_position: int,
-                usage: cohorts.Snapshot, window: list[Candidate]) -> str:
+                usage: cohorts.Snapshot, window: list[Candidate], now: float) -> str:
         """The sentence ``explain`` gives for this request (LedgerViews.explain)."""
-        if not usage.sharing.is_member(row.tenant):
-            return explain_waiting(cost, usage.tenants.get(row.tenant, {}), usage.pools,
-                                   tenant_position, self.admission_window).reason
+        plain = explain_waiting(cost, usage.tenants.get(row.tenant, {}), usage.pools,
+                                tenant_position, self.admission_window).reason
+        if not usage.sharing.is_member(row.tenant) and row.tenant not in usage.budgets.tenants:
+            return plain
         # A member's quota is a nominal share: its limits, its cohort and what the
-        # next pass places before it decide (the dry run's verdict).
-        request = Candidate(row.id, row.tenant, cost)
+        # next pass places before it decide (the dry run's verdict); a budget is
+        # not in the usage rows the plain sentence judges.
+        request = Candidate(row.id, row.tenant, cost, row.reserved_runtime)
         queue = window if any(entry.id == row.id for entry in window) else [*window, request]
         verdict = judge(request, queue=queue, tenants=usage.tenants, pools=usage.pools,
                         sharing=usage.sharing, weights=usage.weights,
-                        tenant_position=tenant_position, admission_window=self.admission_window)
-        return describe_verdict(verdict, self.admission_window)
+                        tenant_position=tenant_position, admission_window=self.admission_window,
+                        budgets=usage.budgets, history=fair_history.history(usage, now))
+        if verdict.member or any(entry.code == BUDGET_EXHAUSTED for entry in verdict.reasons):
+            return describe_verdict(verdict, self.admission_window)
+        return plain
 
     def _decisions(self, connection: sa.Connection, tenant: str | None) -> list[DecisionEntry]:
         audit = schema.audit
@@ -479,7 +498,7 @@ def _head_query(tenant_count: int, rows: int) -> sa.Select[Any] | sa.CompoundSel
     request = schema.request
     heads = [
         sa.select(request.c.id, request.c.tenant, request.c.cost, request.c.priority,
-                  request.c.queue_key, request.c.created)
+                  request.c.queue_key, request.c.created, request.c.reserved_runtime)
         .where(request.c.tenant == sa.bindparam(f"tenant_{index}"),
                request.c.state == RequestState.WAITING.value)
         .order_by(request.c.queue_key, request.c.created, request.c.id)
@@ -511,8 +530,25 @@ def _tenant_rows(usage: cohorts.Snapshot, tenant_cohorts: dict[str, str | None],
                 name, resource, used, cap,
                 cohort=(tenant_cohorts.get(name) or usage.sharing.roots[name]) if member else None,
                 nominal=cap, borrowed=borrowed, lent=lent, ceiling=ceiling,
+                **_budget_fields(usage.budgets.states.get((name, resource))),
             ))
     return rows
+
+
+def _hours(seconds: int) -> float:
+    return round(seconds / 3600, 3)
+
+
+def _budget_fields(state: BudgetState | None) -> dict[str, Any]:
+    """A budget's columns as the next admission pass sees it (``Budgets.blocking``)."""
+    if state is None:
+        return {}
+    return {
+        "budget_spent_hours": _hours(state.spent),
+        "budget_reserved_hours": _hours(state.reserved),
+        "budget_left_hours": _hours(max(0, state.left)),
+        "budget_limit": f"{format_duration(state.amount)}/{format_duration(state.window)}",
+    }
 
 
 def _usage_rows(usage: dict[str, dict[str, tuple[int, int]]]) -> list[UsageRow]:
