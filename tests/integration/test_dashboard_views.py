@@ -17,6 +17,7 @@ from quotagate.observability.metrics import Metrics
 from quotagate.store import schema
 from quotagate.store.dialect import reading
 from quotagate.store.engine import create_engine
+from support.holds import contested_hold
 from support.streams import shared_redis_url, stream_gate, tenant_with_quota
 from support.waiting import wait_for
 
@@ -351,6 +352,41 @@ def test_a_preemption_shows_in_decisions_and_stops_and_is_exported_by_reason(
     assert value("quotagate_preempted_requests_total",
                  {"tenant": "team-b", "reason": "reclaim"}) == 1
     assert value("quotagate_unconfirmed_stops", {"tenant": "team-b", "state": "preempting"}) is None
+
+
+def test_a_request_kept_out_by_held_room_waits_for_the_reason_explain_gives(
+    gate: Quotagate, clock: ManualClock
+) -> None:
+    contested_hold(gate)
+    snapshot = gate.dashboard()
+    reasons = {entry.id: entry.reason for entry in snapshot.queue}
+    assert reasons["c-wait"] == gate.explain("c-wait")["reason"]
+    assert reasons["c-wait"].startswith("held_for_preemptor: fits, but only in room")
+    assert reasons["high"] == gate.explain("high")["reason"] == (
+        "fits now; it will be admitted by the next admission pass")
+    assert [(hold.id, hold.tenant, hold.cost) for hold in snapshot.holds] == [
+        ("high", "team-a", {"gpu": 2})]
+    # A tenant's scope: its own request's reason is the same, another tenant's hold unnamed.
+    scoped = gate.dashboard("team-c")
+    assert [(entry.id, entry.reason) for entry in scoped.queue] == [("c-wait", reasons["c-wait"])]
+    assert scoped.holds == []
+    assert [hold.id for hold in gate.dashboard("team-a").holds] == ["high"]
+    # The preemption's steps are in recent decisions, each naming its request.
+    steps = [(entry.operation, entry.outcome, entry.target) for entry in snapshot.decisions]
+    assert {("hold", "held", "high"), ("preempt", "stopping", "low"),
+            ("requeue", "waiting", "low")} <= set(steps)
+    # The requeued victim entered the queue again: the depth replayed before that
+    # minute counts it once (five submits and a requeue in, three admissions out).
+    clock.advance(60)
+    history = gate.dashboard().history
+    assert [minute.queue_depth for minute in history[-3:]] == [0, 3, 3]
+    # Once the preemptor is admitted its hold is gone, and so is the reason.
+    assert [placement.id for placement in gate.admit(limit=8)] == ["high"]
+    after = gate.dashboard()
+    assert after.holds == []
+    assert [entry.reason for entry in after.queue if entry.id == "c-wait"] == [
+        gate.explain("c-wait")["reason"]]
+    assert not after.queue[0].reason.startswith("held_for_preemptor")
 
 
 _SLOW_READ = {
