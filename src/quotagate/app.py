@@ -371,7 +371,7 @@ class Quotagate:
         """Submit many requests of ``tenant`` in one transaction (docs/decisions/224).
 
         Each entry is a mapping of :meth:`submit`'s arguments (``id``, ``cost``,
-        ``priority``, ``payload``, ``target``); the answer holds, in order, each
+        ``priority``, ``payload``, ``target``, ``max_runtime``); the answer holds, in order, each
         entry's result or the error its single submit would have raised.
         """
         answers: list[SubmitResult | QuotagateError | None] = []
@@ -381,7 +381,7 @@ class Quotagate:
                 submissions.append(build_submission(
                     request_id=entry.get("id"), tenant=tenant, cost=entry.get("cost", {}),
                     priority=entry.get("priority", 0), payload=entry.get("payload"),
-                    target=entry.get("target"),
+                    target=entry.get("target"), max_runtime=entry.get("max_runtime"),
                 ))
                 answers.append(None)
             except QuotagateError as error:

@@ -65,6 +65,15 @@ def test_budgets_over_http(db_url: str, tmp_path: Path) -> None:
         submitted = admin.post("/v1/tenants/team-a/requests",
                                json={"id": "a-1", "cost": {"gpu": 2}, "max_runtime": 7200})
         assert submitted.status_code == 202, submitted.text
+        # A batch entry carries its own max-runtime, as a single submit does.
+        batch = admin.post("/v1/tenants/team-a/requests:batch", json={"requests": [
+            {"id": "a-b1", "cost": {"gpu": 1}, "max_runtime": 7200},
+            {"id": "a-b2", "cost": {"gpu": 1}}]})
+        assert batch.status_code == 200, batch.text
+        assert [entry["request"]["max_runtime"] for entry in batch.json()["results"]] == [
+            7200, None]
+        explained = admin.get("/v1/tenants/team-a/requests/a-b1").json()
+        assert explained["max_runtime"] == 7200
         budgets = admin.get("/v1/usage").json()["budgets"]
         assert [(row["tenant"], row["resource"], row["limit"]) for row in budgets] == [
             ("team-a", "gpu", "4h/1d")]

@@ -24,6 +24,7 @@ from quotagate.domain.model import RequestState
 from support.browser import DESKTOP, PHONE, chromium, collect_page_errors
 from support.databases import BACKENDS, fresh_database
 from support.executor import running_executor
+from support.holds import contested_hold
 from support.http_servers import Server, bearer, make_token, running_server
 from support.streams import shared_redis_url
 from support.waiting import wait_for
@@ -415,3 +416,84 @@ def test_members_show_what_they_borrow_and_lend_and_a_reclaim_shows_its_reason(
     answer = row(page, "stops", other).locator('td[data-label="Last answer"]')
     answer.wait_for(timeout=LIVE_TIMEOUT_MS)
     assert answer.inner_text() == "the last attempt failed (the target's answer is shown to admins)"
+
+
+def test_a_tenant_with_a_budget_shows_its_hours_left_and_the_request_it_keeps_waiting(
+    page: Any, site: Site
+) -> None:
+    budgeted, budgeted_token = site.tenant({"gpu": 4})
+    response = site.admin.put(f"/v1/tenants/{budgeted}", json={"budget": {"gpu": "10h/1d"}})
+    assert response.status_code == 200, response.text
+    plain, _ = site.tenant({"gpu": 1})
+    # The first reserves 2 gpu x 3 h of the 10; the second's 1 gpu x 5 h does not fit the 4 left.
+    for request_id, gpu, hours in (("holds", 2, 3), ("over", 1, 5)):
+        response = site.admin.post(f"/v1/tenants/{budgeted}/requests", json={
+            "id": f"{budgeted}-{request_id}", "cost": {"gpu": gpu}, "max_runtime": hours * 3600})
+        assert response.status_code == 202, response.text
+    wait_for(lambda: site.admin.get(f"/v1/tenants/{budgeted}/requests/{budgeted}-holds")
+             .json()["state"] != "waiting", "the first request admitted")
+    explained = site.admin.get(f"/v1/tenants/{budgeted}/requests/{budgeted}-over").json()
+    assert explained["queue"]["reason"].startswith("budget_exhausted: gpu needs 5, 4 available")
+    sign_in(page, site, site.admin_token)
+    left = row(page, "tenants", f"{budgeted}/gpu").locator('td[data-label="Budget left"]')
+    left.filter(has_text="4 h of 10h/1d").wait_for(timeout=LIVE_TIMEOUT_MS)
+    assert page.locator("#tenants thead").inner_text().lower().count("budget left") == 1
+    # A tenant without a budget has a dash in the column, not a number.
+    assert row(page, "tenants", f"{plain}/gpu").locator(
+        'td[data-label="Budget left"]').inner_text() == "\N{EN DASH}"
+    page.screenshot(path=str(site.screenshots / "overview-budgets-desktop.png"), full_page=True)
+    page.goto(f"{site.page_url}#/queue")
+    waiting = row(page, "queue", f"{budgeted}-over")
+    waiting.filter(has_text=explained["queue"]["reason"]).wait_for(timeout=LIVE_TIMEOUT_MS)
+    # The tenant's own token sees its budget too.
+    page.goto(f"{site.page_url}#/overview")
+    page.locator("#sign-out").click()
+    sign_in(page, site, budgeted_token)
+    row(page, "tenants", f"{budgeted}/gpu").locator('td[data-label="Budget left"]').filter(
+        has_text="4 h of 10h/1d").wait_for(timeout=LIVE_TIMEOUT_MS)
+    page.set_viewport_size(PHONE)
+    page.screenshot(path=str(site.screenshots / "overview-budgets-phone.png"), full_page=True)
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_held_room_names_its_preemptor_and_the_requeue_steps_link_to_their_requests(
+    page: Any, backend: str, tmp_path: Path
+) -> None:
+    errors = collect_page_errors(page)
+    with fresh_database(backend, tmp_path) as db_url:
+        with Quotagate.connect(db_url) as gate:
+            contested_hold(gate)
+            explained = gate.explain("c-wait")["reason"]
+        admin_token = make_token(db_url, label="held room test")
+        # The API only: an admission worker would admit the preemptor, ending the hold.
+        with running_server(db_url, tmp_path, args=["--no-workers"]) as server, httpx.Client(
+            base_url=server.url, headers=bearer(admin_token), timeout=30
+        ) as admin:
+            site = Site(server, db_url, admin_token, admin, tmp_path)
+            sign_in(page, site, admin_token)
+            page.goto(f"{site.page_url}#/queue")
+            held = page.locator("#queue-holds")
+            held.filter(has_text="Room held for high (team-a, gpu=2)").wait_for(
+                timeout=LIVE_TIMEOUT_MS)
+            assert held.locator("a").get_attribute("href") == requests_href("team-a", "high")
+            assert explained.startswith("held_for_preemptor")
+            row(page, "queue", "c-wait").filter(has_text=explained).wait_for()
+            page.screenshot(path=str(tmp_path / "queue-held-room-desktop.png"), full_page=True)
+            page.goto(f"{site.page_url}#/decisions")
+            for operation, target in (("hold", "high"), ("preempt", "low"), ("requeue", "low"),
+                                      ("waiting", "low")):
+                entry = page.locator("#decisions tbody tr").filter(
+                    has=page.locator(f'td[data-label="Operation"]:text-is("{operation}")'))
+                entry.first.wait_for(timeout=LIVE_TIMEOUT_MS)
+                assert entry.first.locator("a").get_attribute("href") == requests_href(
+                    "team-a", target), operation
+            # team-c's own token sees why its request waits, not whose room it is.
+            page.goto(f"{site.page_url}#/overview")
+            page.locator("#sign-out").click()
+            sign_in(page, site, make_token(db_url, tenant="team-c"))
+            page.goto(f"{site.page_url}#/queue")
+            row(page, "queue", "c-wait").filter(has_text=explained).wait_for(
+                timeout=LIVE_TIMEOUT_MS)
+            assert page.locator("#queue-holds").is_hidden()
+    assert errors == []

@@ -169,6 +169,11 @@ def test_tenant_stream_settings_refused_change_nothing(
     run("tenant", "set", tenant, "--quota", "partitions=9", "--stream-max-len", "0", db=db,
         cwd=tmp_path, expect=2)
     assert state() == before
+    # A quota change refused after the stream settings were judged fine: neither lands.
+    unknown = run("tenant", "set", tenant, "--stream-max-len", "50", "--cohort", "no-such",
+                  db=db, cwd=tmp_path, expect=4)
+    assert "no-such" in unknown.stderr
+    assert state() == before
     run("topic", "create", "orders", "--tenant", tenant, "--partitions", "1", "--parallelism",
         "1", *redis_option, db=db, cwd=tmp_path)
     before = state()

@@ -102,3 +102,24 @@ def test_top_once_shows_what_cohort_members_borrow_and_lend_and_the_shared_room(
     assert [rows["lender"][index] for index in (3, 4, 5, 6)] == ["0/3", "org", "0", "2"]
     assert "Cohorts (shared room)" in frame and rows["org"][3] == "3/4"
     assert reason.startswith("borrowing_limit") and reason in frame
+
+
+def test_top_once_shows_a_budgets_hours_left_and_the_request_it_keeps_waiting(
+    db_url: str, tmp_path: Path
+) -> None:
+    with Quotagate.connect(db_url) as gate:
+        gate.set_pool("main", {"gpu": 8})
+        gate.set_tenant("budgeted", {"gpu": 8}, budget={"gpu": "10h/1d"})
+        gate.set_tenant("plain", {"gpu": 1})
+        gate.submit("holds", "budgeted", {"gpu": 2}, max_runtime="3h")  # reserves 6 of 10
+        assert len(gate.admit(8)) == 1
+        gate.submit("over", "budgeted", {"gpu": 1}, max_runtime="5h")  # 5 of the 4 left
+        assert gate.admit(8) == []
+        reason: str = gate.explain("over")["reason"]
+    frame = run("top", "--once", "--width", "220", db=db_url, cwd=tmp_path).stdout
+    rows = {cells[0]: cells for line in frame.splitlines()
+            if len(cells := [cell.strip() for cell in line.split("│")[1:-1]]) == 5}
+    # tenant, resource, bar, used/cap, budget left
+    assert rows["budgeted"][3:] == ["2/8", "4h of 10h/1d"], frame
+    assert rows["plain"][3:] == ["0/1", "-"], frame
+    assert reason.startswith("budget_exhausted: gpu needs 5, 4 available") and reason in frame

@@ -17,6 +17,7 @@ from quotagate.observability.metrics import Metrics
 from quotagate.store import schema
 from quotagate.store.dialect import reading
 from quotagate.store.engine import create_engine
+from support.holds import contested_hold
 from support.streams import shared_redis_url, stream_gate, tenant_with_quota
 from support.waiting import wait_for
 
@@ -192,29 +193,80 @@ def test_a_poll_costs_the_same_statements_on_a_ledger_with_many_more_rows(
     gate: Quotagate, clock: ManualClock
 ) -> None:
     _busy_ledger(gate, clock)
+    gate.set_tenant("team-a", {}, budget={"gpu": "100h/30d"})
     gate.dashboard()  # the first poll reads the whole last hour; later ones two minutes
     small = _statements(gate, gate.dashboard)
-    # Every view grows: more tenants, waiting and admitted requests, decisions, buckets, stops.
+    # Every view grows: more tenants, waiting and admitted requests, decisions, buckets, stops,
+    # budgets and their usage.
     for index in range(12):
         tenant = f"grown-{index}"
-        gate.set_tenant(tenant, {"gpu": 1}, cohort=None)
+        gate.set_tenant(tenant, {"gpu": 1}, cohort=None, budget={"gpu": "10h/1d"})
         gate.set_rate(tenant, "capacity=5,refill=0")
         for number in range(3):
             gate.submit(f"{tenant}-{number}", tenant, {"gpu": 1})
     admitted = gate.admit(50)
     assert len(admitted) == 5  # the pool is full
+    clock.advance(60)
+    gate.complete(admitted[-1].id)  # usage in a budget's buckets
     with gate.engine.begin() as connection:
         connection.execute(schema.request.update().where(schema.request.c.id == admitted[0].id)
                            .values(state="cancelling", updated=clock.now()))
     grown = _statements(gate, gate.dashboard)
     snapshot = gate.dashboard()
     assert snapshot.waiting == 32 and len(snapshot.queue) == 32 and len(snapshot.buckets) == 13
-    assert len(snapshot.deliveries) == 8 and len(snapshot.stops) == 1
+    assert len(snapshot.deliveries) == 7 and len(snapshot.stops) == 1  # one completed
     assert len(snapshot.tenants) == 14 and len(snapshot.decisions) == 50
+    assert sum(row.budget_left_hours is not None for row in snapshot.tenants) == 13
     # One statement per view, whatever the number of rows in it.
     assert len(grown) == len(small), (small, grown)
     story = _statements(gate, lambda: gate.request_story("grown-0-1"))
     assert len(_statements(gate, lambda: gate.request_story("a-2"))) == len(story)
+
+
+def test_a_budget_shows_its_hours_and_a_request_it_blocks_waits_for_the_reason_explain_gives(
+    gate: Quotagate, clock: ManualClock
+) -> None:
+    gate.set_pool("main", {"gpu": 16})
+    gate.set_tenant("team-a", {"gpu": 16}, budget={"gpu": "10h/1d"})
+    gate.set_tenant("team-b", {"gpu": 2})
+    gate.submit("spent", "team-a", {"gpu": 4}, max_runtime="2h")
+    gate.admit()
+    clock.advance(3600)
+    gate.complete("spent")  # 4 gpu-hours spent
+    gate.submit("running", "team-a", {"gpu": 1}, max_runtime="2h")  # reserves 2
+    gate.admit()
+    gate.submit("next", "team-a", {"gpu": 3}, max_runtime="2h")  # needs 6 of the 4 left
+    gate.submit("b-1", "team-b", {"gpu": 3})  # over team-b's quota: no budget involved
+    assert gate.admit() == []
+    snapshot = gate.dashboard()
+    shown = {(row.name, row.resource): (row.budget_spent_hours, row.budget_reserved_hours,
+                                        row.budget_left_hours, row.budget_limit)
+             for row in snapshot.tenants}
+    assert shown == {("team-a", "gpu"): (4.0, 2.0, 4.0, "10h/1d"),
+                     ("team-b", "gpu"): (None, None, None, None)}
+    # What `tenant show` says is left (running work holds what it will still accrue).
+    assert gate.tenant("team-a")["budget"]["gpu"]["left_hours"] == 4.0
+    reasons = {entry.id: entry.reason for entry in snapshot.queue}
+    assert reasons["next"].startswith("budget_exhausted: gpu needs 6, 4 available")
+    for request_id, reason in reasons.items():
+        assert reason == gate.explain(request_id)["reason"]
+    assert reasons["b-1"].startswith("tenant quota: gpu needs 3")
+    # A tenant's own scope: its budget and the same reason; another tenant sees neither.
+    mine = gate.dashboard("team-a")
+    assert [(row.name, row.budget_left_hours) for row in mine.tenants] == [("team-a", 4.0)]
+    assert [(entry.id, entry.reason) for entry in mine.queue] == [("next", reasons["next"])]
+    theirs = gate.dashboard("team-b")
+    assert [row.budget_left_hours for row in theirs.tenants] == [None]
+    # Released after 10 minutes: its reservation comes back, what it held is spent.
+    clock.advance(600)
+    gate.complete("running")
+    after = gate.dashboard()
+    [row] = [row for row in after.tenants if row.name == "team-a"]
+    assert (row.budget_spent_hours, row.budget_reserved_hours, row.budget_left_hours) == (
+        4.167, 0.0, 5.833)
+    [reason] = [entry.reason for entry in after.queue if entry.id == "next"]
+    assert reason == gate.explain("next")["reason"]
+    assert reason.startswith("budget_exhausted: gpu needs 6, 5.833 available")
 
 
 def _shared_ledger(gate: Quotagate, clock: ManualClock) -> None:
@@ -300,6 +352,41 @@ def test_a_preemption_shows_in_decisions_and_stops_and_is_exported_by_reason(
     assert value("quotagate_preempted_requests_total",
                  {"tenant": "team-b", "reason": "reclaim"}) == 1
     assert value("quotagate_unconfirmed_stops", {"tenant": "team-b", "state": "preempting"}) is None
+
+
+def test_a_request_kept_out_by_held_room_waits_for_the_reason_explain_gives(
+    gate: Quotagate, clock: ManualClock
+) -> None:
+    contested_hold(gate)
+    snapshot = gate.dashboard()
+    reasons = {entry.id: entry.reason for entry in snapshot.queue}
+    assert reasons["c-wait"] == gate.explain("c-wait")["reason"]
+    assert reasons["c-wait"].startswith("held_for_preemptor: fits, but only in room")
+    assert reasons["high"] == gate.explain("high")["reason"] == (
+        "fits now; it will be admitted by the next admission pass")
+    assert [(hold.id, hold.tenant, hold.cost) for hold in snapshot.holds] == [
+        ("high", "team-a", {"gpu": 2})]
+    # A tenant's scope: its own request's reason is the same, another tenant's hold unnamed.
+    scoped = gate.dashboard("team-c")
+    assert [(entry.id, entry.reason) for entry in scoped.queue] == [("c-wait", reasons["c-wait"])]
+    assert scoped.holds == []
+    assert [hold.id for hold in gate.dashboard("team-a").holds] == ["high"]
+    # The preemption's steps are in recent decisions, each naming its request.
+    steps = [(entry.operation, entry.outcome, entry.target) for entry in snapshot.decisions]
+    assert {("hold", "held", "high"), ("preempt", "stopping", "low"),
+            ("requeue", "waiting", "low")} <= set(steps)
+    # The requeued victim entered the queue again: the depth replayed before that
+    # minute counts it once (five submits and a requeue in, three admissions out).
+    clock.advance(60)
+    history = gate.dashboard().history
+    assert [minute.queue_depth for minute in history[-3:]] == [0, 3, 3]
+    # Once the preemptor is admitted its hold is gone, and so is the reason.
+    assert [placement.id for placement in gate.admit(limit=8)] == ["high"]
+    after = gate.dashboard()
+    assert after.holds == []
+    assert [entry.reason for entry in after.queue if entry.id == "c-wait"] == [
+        gate.explain("c-wait")["reason"]]
+    assert not after.queue[0].reason.startswith("held_for_preemptor")
 
 
 _SLOW_READ = {

@@ -24,6 +24,7 @@ from quotagate.delivery.registry import TargetStore
 from quotagate.domain.model import RequestState
 from quotagate.errors import InvalidInput
 from quotagate.store import schema
+from support.holds import contested_hold
 from support.waiting import wait_for
 
 
@@ -139,28 +140,8 @@ def test_metrics_count_requeues_and_held_preemptors(gate: Quotagate) -> None:
 # -- the held room ------------------------------------------------------------------
 
 
-def _contested(gate: Quotagate) -> None:
-    """team-a preempts its own low-priority work; team-c, first in fair order, waits too.
-
-    Without the hold, the room low's stop frees would go to c-wait: team-c's weight
-    puts it ahead of team-a (share 2/4 / 10 against 2/4).
-    """
-    gate.set_pool("pool-1", {"gpu": 6})
-    gate.set_tenant("team-a", {"gpu": 4}, within_tenant="lower-priority", on_preempt="requeue")
-    gate.set_tenant("team-c", {"gpu": 4}, weight=10)
-    gate.submit("a-keep", "team-a", {"gpu": 2}, priority=9)
-    gate.submit("low", "team-a", {"gpu": 2}, priority=0)
-    gate.submit("c-run", "team-c", {"gpu": 2})
-    assert gate.admit_until_idle() == 3
-    assert {_state(gate, name) for name in ("a-keep", "low", "c-run")} == {"reserved"}
-    gate.submit("c-wait", "team-c", {"gpu": 2})
-    gate.submit("high", "team-a", {"gpu": 2}, priority=5)
-    assert gate.admit() == [] and _state(gate, "low") == "preempting"
-    assert _confirm(gate, "low") == {"gpu": 2}
-
-
 def test_the_freed_room_goes_to_the_preemptor_not_to_another_tenant(gate: Quotagate) -> None:
-    _contested(gate)
+    contested_hold(gate)
     assert [placement.id for placement in gate.admit(limit=8)] == ["high"]
     assert _state(gate, "c-wait") == "waiting"
     gate.complete("c-run")  # room that was never held: anyone's
@@ -169,24 +150,26 @@ def test_the_freed_room_goes_to_the_preemptor_not_to_another_tenant(gate: Quotag
 
 
 def test_the_dry_run_and_explain_say_the_room_is_held(gate: Quotagate) -> None:
-    _contested(gate)
+    contested_hold(gate)
     answer = gate.simulate("team-c", {"gpu": 2})
     assert answer["admissible"] is False
     assert answer["reasons"] == [{"code": "held_for_preemptor", "resource": "room",
                                   "needed": 1, "available": 0}]
-    assert gate.explain("c-wait")["admissible"] is False
+    explained = gate.explain("c-wait")
+    assert explained["admissible"] is False
+    assert explained["reason"].startswith("held_for_preemptor: fits, but only in room")
     assert gate.explain("high")["admissible"] is True
 
 
 def test_an_expired_hold_holds_nothing(gate: Quotagate, clock: ManualClock) -> None:
-    _contested(gate)
+    contested_hold(gate)
     clock.advance(gate.ledger.hold_seconds + 1)
     assert [placement.id for placement in gate.admit(limit=8)] == ["c-wait"]
     assert _state(gate, "high") == "waiting"
 
 
 def test_a_hold_leaves_room_the_preemptor_does_not_need_to_others(gate: Quotagate) -> None:
-    _contested(gate)
+    contested_hold(gate)
     gate.set_pool("pool-1", {"gpu": 8})  # two more units nobody's preemption freed
     admitted = sorted(placement.id for placement in gate.admit(limit=8))
     assert admitted == ["c-wait", "high"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quotagate.domain.dry_run import Reason, describe_verdict, judge
+from quotagate.domain.dry_run import Reason, Verdict, describe_verdict, judge, waiting_reason
 from quotagate.domain.placement import Candidate
 from quotagate.domain.sharing import MemberLimits, Sharing
 
@@ -80,3 +80,18 @@ def test_beyond_the_window_it_waits_for_its_queue() -> None:
     verdict = judge(request, queue=[request], tenants={"a": {"gpu": (0, 2)}}, pools=POOLS,
                     sharing=Sharing(), tenant_position=40, admission_window=32)
     assert verdict.reasons == [Reason("queue_window", "queue", 40, 32)]
+
+
+def test_the_waiting_sentence_is_the_verdicts_when_the_plain_one_cannot_see_the_reason() -> None:
+    plain = "fits now; it will be admitted by the next admission pass"
+    held = Verdict(False, [Reason("held_for_preemptor", "room", 1, 0)])
+    assert waiting_reason(held, plain, 32).startswith(
+        "held_for_preemptor: fits, but only in room a preemption freed for a waiting preemptor")
+    budget = Verdict(False, [Reason("budget_exhausted", "gpu", 6, 4)])
+    assert waiting_reason(budget, plain, 32) == "budget_exhausted: gpu needs 6, 4 available"
+    member = Verdict(False, [Reason("borrowing_limit", "gpu", 2, 1)], member=True)
+    assert waiting_reason(member, plain, 32) == "borrowing_limit: gpu needs 2, 1 available"
+    # A plain tenant's quota and pools: the plain sentence says more (what is used of what).
+    quota = Verdict(False, [Reason("tenant_quota", "gpu", 1, 0)])
+    assert waiting_reason(quota, "tenant quota: gpu needs 1, 0 of 2 left", 32) == (
+        "tenant quota: gpu needs 1, 0 of 2 left")

@@ -1,5 +1,5 @@
 """`quotagate top` from a /v1/dashboard body: its Streams table (from a server without the view,
-with its Redis down) and the columns that appear only when the server sends them."""
+with its Redis down), the columns that appear only when the server sends them, and held room."""
 
 from __future__ import annotations
 
@@ -50,3 +50,9 @@ def test_a_budget_column_appears_only_when_the_server_reports_budgets() -> None:
     rows = {cells[0]: cells for line in frame.splitlines()
             if len(cells := [cell.strip() for cell in line.split("│")[1:-1]]) == 5}
     assert rows["team-a"][4] == "12.5h of 100h/30d" and rows["team-b"][4] == "-"
+
+
+def test_held_preemptors_are_named_in_the_queue_title_only_while_a_hold_is_live() -> None:
+    frame = _frame(waiting=1, holds=[{"id": "high", "tenant": "team-a", "cost": {"gpu": 2}}])
+    assert "Queue head (0 of 1)  room held for high" in frame
+    assert "room held for" not in _frame(waiting=1, holds=[])

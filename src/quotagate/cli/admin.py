@@ -100,12 +100,12 @@ def tenant_set(
     runtime: object = KEEP if default_max_runtime is None else (
         None if default_max_runtime == "none" else default_max_runtime)
     with open_gate(db_url, rate_store=rate_store) as gate:
-        settings = None
         if stream_settings:
-            # An existing tenant's stream settings first: one refused for the tenant's
-            # state (a Redis move while it has topics) leaves its quotas as they were.
+            # Judged first, against the tenant as it is: a change refused for its state
+            # (a Redis move while it has topics) leaves its quotas as they were. Written
+            # last, so a refused quota change leaves the stream settings as they were.
             try:
-                settings = gate.streams.set_settings(name, **stream_settings, actor="cli")
+                gate.streams.check_settings(name, **stream_settings)
             except NotFound as missing:
                 if missing.code != "unknown_tenant":
                     raise
@@ -118,8 +118,8 @@ def tenant_set(
             on_preempt=on_preempt,
         )
         status = gate.set_rate(name, bucket, actor="cli") if rate is not None else None
-        if stream_settings and settings is None:  # a new tenant: it exists now
-            settings = gate.streams.set_settings(name, **stream_settings, actor="cli")
+        settings = (gate.streams.set_settings(name, **stream_settings, actor="cli")
+                    if stream_settings else None)
     _print_caps("tenant", name, result)
     if rate is not None:
         click.echo(describe_rate(status))

@@ -105,7 +105,8 @@ def render(data: dict[str, Any]) -> Any:
                           str(row.get("lent", 0))]
             if budgets:
                 left = row.get("budget_left_hours")
-                cells.append("-" if left is None else f"{left}h of {row.get('budget_limit') or '?'}")
+                cells.append("-" if left is None
+                             else f"{left:g}h of {row.get('budget_limit') or '?'}")
             table.add_row(*cells)
         if not rows:
             table.add_row(f"no {holder} yet", "", "", "", *([""] * len(extra)))
@@ -121,7 +122,10 @@ def render(data: dict[str, Any]) -> Any:
         f"rejected {sum(m['rejected'] for m in history)}  ",
         (time.strftime("%H:%M:%S", time.localtime(data["at"])), "dim"),
     )
-    queue = Table(title=f"Queue head ({len(data['queue'])} of {data['waiting']})",
+    # Room a preemption freed, held for its waiting preemptor (docs/decisions/721).
+    held = ", ".join(hold["id"] for hold in data.get("holds", []))
+    queue = Table(title=f"Queue head ({len(data['queue'])} of {data['waiting']})"
+                        + (f"  room held for {held}" if held else ""),
                   title_justify="left", expand=True)
     for name, justify in (("#", "right"), ("request", "left"), ("tenant", "left"),
                           ("cost", "left"), ("prio", "right"), ("age", "right"),

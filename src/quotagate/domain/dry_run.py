@@ -73,10 +73,27 @@ def describe_verdict(verdict: Verdict, admission_window: int) -> str:
         if reason.code == QUEUE_WINDOW:
             parts.append(f"fits, but is number {reason.needed:g} in its tenant's queue; "
                          f"admission looks at the first {admission_window} of each tenant")
+        elif reason.code == HELD_FOR_PREEMPTOR:
+            parts.append("held_for_preemptor: fits, but only in room a preemption freed for a "
+                         "waiting preemptor, held until it is admitted or its hold expires")
         else:
             parts.append(f"{reason.code}: {reason.resource} needs {reason.needed:g}, "
                          f"{reason.available:g} available")
     return "; ".join(parts)
+
+
+def waiting_reason(verdict: Verdict, plain: str, admission_window: int) -> str:
+    """``explain``'s sentence for a waiting request, and the dashboard's.
+
+    ``plain`` (quotagate.domain.explanation.explain_waiting) judges the tenant's
+    quota and the pools on today's usage; the verdict knows better for a cohort
+    member (a nominal share: its limits and cohort decide), for a budget (not in
+    the usage rows) and for held room (not in the usage either: a guard).
+    """
+    if verdict.member or any(entry.code in (BUDGET_EXHAUSTED, HELD_FOR_PREEMPTOR)
+                             for entry in verdict.reasons):
+        return describe_verdict(verdict, admission_window)
+    return plain
 
 
 def _before(

@@ -207,6 +207,9 @@ class BatchEntryBody(_Body):
     priority: WholeNumber = 0
     payload: Any = Field(default=None, description="JSON handed to the executor (at most 64 KiB)")
     target: StrictStr | None = Field(default=None, description="Delivery target name")
+    max_runtime: WholeNumber | None = Field(
+        default=None, description="Seconds it may run: what its tenant's budget reserves for "
+        "it (absent: the tenant's default_max_runtime)")
 
 
 class BatchSubmitBody(_Body):

@@ -18,15 +18,17 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from quotagate.domain.bucket import BucketConfig, BucketState, refill
+from quotagate.domain.budget import BudgetState, format_duration
 from quotagate.domain.clock import Clock, SystemClock
-from quotagate.domain.dry_run import describe_verdict, judge
+from quotagate.domain.dry_run import judge, waiting_reason
 from quotagate.domain.explanation import explain_waiting
 from quotagate.domain.model import RequestState
 from quotagate.domain.ordering import effective_priority
 from quotagate.domain.placement import Candidate
+from quotagate.domain.preemption import HeldRoom
 from quotagate.domain.sharing import standings
 from quotagate.errors import NotFound
-from quotagate.store import cohorts, schema, statements
+from quotagate.store import budgets, cohorts, fair_history, holds, schema, statements
 from quotagate.store.dialect import database_now, reading
 from quotagate.store.rows import decode_cost, request_from_row
 
@@ -41,8 +43,9 @@ class StreamsSection(Protocol):
 # cost is still charged and comes back only once it does (the delivery engine
 # adds these states; they are counted by name so this view needs no change then).
 UNCONFIRMED_STOP_STATES = ("cancelling", "preempting")
-# Audit entries that move a request into or out of the waiting queue.
-_ENTERS_QUEUE = (("submit", "accepted"),)
+# Audit entries that move a request into or out of the waiting queue (a requeued
+# victim waits again: quotagate.store.requeue).
+_ENTERS_QUEUE = (("submit", "accepted"), ("requeue", "waiting"))
 _LEAVES_QUEUE = (("admit", "reserved"), ("expire", "expired"), ("cancelled", "ok"))
 HISTORY_MINUTES = 60
 
@@ -74,6 +77,13 @@ class TenantRow:
     lent: int = 0
     # The most this tenant may use: nominal + borrowing limit (None: the room decides).
     ceiling: int | None = None
+    # Its budget on this resource as admission judges it (None: no budget), in
+    # resource-hours: released usage its window still counts, what running work
+    # reserves, what is left of the limit (``100h/30d``) (docs/decisions/613).
+    budget_spent_hours: float | None = None
+    budget_reserved_hours: float | None = None
+    budget_left_hours: float | None = None
+    budget_limit: str | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +143,15 @@ class StopEntry:
 
 
 @dataclass(frozen=True)
+class HoldEntry:
+    """A waiting preemptor whose freed room admission holds for it (docs/decisions/721)."""
+
+    id: str
+    tenant: str
+    cost: dict[str, int]
+
+
+@dataclass(frozen=True)
 class BucketEntry:
     key: str
     tenant: str
@@ -168,6 +187,8 @@ class Snapshot:
     cohorts: list[UsageRow] = field(default_factory=list)
     # Read from the stream Redis by Quotagate.dashboard (quotagate.streams.overview).
     streams: StreamsSection | None = None
+    # Preemptors with a live hold on freed room, oldest hold first (in the tenant's scope).
+    holds: list[HoldEntry] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -207,7 +228,15 @@ class DashboardViews:
             tenant_cohorts = dict(connection.execute(
                 sa.select(schema.tenant.c.name, schema.tenant.c.cohort)
                 .order_by(schema.tenant.c.name)).all())
-            waiting, queue = self._queue(connection, tenant, usage, list(tenant_cohorts), now)
+            if usage.budgeted:
+                # Every budget with its window's usage, one statement for all tenants:
+                # what admission reads, for the column and for the reasons.
+                usage.budgets = budgets.read_budgets(connection, now)
+            # Held room, as admission and explain judge it; read only when a hold
+            # exists, so a poll without holds costs no statement more.
+            guard = holds.read_guard(connection, now) if usage.holds else None
+            waiting, queue = self._queue(connection, tenant, usage, list(tenant_cohorts), now,
+                                         guard)
             decisions = self._decisions(connection, tenant)
             backlog, deliveries = self._deliveries(connection, tenant, now, operator)
             stops = self._stops(connection, tenant, now, operator)
@@ -219,6 +248,9 @@ class DashboardViews:
             waiting=waiting, queue=queue, decisions=decisions, backlog=backlog,
             deliveries=deliveries, stops=stops, buckets=buckets, history=history,
             cohorts=_usage_rows(usage.sharing.cohorts) if tenant is None else [],
+            holds=[] if guard is None else [
+                HoldEntry(holder.id, holder.tenant, dict(holder.cost))
+                for holder in guard.holders if tenant is None or holder.tenant == tenant],
         )
 
     def story(self, request_id: str, tenant: str | None = None, *,
@@ -272,6 +304,7 @@ class DashboardViews:
         usage: cohorts.Snapshot,
         every_tenant: list[str],
         now: float,
+        guard: HeldRoom | None = None,
     ) -> tuple[int, list[QueueEntry]]:
         request = schema.request
         waiting = sa.select(sa.func.count()).where(request.c.state == RequestState.WAITING.value)
@@ -281,8 +314,11 @@ class DashboardViews:
         if total == 0:
             return 0, []
         # A member's reason depends on what the other members' heads take first,
-        # so with cohorts every tenant's head is read, whatever the scope.
-        scoped = tenant is not None and not usage.sharing.roots
+        # and a budget's on which of its tenant's requests the next pass places
+        # first, and held room on what every tenant's heads take, so with cohorts,
+        # budgets or holds every tenant's head is read, whatever the scope.
+        scoped = (tenant is not None and not usage.sharing.roots and not usage.budgeted
+                  and not usage.holds)
         names = [tenant] if scoped else every_tenant
         # The first rows of the whole queue are among the first rows of each tenant's
         # queue: one bounded index range scan per tenant, merged here, as admission reads it.
@@ -297,7 +333,8 @@ class DashboardViews:
         for head in heads:
             placed[head.tenant] = placed.get(head.tenant, 0) + 1
             if placed[head.tenant] <= self.admission_window:
-                window.append(Candidate(head.id, head.tenant, decode_cost(head.cost)))
+                window.append(Candidate(head.id, head.tenant, decode_cost(head.cost),
+                                        head.reserved_runtime))
         # In queue order every request of a tenant ahead of this one is listed
         # before it, so the tenant positions counted here are exact.
         seen: dict[str, int] = {}
@@ -305,7 +342,7 @@ class DashboardViews:
         for position, row in enumerate(rows, start=1):
             seen[row.tenant] = seen.get(row.tenant, 0) + 1
             cost = decode_cost(row.cost)
-            reason = self._reason(row, cost, seen[row.tenant], usage, window)
+            reason = self._reason(row, cost, seen[row.tenant], usage, window, now, guard)
             entries.append(QueueEntry(
                 position=position, id=row.id, tenant=row.tenant, cost=cost,
                 priority=row.priority,
@@ -317,19 +354,25 @@ class DashboardViews:
         return total, entries
 
     def _reason(self, row: Any, cost: dict[str, int], tenant_position: int,
-                usage: cohorts.Snapshot, window: list[Candidate]) -> str:
+                usage: cohorts.Snapshot, window: list[Candidate], now: float,
+                guard: HeldRoom | None = None) -> str:
         """The sentence ``explain`` gives for this request (LedgerViews.explain)."""
-        if not usage.sharing.is_member(row.tenant):
-            return explain_waiting(cost, usage.tenants.get(row.tenant, {}), usage.pools,
-                                   tenant_position, self.admission_window).reason
+        plain = explain_waiting(cost, usage.tenants.get(row.tenant, {}), usage.pools,
+                                tenant_position, self.admission_window).reason
+        if (guard is None and not usage.sharing.is_member(row.tenant)
+                and row.tenant not in usage.budgets.tenants):
+            return plain
         # A member's quota is a nominal share: its limits, its cohort and what the
-        # next pass places before it decide (the dry run's verdict).
-        request = Candidate(row.id, row.tenant, cost)
+        # next pass places before it decide (the dry run's verdict); a budget and
+        # held room are not in the usage rows the plain sentence judges.
+        request = Candidate(row.id, row.tenant, cost, row.reserved_runtime)
         queue = window if any(entry.id == row.id for entry in window) else [*window, request]
         verdict = judge(request, queue=queue, tenants=usage.tenants, pools=usage.pools,
                         sharing=usage.sharing, weights=usage.weights,
-                        tenant_position=tenant_position, admission_window=self.admission_window)
-        return describe_verdict(verdict, self.admission_window)
+                        tenant_position=tenant_position, admission_window=self.admission_window,
+                        budgets=usage.budgets, history=fair_history.history(usage, now),
+                        guard=guard)
+        return waiting_reason(verdict, plain, self.admission_window)
 
     def _decisions(self, connection: sa.Connection, tenant: str | None) -> list[DecisionEntry]:
         audit = schema.audit
@@ -479,7 +522,7 @@ def _head_query(tenant_count: int, rows: int) -> sa.Select[Any] | sa.CompoundSel
     request = schema.request
     heads = [
         sa.select(request.c.id, request.c.tenant, request.c.cost, request.c.priority,
-                  request.c.queue_key, request.c.created)
+                  request.c.queue_key, request.c.created, request.c.reserved_runtime)
         .where(request.c.tenant == sa.bindparam(f"tenant_{index}"),
                request.c.state == RequestState.WAITING.value)
         .order_by(request.c.queue_key, request.c.created, request.c.id)
@@ -511,8 +554,25 @@ def _tenant_rows(usage: cohorts.Snapshot, tenant_cohorts: dict[str, str | None],
                 name, resource, used, cap,
                 cohort=(tenant_cohorts.get(name) or usage.sharing.roots[name]) if member else None,
                 nominal=cap, borrowed=borrowed, lent=lent, ceiling=ceiling,
+                **_budget_fields(usage.budgets.states.get((name, resource))),
             ))
     return rows
+
+
+def _hours(seconds: int) -> float:
+    return round(seconds / 3600, 3)
+
+
+def _budget_fields(state: BudgetState | None) -> dict[str, Any]:
+    """A budget's columns as the next admission pass sees it (``Budgets.blocking``)."""
+    if state is None:
+        return {}
+    return {
+        "budget_spent_hours": _hours(state.spent),
+        "budget_reserved_hours": _hours(state.reserved),
+        "budget_left_hours": _hours(max(0, state.left)),
+        "budget_limit": f"{format_duration(state.amount)}/{format_duration(state.window)}",
+    }
 
 
 def _usage_rows(usage: dict[str, dict[str, tuple[int, int]]]) -> list[UsageRow]:

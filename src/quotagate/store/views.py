@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from quotagate.domain.clock import Clock, SystemClock
-from quotagate.domain.dry_run import BUDGET_EXHAUSTED, Verdict, describe_verdict, judge
+from quotagate.domain.dry_run import Verdict, judge, waiting_reason
 from quotagate.domain.explanation import explain_waiting
 from quotagate.domain.model import CHARGED_STATES, Request, RequestState, Submission
 from quotagate.domain.ordering import effective_priority, queue_key
@@ -287,11 +287,7 @@ class LedgerViews:
                                     tenant_position, rate_tokens=None)
         why = explain_waiting(cost, tenants.get(row["tenant"], {}), pools, tenant_position,
                               self.admission_window)
-        reason = why.reason
-        if verdict.member or any(entry.code == BUDGET_EXHAUSTED for entry in verdict.reasons):
-            # A member's quota is a nominal share: its limits and cohort decide. A
-            # budget is not in the usage rows explain_waiting judges.
-            reason = describe_verdict(verdict, self.admission_window)
+        reason = waiting_reason(verdict, why.reason, self.admission_window)
         now = self.clock.now()
         return Explanation(
             id=request_id,

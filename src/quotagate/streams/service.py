@@ -171,6 +171,10 @@ class Streams:
         """A tenant's stream settings: max length, in-flight limit, its own Redis."""
         return self.topics.settings(tenant)
 
+    def check_settings(self, tenant: str, **changes: Any) -> None:
+        """Raise what :meth:`set_settings` would refuse now; write nothing."""
+        self.topics.check_settings(tenant, **changes)
+
     def set_settings(self, tenant: str, *, actor: str = "admin", **changes: Any) -> StreamSettings:
         """Change the settings given (None clears one); the others stay as they are."""
         return self.topics.set_settings(tenant, actor=actor, **changes)

@@ -238,6 +238,20 @@ class Topics:
         with reading(self.engine) as connection:
             return self._settings(connection, tenant)
 
+    def check_settings(
+        self, tenant: str, *, max_len: int | None = KEEP, max_in_flight: int | None = KEEP,
+        redis_url: str | None = KEEP,
+    ) -> None:
+        """Raise what :meth:`set_settings` would refuse for the tenant as it is now,
+        writing nothing: a caller changing quotas as well checks first, so a refusal
+        leaves the quotas untouched too."""
+        changes = stream_setting_changes(max_len=max_len, max_in_flight=max_in_flight,
+                                         redis_url=redis_url)
+        with reading(self.engine) as connection:
+            current = self._settings(connection, tenant)
+            if "redis_url" in changes and changes["redis_url"] != current.redis_url:
+                self._refuse_move(connection, tenant)
+
     def all_settings(self) -> list[StreamSettings]:
         with reading(self.engine) as connection:
             rows = connection.execute(sa.select(schema.tenant_stream)).all()

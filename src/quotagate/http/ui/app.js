@@ -269,6 +269,19 @@ function renderChart(history) {
 function renderQueue(data) {
   $("queue-sub").textContent = data.waiting > data.queue.length
     ? `(first ${data.queue.length} of ${data.waiting})` : `(${data.waiting})`;
+  // Room a preemption freed, held for its waiting preemptor (docs/decisions/721).
+  const holds = data.holds || [];
+  const held = $("queue-holds");
+  held.hidden = holds.length === 0;
+  held.replaceChildren(...(holds.length ? [document.createTextNode("Room held for ")] : []),
+    ...holds.flatMap((hold, index) => {
+      const link = document.createElement("a");
+      link.href = requestHref(hold.tenant, hold.id);
+      link.className = "mono";
+      link.textContent = hold.id;
+      return [...(index ? [document.createTextNode(", ")] : []), link,
+        document.createTextNode(` (${hold.tenant}, ${costText(hold.cost)})`)];
+    }));
   renderRows($("queue").tBodies[0], data.queue.map((entry) => ({
     key: entry.id,
     cells: [
@@ -285,8 +298,10 @@ function renderQueue(data) {
 }
 
 // Audit operations whose target is a request: its steps, and the state a release ends it in.
+// A requeue writes "requeue" and its release "waiting"; a preemption "hold" for its preemptor.
 const REQUEST_OPERATIONS = ["submit", "admit", "expire", "deliver", "delivered", "cancel",
-  "cancelling", "cancelled", "preempt", "preempted", "completed", "failed", "requeued"];
+  "cancelling", "cancelled", "preempt", "preempted", "completed", "failed", "requeue", "waiting",
+  "hold"];
 
 function targetCell(entry) {
   if (!entry.target) return "";
