@@ -74,9 +74,15 @@ def describe_verdict(verdict: Verdict, admission_window: int) -> str:
             parts.append(f"fits, but is number {reason.needed:g} in its tenant's queue; "
                          f"admission looks at the first {admission_window} of each tenant")
         else:
-            parts.append(f"{reason.code}: {reason.resource} needs {reason.needed:g}, "
-                         f"{reason.available:g} available")
+            parts.append(describe_reason(reason))
     return "; ".join(parts)
+
+
+def describe_reason(reason: Reason) -> str:
+    """``pool_capacity: gpu needs 4, 2 available``; a budget's amounts are resource-hours."""
+    unit = "h" if reason.code == BUDGET_EXHAUSTED else ""
+    return (f"{reason.code}: {reason.resource} needs {reason.needed:g}{unit}, "
+            f"{reason.available:g}{unit} available")
 
 
 def _before(
