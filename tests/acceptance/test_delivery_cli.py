@@ -69,6 +69,8 @@ def test_a_command_given_by_a_relative_path_runs_from_its_run_directory(tmp_path
         cwd=elsewhere)
     shown = json.loads(run("show", "job-1", "--json", db=db, cwd=tmp_path).stdout)
     assert (shown["state"], shown["reason"]) == ("completed", None)
+    described = run("show", "job-1", db=db, cwd=tmp_path).stdout
+    assert "   target: (the default target)\n" in described and "  attempt: 1\n" in described
     [output] = (tmp_path / "quotagate-runs").glob("*/output.log")
     assert output.read_text().strip() == "serving job-1"
 
