@@ -61,6 +61,10 @@ def test_a_command_given_by_a_relative_path_runs_from_its_run_directory(tmp_path
         "--command", "./serve-model.sh --port 9000", db=db, cwd=tmp_path)
     [listed] = json.loads(run("target", "list", "--json", db=db, cwd=tmp_path).stdout)
     assert listed["config"]["command"] == [str(script), "--port", "9000"]
+    # Named like the other settings' entries (pool.set pool/…, tenant.set tenant/…).
+    entries = json.loads(run("audit", "--json", db=db, cwd=tmp_path).stdout)
+    assert [(e["operation"], e["target"]) for e in entries if e["operation"] == "target.set"
+            ] == [("target.set", "target/local")]
     run("submit", "--id", "job-1", "--tenant", "team-a", "--cost", "gpu=1", db=db, cwd=tmp_path)
 
     elsewhere = tmp_path / "elsewhere"
