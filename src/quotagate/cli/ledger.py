@@ -38,8 +38,9 @@ def _when(epoch: float | None) -> str:
 @click.option("--payload", default=None, help="JSON payload handed to the executor.")
 @click.option("--target", default=None, help="Delivery target name (default: the default target).")
 @click.option("--max-runtime", default=None, metavar="DURATION",
-              help="How long it may run (90s, 30m, 2h): what its tenant's budget reserves "
-              "for it (default: the tenant's --default-max-runtime).")
+              help="How long it is expected to run (90s, 30m, 2h): what its tenant's budget "
+              "reserves for it (default: the tenant's --default-max-runtime). Not a time "
+              "limit: work past it keeps running and accruing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the request as JSON.")
 @db_option
 @rate_store_option
