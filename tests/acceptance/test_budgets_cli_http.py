@@ -27,7 +27,10 @@ def test_budgets_from_the_cli(db_url: str, tmp_path: Path) -> None:
                                      "--max-runtime", "3h", "--json"))
     assert simulated["reasons"] == [
         {"code": "budget_exhausted", "resource": "gpu", "needed": 3.0, "available": 2.0}]
-    assert "budget_exhausted: gpu needs 3, 2 available" in quotagate("explain", "a-2")
+    assert "budget_exhausted: gpu needs 3h, 2h available" in quotagate("explain", "a-2")
+    assert "  runtime: at most 3h (what a budget reserves)" in quotagate("show", "a-2")
+    assert "  budget_exhausted: gpu needs 3h, 2h available" in quotagate(
+        "simulate", "--tenant", "team-a", "--cost", "gpu=1", "--max-runtime", "3h")
     described = json.loads(quotagate("tenant", "show", "team-a", "--json"))
     assert described["default_max_runtime"] == 7200
     assert described["budget"]["gpu"]["limit"] == "10h/30d"

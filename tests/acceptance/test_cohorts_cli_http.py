@@ -91,6 +91,23 @@ def test_cohorts_from_the_cli(db_url: str, tmp_path: Path) -> None:
         "used": 6, "cap": 8}
 
 
+def test_simulate_names_the_work_a_preemption_would_stop(db_url: str, tmp_path: Path) -> None:
+    def quotagate(*args: str) -> str:
+        return run(*args, db=db_url, cwd=tmp_path).stdout
+
+    quotagate("pool", "set", "pool-1", "--capacity", "gpu=8")
+    quotagate("cohort", "set", "research")
+    quotagate("tenant", "set", "team-a", "--quota", "gpu=4", "--cohort", "research",
+              "--reclaim", "any")
+    quotagate("tenant", "set", "team-b", "--quota", "gpu=4", "--cohort", "research")
+    quotagate("submit", "--id", "low", "--tenant", "team-b", "--cost", "gpu=8")
+    assert quotagate("admit", "--until-idle").strip() == "admitted 1"  # b borrows a's 4
+    answered = quotagate("simulate", "--tenant", "team-a", "--cost", "gpu=4")
+    assert answered.startswith("would wait: queue position 1")
+    assert "  would preempt low of team-b (reclaim, cost gpu=8, priority 0)" in answered
+    assert json.loads(quotagate("show", "low", "--json"))["state"] == "reserved"  # still runs
+
+
 def test_cohorts_over_http(db_url: str, tmp_path: Path) -> None:
     admin_token = make_token(db_url)
     with running_server(db_url, tmp_path) as server, httpx.Client(

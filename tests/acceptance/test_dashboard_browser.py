@@ -433,7 +433,7 @@ def test_a_tenant_with_a_budget_shows_its_hours_left_and_the_request_it_keeps_wa
     wait_for(lambda: site.admin.get(f"/v1/tenants/{budgeted}/requests/{budgeted}-holds")
              .json()["state"] != "waiting", "the first request admitted")
     explained = site.admin.get(f"/v1/tenants/{budgeted}/requests/{budgeted}-over").json()
-    assert explained["queue"]["reason"].startswith("budget_exhausted: gpu needs 5, 4 available")
+    assert explained["queue"]["reason"].startswith("budget_exhausted: gpu needs 5h, 4h available")
     sign_in(page, site, site.admin_token)
     left = row(page, "tenants", f"{budgeted}/gpu").locator('td[data-label="Budget left"]')
     left.filter(has_text="4 h of 10h/1d").wait_for(timeout=LIVE_TIMEOUT_MS)

@@ -47,6 +47,38 @@ def test_process_delivery_tour(tmp_path: Path) -> None:
     assert "worker/w1  -      2" in run("lease", "show", db=db, cwd=tmp_path).stdout
 
 
+def test_a_command_given_by_a_relative_path_runs_from_its_run_directory(tmp_path: Path) -> None:
+    # README's `--command './serve-model.sh'`: the command runs in its request's
+    # run directory, so the path is read where the target was set, not there.
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    script = tmp_path / "serve-model.sh"
+    script.write_text('#!/bin/sh\necho "serving $QUOTAGATE_REQUEST_ID"\n')
+    script.chmod(0o755)
+    run("init", db=db, cwd=tmp_path)
+    run("tenant", "set", "team-a", "--quota", "gpu=1", db=db, cwd=tmp_path)
+    run("pool", "set", "pool-1", "--capacity", "gpu=1", db=db, cwd=tmp_path)
+    run("target", "set", "local", "--kind", "process", "--default",
+        "--command", "./serve-model.sh --port 9000", db=db, cwd=tmp_path)
+    [listed] = json.loads(run("target", "list", "--json", db=db, cwd=tmp_path).stdout)
+    assert listed["config"]["command"] == [str(script), "--port", "9000"]
+    # Named like the other settings' entries (pool.set pool/…, tenant.set tenant/…).
+    entries = json.loads(run("audit", "--json", db=db, cwd=tmp_path).stdout)
+    assert [(e["operation"], e["target"]) for e in entries if e["operation"] == "target.set"
+            ] == [("target.set", "target/local")]
+    run("submit", "--id", "job-1", "--tenant", "team-a", "--cost", "gpu=1", db=db, cwd=tmp_path)
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run("worker", "--name", "w1", "--admit", "--until-idle", "--poll", "0.05", db=db,
+        cwd=elsewhere)
+    shown = json.loads(run("show", "job-1", "--json", db=db, cwd=tmp_path).stdout)
+    assert (shown["state"], shown["reason"]) == ("completed", None)
+    described = run("show", "job-1", db=db, cwd=tmp_path).stdout
+    assert "   target: (the default target)\n" in described and "  attempt: 1\n" in described
+    [output] = (tmp_path / "quotagate-runs").glob("*/output.log")
+    assert output.read_text().strip() == "serving job-1"
+
+
 def test_bad_target_settings_are_refused_and_change_nothing(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'q.db'}"
     run("init", db=db, cwd=tmp_path)

@@ -122,4 +122,4 @@ def test_top_once_shows_a_budgets_hours_left_and_the_request_it_keeps_waiting(
     # tenant, resource, bar, used/cap, budget left
     assert rows["budgeted"][3:] == ["2/8", "4h of 10h/1d"], frame
     assert rows["plain"][3:] == ["0/1", "-"], frame
-    assert reason.startswith("budget_exhausted: gpu needs 5, 4 available") and reason in frame
+    assert reason.startswith("budget_exhausted: gpu needs 5h, 4h available") and reason in frame

@@ -247,7 +247,7 @@ def test_a_budget_shows_its_hours_and_a_request_it_blocks_waits_for_the_reason_e
     # What `tenant show` says is left (running work holds what it will still accrue).
     assert gate.tenant("team-a")["budget"]["gpu"]["left_hours"] == 4.0
     reasons = {entry.id: entry.reason for entry in snapshot.queue}
-    assert reasons["next"].startswith("budget_exhausted: gpu needs 6, 4 available")
+    assert reasons["next"].startswith("budget_exhausted: gpu needs 6h, 4h available")
     for request_id, reason in reasons.items():
         assert reason == gate.explain(request_id)["reason"]
     assert reasons["b-1"].startswith("tenant quota: gpu needs 3")
@@ -266,7 +266,7 @@ def test_a_budget_shows_its_hours_and_a_request_it_blocks_waits_for_the_reason_e
         4.167, 0.0, 5.833)
     [reason] = [entry.reason for entry in after.queue if entry.id == "next"]
     assert reason == gate.explain("next")["reason"]
-    assert reason.startswith("budget_exhausted: gpu needs 6, 5.833 available")
+    assert reason.startswith("budget_exhausted: gpu needs 6h, 5.833h available")
 
 
 def _shared_ledger(gate: Quotagate, clock: ManualClock) -> None:

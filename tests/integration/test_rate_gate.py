@@ -274,6 +274,7 @@ def test_cli_rate_commands_and_exit_code(
     result = run("rate", "add", "team-c", "3")
     assert result.exit_code == 0, result.output
     assert "1 of 1 tokens left" in result.output  # capped at capacity
+    assert "added up to 3; the bucket is full (its capacity is 1)" in result.output
     assert run("submit", "--id", "c-2", "--tenant", "team-c", "--cost", "gpu=1").exit_code == 0
     shown = run("tenant", "show", "team-c")
     assert "rate: 0 of 1 tokens left" in shown.output

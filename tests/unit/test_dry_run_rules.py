@@ -88,7 +88,7 @@ def test_the_waiting_sentence_is_the_verdicts_when_the_plain_one_cannot_see_the_
     assert waiting_reason(held, plain, 32).startswith(
         "held_for_preemptor: fits, but only in room a preemption freed for a waiting preemptor")
     budget = Verdict(False, [Reason("budget_exhausted", "gpu", 6, 4)])
-    assert waiting_reason(budget, plain, 32) == "budget_exhausted: gpu needs 6, 4 available"
+    assert waiting_reason(budget, plain, 32) == "budget_exhausted: gpu needs 6h, 4h available"
     member = Verdict(False, [Reason("borrowing_limit", "gpu", 2, 1)], member=True)
     assert waiting_reason(member, plain, 32) == "borrowing_limit: gpu needs 2, 1 available"
     # A plain tenant's quota and pools: the plain sentence says more (what is used of what).

@@ -19,6 +19,7 @@ from quotagate.cli.common import (
     reports_errors,
 )
 from quotagate.cli.rate import rate_store_option
+from quotagate.domain.budget import format_duration
 from quotagate.domain.model import RequestState, parse_payload_text
 
 
@@ -37,8 +38,9 @@ def _when(epoch: float | None) -> str:
 @click.option("--payload", default=None, help="JSON payload handed to the executor.")
 @click.option("--target", default=None, help="Delivery target name (default: the default target).")
 @click.option("--max-runtime", default=None, metavar="DURATION",
-              help="How long it may run (90s, 30m, 2h): what its tenant's budget reserves "
-              "for it (default: the tenant's --default-max-runtime).")
+              help="How long it is expected to run (90s, 30m, 2h): what its tenant's budget "
+              "reserves for it (default: the tenant's --default-max-runtime). Not a time "
+              "limit: work past it keeps running and accruing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the request as JSON.")
 @db_option
 @rate_store_option
@@ -152,7 +154,14 @@ def show(request_id: str, as_json: bool, db_url: str | None) -> None:
         value = data[key]
         if key == "cost":
             value = ", ".join(f"{r}={a}" for r, a in value.items())
+        elif key == "target" and value is None:
+            value = "(the default target)"  # not blank: it is delivered somewhere
         click.echo(f"{key:>9}: {'' if value is None else value}")
+    # A requeued request's later attempt is a new object at its target.
+    click.echo(f"{'attempt':>9}: {data['attempt']}")
+    if data["max_runtime"] is not None:
+        click.echo(f"{'runtime':>9}: at most {format_duration(data['max_runtime'])} "
+                   "(what a budget reserves)")
     click.echo(f"{'created':>9}: {_when(request.created)}")
     click.echo(f"{'payload':>9}: {json.dumps(request.payload)}")
 

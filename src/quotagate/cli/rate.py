@@ -56,7 +56,12 @@ def rate_add(
     if as_json:
         echo_json(status)
     else:
-        click.echo(f"tenant {tenant}: added {amount}")
+        # A top-up stops at the capacity: "added 3" to a full bucket would be untrue.
+        if status["tokens"] >= status["capacity"]:
+            click.echo(f"tenant {tenant}: added up to {amount}; the bucket is full "
+                       f"(its capacity is {status['capacity']})")
+        else:
+            click.echo(f"tenant {tenant}: added {amount}")
         click.echo(describe_rate(status))
 
 

@@ -6,6 +6,7 @@ import click
 
 from quotagate.cli.common import db_option, echo_json, open_gate, parse_assignments, reports_errors
 from quotagate.cli.rate import rate_store_option
+from quotagate.domain.dry_run import Reason, describe_reason
 from quotagate.domain.model import parse_payload_text
 
 
@@ -43,8 +44,11 @@ def simulate(
     click.echo(f"{verdict}: queue position {answer['position']} "
                f"(in its tenant's queue {answer['tenant_position']})")
     for reason in answer["reasons"]:
-        click.echo(f"  {reason['code']}: {reason['resource']} needs {reason['needed']:g}, "
-                   f"{reason['available']:g} available")
+        click.echo(f"  {describe_reason(Reason(**reason))}")
+    for victim in answer["would_preempt"]:
+        cost = ",".join(f"{r}={a}" for r, a in sorted(victim["cost"].items()))
+        click.echo(f"  would preempt {victim['id']} of {victim['tenant']} ({victim['kind']}, "
+                   f"cost {cost}, priority {victim['priority']})")
 
 
 COMMANDS = [simulate]

@@ -105,7 +105,9 @@ def target() -> None:
 @target.command("set")
 @click.argument("name")
 @click.option("--kind", type=click.Choice(KINDS), required=True)
-@click.option("--command", "command", help="process: the command line run per request; "
+@click.option("--command", "command", help="process: the command line run per request, in its run "
+              "directory (a program given as ./PATH is made absolute, "
+              "docs/decisions/040); "
               "spark: the job's entry point, e.g. 'spark-submit job.py'.")
 @click.option("--module", help="spark: a Python module run as the job (python -m MODULE).")
 @click.option("--checkpoint-root", help="spark: where checkpoints go, ROOT/LEDGER/TENANT/NAME "

@@ -77,8 +77,7 @@ def describe_verdict(verdict: Verdict, admission_window: int) -> str:
             parts.append("held_for_preemptor: fits, but only in room a preemption freed for a "
                          "waiting preemptor, held until it is admitted or its hold expires")
         else:
-            parts.append(f"{reason.code}: {reason.resource} needs {reason.needed:g}, "
-                         f"{reason.available:g} available")
+            parts.append(describe_reason(reason))
     return "; ".join(parts)
 
 
@@ -94,6 +93,13 @@ def waiting_reason(verdict: Verdict, plain: str, admission_window: int) -> str:
                              for entry in verdict.reasons):
         return describe_verdict(verdict, admission_window)
     return plain
+
+
+def describe_reason(reason: Reason) -> str:
+    """``pool_capacity: gpu needs 4, 2 available``; a budget's amounts are resource-hours."""
+    unit = "h" if reason.code == BUDGET_EXHAUSTED else ""
+    return (f"{reason.code}: {reason.resource} needs {reason.needed:g}{unit}, "
+            f"{reason.available:g}{unit} available")
 
 
 def _before(

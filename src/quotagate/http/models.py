@@ -185,8 +185,8 @@ class SubmitBody(_Body):
     target: StrictStr | None = Field(default=None, description="Delivery target name",
                                      json_schema_extra=_NAME)
     max_runtime: WholeNumber | None = Field(
-        default=None, description="Seconds it may run: what its tenant's budget reserves for "
-        "it (absent: the tenant's default_max_runtime)", examples=[7200],
+        default=None, description="Seconds it is expected to run: what its tenant's budget "
+        "reserves for it (absent: the tenant's default_max_runtime); not a time limit", examples=[7200],
         json_schema_extra={"minimum": 1, "maximum": MAX_RUNTIME})
 
 
@@ -208,8 +208,8 @@ class BatchEntryBody(_Body):
     payload: Any = Field(default=None, description="JSON handed to the executor (at most 64 KiB)")
     target: StrictStr | None = Field(default=None, description="Delivery target name")
     max_runtime: WholeNumber | None = Field(
-        default=None, description="Seconds it may run: what its tenant's budget reserves for "
-        "it (absent: the tenant's default_max_runtime)")
+        default=None, description="Seconds it is expected to run: what its tenant's budget "
+        "reserves for it (absent: the tenant's default_max_runtime); not a time limit")
 
 
 class BatchSubmitBody(_Body):

@@ -114,7 +114,7 @@ class TargetRecords:
                 kept = _tenants_of(connection, [name]).get(name, [])
             scope = f" tenants={','.join(kept)}" if kept else ""
             record(connection, self.clock.now(), AuditEntry(
-                actor, "target_set", "ok", None, name,
+                actor, "target.set", "ok", None, f"target/{name}",
                 f"kind={kind} default={is_default}{scope}",
             ))
             return TargetConfig(name, kind, checked, is_default, tuple(kept))

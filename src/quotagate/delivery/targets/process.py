@@ -76,13 +76,27 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
                            code="invalid_target_config")
     # Absolute, so workers started from other directories share the same runs.
     checked: dict[str, Any] = {
-        "command": command, "run_dir": str(Path(run_dir).expanduser().resolve()),
+        "command": _absolute_program(command),
+        "run_dir": str(Path(run_dir).expanduser().resolve()),
     }
     if environment:
         checked["environment"] = sorted(set(environment))
     if stop_grace != DEFAULT_STOP_GRACE:
         checked["stop_grace"] = float(stop_grace)
     return checked
+
+
+def _absolute_program(command: list[str]) -> list[str]:
+    """A program named by a relative path (``./serve-model.sh``) made absolute.
+
+    The command runs in its request's run directory, where ``./serve-model.sh``
+    is not: it would exit 127. Read against the directory the target is set
+    from, as the run directory is; a bare name (``sh``) is still found on PATH.
+    """
+    program = command[0]
+    if os.sep not in program or Path(program).is_absolute():
+        return command
+    return [str(Path(program).expanduser().resolve()), *command[1:]]
 
 
 class ProcessTarget:
