@@ -427,6 +427,9 @@ def measure_cohorts(
     round by round."""
     kinds = {"admit(1)": 1, f"admit({BATCH})": BATCH}
     best: dict[tuple[str, str, int], float] = {}
+    # The ratio of each round's pair (plain, then the scenario right after it): on a
+    # shared machine the load drifts between rounds, less within one pair.
+    paired: dict[tuple[str, int], list[float]] = {}
     with throwaway_database(backend) as plain_url, throwaway_database(backend) as other_url:
         engines = {"plain": create_engine(plain_url), scenario: create_engine(other_url)}
         urls = {"plain": plain_url, scenario: other_url}
@@ -446,6 +449,7 @@ def measure_cohorts(
             for processes in (1, 4):
                 for _round in range(settings.rounds):
                     for kind, batch in kinds.items():
+                        rates: dict[str, float] = {}
                         for name, engine in engines.items():
                             reset(engine)
                             rate = pool.throughput(
@@ -455,15 +459,30 @@ def measure_cohorts(
                                 f"{rate:,.0f}/s")
                             key = (name, kind, processes)
                             best[key] = max(rate, best.get(key, 0.0))
+                            rates[name] = rate
+                        if rates["plain"]:
+                            paired.setdefault((kind, processes), []).append(
+                                rates[scenario] / rates["plain"])
         finally:
             for engine in engines.values():
                 engine.dispose()
     return [
         [backend, kind, str(processes), f"{best['plain', kind, processes]:,.0f}",
          f"{best[scenario, kind, processes]:,.0f}",
-         _ratio(best[scenario, kind, processes], best["plain", kind, processes])]
+         _ratio(best[scenario, kind, processes], best["plain", kind, processes]),
+         _paired(paired.get((kind, processes), []))]
         for kind in kinds for processes in (1, 4)
     ]
+
+
+def _paired(ratios: Sequence[float]) -> str:
+    """The median of the rounds' ratios, with their range when there are several."""
+    if not ratios:
+        return "-"
+    median = statistics.median(ratios)
+    if len(ratios) == 1:
+        return f"{median:.2f}x"
+    return f"{median:.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 # -- sustained drain ---------------------------------------------------------
@@ -699,6 +718,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--slices", default="1",
                         help="comma-separated capacity slices per pool, one drain each "
                              "(default 1; e.g. 1,4)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="throughput runs of each kind, alternating scenarios; the best "
+                        "counts (default 2; quick 1)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="length of one throughput run (default 3; quick 1)")
     parser.add_argument("--parts", default="throughput,drain,latency,cohorts,budgets",
                         help="comma-separated: throughput,drain,latency,cohorts,budgets "
                         "(default: all)")
@@ -710,6 +734,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = QUICK if arguments.quick else FULL
     if arguments.million:
         settings = dataclasses.replace(settings, big_queues=(*settings.big_queues, 1_000_000))
+    if arguments.rounds:
+        settings = dataclasses.replace(settings, rounds=arguments.rounds)
+    if arguments.seconds:
+        settings = dataclasses.replace(settings, seconds=arguments.seconds)
     if arguments.drain:
         settings = dataclasses.replace(settings, drain=arguments.drain)
     parts = {name.strip() for name in arguments.parts.split(",") if name.strip()}
@@ -778,7 +806,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"Cohorts: {len(COHORT_TENANTS)} tenants plain, and in {len(COHORTS)} cohorts "
               f"where every admission borrows ({settings.queue:,} waiting at start, same run)")
         print(render_table(
-            ["backend", "scenario", "processes", "plain/s", "cohorts/s", "cohorts/plain"],
+            ["backend", "scenario", "processes", "plain/s", "cohorts/s", "best/best",
+             "round ratios, median (range)"],
             cohort_rows,
         ))
     if budget_rows:
@@ -786,7 +815,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"Budgets: the same {len(COHORT_TENANTS)} tenants plain, and each with a GPU "
               f"budget every admission charges ({settings.queue:,} waiting at start, same run)")
         print(render_table(
-            ["backend", "scenario", "processes", "plain/s", "budgets/s", "budgets/plain"],
+            ["backend", "scenario", "processes", "plain/s", "budgets/s", "best/best",
+             "round ratios, median (range)"],
             budget_rows,
         ))
     for line in skipped:

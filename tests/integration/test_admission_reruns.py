@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
 from quotagate import Quotagate
+from quotagate.domain.placement import Placement
 from quotagate.observability.metrics import Metrics
 from quotagate.store import admission_stats, schema
 from quotagate.store.dialect import is_retryable, retry_cause, run_transaction
@@ -154,3 +155,40 @@ def test_a_deadlock_is_told_apart_from_a_lock_timeout(gate: Quotagate) -> None:
     assert len(errors) == 1
     assert is_retryable(errors[0])
     assert retry_cause(errors[0]) == "deadlock"
+
+
+@pytest.mark.parametrize("backend", SERVERS, indirect=True)
+def test_admission_locks_members_rows_in_key_order_so_another_writer_in_that_order_never_deadlocks(
+    gate: Quotagate,
+) -> None:
+    # team-b's quota row is written first, so a charge that locked in the table's
+    # physical order would take team-b's row before waiting for team-a's.
+    gate.set_pool("main", {"gpu": 8})
+    gate.set_cohort("research")
+    gate.set_tenant("team-b", {"gpu": 4}, cohort="research")
+    gate.set_tenant("team-a", {"gpu": 4}, cohort="research")
+    gate.submit("job-a", "team-a", {"gpu": 1})
+    gate.submit("job-b", "team-b", {"gpu": 1})
+    quota = schema.tenant_quota
+    admitted: list[Placement] = []
+    with gate.engine.connect() as holder:
+        transaction = holder.begin()
+
+        def touch(tenant: str) -> None:
+            holder.execute(quota.update().where(quota.c.tenant == tenant)
+                           .values(used=quota.c.used))
+
+        touch("team-a")
+        admitter = threading.Thread(target=lambda: admitted.extend(gate.admit(2)))
+        admitter.start()
+        wait_for(lambda: _lock_waiters(gate.engine) > 0, "admission to wait for team-a's row",
+                 interval=LOCK_POLL_SECONDS)
+        # Locking in (tenant, resource) order, the waiting admission holds no member row
+        # yet: this write gets team-b's at once (else each would wait for the other).
+        touch("team-b")
+        transaction.commit()
+        admitter.join(30)
+    assert not admitter.is_alive()
+    assert sorted(placement.id for placement in admitted) == ["job-a", "job-b"]
+    assert admission_stats.snapshot().reruns["deadlock"] == 0
+    assert gate.check_invariants() == []

@@ -139,7 +139,10 @@ def charge_members(
     before: dict[tuple[str, str], tuple[int, MemberLimits, str | None]] = {}
     if update_returns_rows(transaction):
         charged = transaction.rows(
-            statements.borrowing_charge_statement(len(amounts), returning=True), parameters)
+            # In (tenant, resource) order, as the plain tenants' charge: admitters
+            # that lock members' rows in their plan's order deadlock on PostgreSQL.
+            statements.borrowing_charge_statement(len(amounts), lock_in_order=lock_in_order,
+                                                  returning=True), parameters)
         for row in charged:
             key = (row[0], row[1])
             before[key] = (int(row[2]) - amounts[key], _limits(row[3], row[4], row[5]), row[6])
