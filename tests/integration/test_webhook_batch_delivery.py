@@ -28,7 +28,7 @@ from support.waiting import wait_for
 from support.worker_processes import finish, start_worker, stop_all, table
 
 ITEM_KEYS = {"name", "ledger_id", "request_id", "tenant", "cost", "payload", "fencing_token",
-             "idempotency_key"}
+             "attempt", "idempotency_key"}
 
 
 @pytest.fixture
@@ -92,6 +92,7 @@ def test_many_deliveries_go_in_one_post_each_with_its_own_identity_and_token(
         request_id = item["request_id"]
         assert set(item) == ITEM_KEYS
         assert item["idempotency_key"] == request_id
+        assert item["attempt"] == 1  # a first attempt: the request id alone is the key
         assert item["ledger_id"] == ledger.ledger_id
         assert item["name"] == external_name(ledger.ledger_id, "team-a", request_id)
         assert item["name"] == bindings[request_id]["external_name"]
