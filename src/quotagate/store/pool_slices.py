@@ -94,14 +94,22 @@ def _record_statement(count: int) -> sa.Update:
     return request.update().where(request.c.id.in_(ids)).values(pool_slice=slice_of)
 
 
-def _claim(
-    transaction: DriverTransaction, pool: str, claim: str, amounts: Mapping[str, int]
-) -> int | None:
+def _claim_parameters(
+    pool: str, claim: str, amounts: Mapping[str, int]
+) -> tuple[list[str], dict[str, Any]]:
+    """:func:`_claim_query`'s parameters: the claimed resource and the others, in order."""
     others = sorted(resource for resource in amounts if resource != claim)
     parameters: dict[str, Any] = {"pool": pool, "claim": claim, "amount": amounts.get(claim, 0)}
     for index, resource in enumerate(others):
         parameters[f"resource_{index}"] = resource
         parameters[f"amount_{index}"] = amounts[resource]
+    return others, parameters
+
+
+def _claim(
+    transaction: DriverTransaction, pool: str, claim: str, amounts: Mapping[str, int]
+) -> int | None:
+    others, parameters = _claim_parameters(pool, claim, amounts)
     skip, lock_of = supports_skip_locked(transaction), locks_named_tables(transaction)
     found = transaction.rows(_claim_query(skip, len(others), lock_of), parameters)
     if not found and skip:
@@ -148,11 +156,7 @@ def _claim_and_charge(
     transaction: DriverTransaction, pool: str, claim: str, amounts: Mapping[str, int]
 ) -> int | None:
     """The slice claimed and charged in one statement, or None if none could be had."""
-    others = sorted(resource for resource in amounts if resource != claim)
-    parameters: dict[str, Any] = {"pool": pool, "claim": claim, "amount": amounts.get(claim, 0)}
-    for index, resource in enumerate(others):
-        parameters[f"resource_{index}"] = resource
-        parameters[f"amount_{index}"] = amounts[resource]
+    others, parameters = _claim_parameters(pool, claim, amounts)
     for index, (resource, amount) in enumerate(sorted(amounts.items())):
         parameters[f"charge_resource_{index}"] = resource
         parameters[f"charge_amount_{index}"] = amount
