@@ -1,0 +1,115 @@
+"""How long a ``quotagate`` command takes from exec to exit, next to the interpreter's floor.
+
+Each command runs as a user runs it (a fresh process, the console script's import), on a
+throwaway SQLite file. The raw baselines, measured in the same rounds: a bare ``python -c
+pass`` and ``import click, sqlalchemy`` (what any SQLAlchemy CLI pays before its own code).
+``--against REV`` adds the same commands on the code of a git revision (its ``src`` exported
+to a temporary directory and put first on ``PYTHONPATH``), interleaved with ours.
+
+    .venv/bin/python benchmarks/cli_startup.py [--rounds 10] [--against main]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from quotagate.cli.common import render_table
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_CLI = "import sys; from quotagate.cli.main import main; sys.argv[0] = 'quotagate'; main()"
+RAW = {
+    "python -c pass": ["-c", "pass"],
+    "import click, sqlalchemy": ["-c", "import click, sqlalchemy"],
+}
+
+
+def export_source(revision: str, into: Path) -> Path:
+    """The ``src`` tree of ``revision``, written under ``into``."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision, "src"], check=True,
+                             capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into / "src"
+
+
+def timed(arguments: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    subprocess.run([sys.executable, *arguments], check=True, env=env, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--against", metavar="REV", default=None,
+                        help="also time the commands on this git revision's code")
+    options = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="qg-cli-") as scratch:
+        directory = Path(scratch)
+        ours = {**os.environ, "QUOTAGATE_DB": f"sqlite:///{directory / 'ours.db'}"}
+        codes = {"ours": ours}
+        if options.against:
+            old_source = export_source(options.against, directory / "old")
+            codes[options.against] = {**ours, "QUOTAGATE_DB": f"sqlite:///{directory / 'old.db'}",
+                                      "PYTHONPATH": str(old_source)}
+        for env in codes.values():
+            for setup in (["init"], ["tenant", "set", "team-a", "--quota", "gpu=1000000"],
+                          ["pool", "set", "pool-1", "--capacity", "gpu=1000000"]):
+                subprocess.run([sys.executable, "-c", RUN_CLI, *setup], check=True, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def commands(round_number: int) -> dict[str, list[str]]:
+            return {
+                "--help": ["--help"],
+                "tenant list": ["tenant", "list"],
+                "submit": ["submit", "--id", f"job-{round_number}", "--tenant", "team-a", "--cost", "gpu=1"],
+            }
+
+        samples: dict[tuple[str, str], list[float]] = {}
+        load_before = os.getloadavg()[0]
+        started = time.strftime("%H:%M:%S", time.gmtime())
+        for round_number in range(-1, options.rounds):  # round -1 warms the caches and the .pyc files
+            for name, arguments in RAW.items():
+                sample = timed(arguments, ours)
+                if round_number >= 0:
+                    samples.setdefault(("raw", name), []).append(sample)
+            for name, arguments in commands(round_number).items():
+                for code, env in codes.items():
+                    sample = timed(["-c", RUN_CLI, *arguments], env)
+                    if round_number >= 0:
+                        samples.setdefault((code, name), []).append(sample)
+        finished = time.strftime("%H:%M:%S", time.gmtime())
+        load_after = os.getloadavg()[0]
+
+    def median_ms(code: str, name: str) -> float:
+        return statistics.median(samples[code, name]) * 1000
+
+    print(f"median of {options.rounds} interleaved runs, {started}-{finished} UTC, "
+          f"load average {load_before:.1f} -> {load_after:.1f}")
+    print(render_table(["raw baseline", "ms"], [[name, f"{median_ms('raw', name):.0f}"] for name in RAW]))
+    print()
+    headers = ["command", "ours ms"]
+    if options.against:
+        headers += [f"{options.against} ms", f"ours / {options.against}"]
+    rows = []
+    for name in commands(0):
+        row = [f"quotagate {name}", f"{median_ms('ours', name):.0f}"]
+        if options.against:
+            old = median_ms(options.against, name)
+            row += [f"{old:.0f}", f"{median_ms('ours', name) / old:.2f}"]
+        rows.append(row)
+    print(render_table(headers, rows))
+
+
+if __name__ == "__main__":
+    main()
