@@ -6,6 +6,11 @@ pass`` and ``import click, sqlalchemy`` (what any SQLAlchemy CLI pays before its
 ``--against REV`` adds the same commands on the code of a git revision (its ``src`` exported
 to a temporary directory and put first on ``PYTHONPATH``), interleaved with ours.
 
+Two ways to find the bytecode, each its own table: ``cached`` (``.pyc`` files written once, to a
+temporary ``PYTHONPYCACHEPREFIX``, as an installed package has them) and ``compiled`` (with
+``PYTHONDONTWRITEBYTECODE=1`` nothing is cached, so every run compiles quotagate's source
+again: what an editable install gives when that variable is set, as in this project's sessions).
+
     .venv/bin/python benchmarks/cli_startup.py [--rounds 10] [--against main]
 """
 
@@ -52,11 +57,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--against", metavar="REV", default=None,
                         help="also time the commands on this git revision's code")
+    parser.add_argument("--modes", default="cached,compiled", help="cached, compiled or both (comma-separated)")
     options = parser.parse_args()
+    modes = options.modes.split(",")
 
     with tempfile.TemporaryDirectory(prefix="qg-cli-") as scratch:
         directory = Path(scratch)
-        ours = {**os.environ, "QUOTAGATE_DB": f"sqlite:///{directory / 'ours.db'}"}
+        plain = {key: value for key, value in os.environ.items()
+                 if key not in ("PYTHONPATH", "PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE")}
+        bytecode = {"cached": {"PYTHONPYCACHEPREFIX": str(directory / "pyc")},
+                    "compiled": {"PYTHONDONTWRITEBYTECODE": "1"}}
+        ours = {**plain, "QUOTAGATE_DB": f"sqlite:///{directory / 'ours.db'}"}
         codes = {"ours": ours}
         if options.against:
             old_source = export_source(options.against, directory / "old")
@@ -79,36 +90,41 @@ def main() -> None:
         load_before = os.getloadavg()[0]
         started = time.strftime("%H:%M:%S", time.gmtime())
         for round_number in range(-1, options.rounds):  # round -1 warms the caches and the .pyc files
-            for name, arguments in RAW.items():
-                sample = timed(arguments, ours)
-                if round_number >= 0:
-                    samples.setdefault(("raw", name), []).append(sample)
-            for name, arguments in commands(round_number).items():
-                for code, env in codes.items():
-                    sample = timed(["-c", RUN_CLI, *arguments], env)
+            for mode in modes:
+                for name, arguments in RAW.items():
+                    sample = timed(arguments, {**ours, **bytecode[mode]})
                     if round_number >= 0:
-                        samples.setdefault((code, name), []).append(sample)
+                        samples.setdefault((mode, "raw", name), []).append(sample)
+                for name, arguments in commands(round_number).items():
+                    for code, env in codes.items():
+                        # A submit's id is new in each round and mode: every run records a request.
+                        arguments = [f"{argument}-{mode}" if argument.startswith("job-") else argument
+                                     for argument in arguments]
+                        sample = timed(["-c", RUN_CLI, *arguments], {**env, **bytecode[mode]})
+                        if round_number >= 0:
+                            samples.setdefault((mode, code, name), []).append(sample)
         finished = time.strftime("%H:%M:%S", time.gmtime())
         load_after = os.getloadavg()[0]
 
-    def median_ms(code: str, name: str) -> float:
-        return statistics.median(samples[code, name]) * 1000
-
     print(f"median of {options.rounds} interleaved runs, {started}-{finished} UTC, "
           f"load average {load_before:.1f} -> {load_after:.1f}")
-    print(render_table(["raw baseline", "ms"], [[name, f"{median_ms('raw', name):.0f}"] for name in RAW]))
-    print()
-    headers = ["command", "ours ms"]
-    if options.against:
-        headers += [f"{options.against} ms", f"ours / {options.against}"]
-    rows = []
-    for name in commands(0):
-        row = [f"quotagate {name}", f"{median_ms('ours', name):.0f}"]
+    for mode in modes:
+        def median_ms(code: str, name: str, mode: str = mode) -> float:
+            return statistics.median(samples[mode, code, name]) * 1000
+
+        headers = [f"bytecode {mode}", "ours ms"]
         if options.against:
-            old = median_ms(options.against, name)
-            row += [f"{old:.0f}", f"{median_ms('ours', name) / old:.2f}"]
-        rows.append(row)
-    print(render_table(headers, rows))
+            headers += [f"{options.against} ms", f"ours / {options.against}"]
+        rows = [[f"raw: {name}", f"{median_ms('raw', name):.0f}"] + ([""] * 2 if options.against else [])
+                for name in RAW]
+        for name in commands(0):
+            row = [f"quotagate {name}", f"{median_ms('ours', name):.0f}"]
+            if options.against:
+                old = median_ms(options.against, name)
+                row += [f"{old:.0f}", f"{median_ms('ours', name) / old:.2f}"]
+            rows.append(row)
+        print()
+        print(render_table(headers, rows))
 
 
 if __name__ == "__main__":
