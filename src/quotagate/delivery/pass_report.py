@@ -14,8 +14,8 @@ from dataclasses import dataclass
 __all__ = ["PassReport"]
 
 
-def _plural(count: int, noun: str, nouns: str | None = None) -> str:
-    return f"{count} {noun if count == 1 else nouns or noun + 's'}"
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun if count == 1 else noun + 's'}"
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class PassReport:
     # None: the worker does not admit (no --admit).
     admitted: int | None = None
     delivered: int = 0
-    # Failed attempts that will be tried again, and requests delivery gave up on.
+    # Failed delivery attempts to be tried again, and requests delivery gave up on.
     retrying: int = 0
     failed: int = 0
     stops_confirmed: int = 0

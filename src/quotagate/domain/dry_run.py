@@ -224,8 +224,8 @@ def judge(
     if rate_tokens is not None and rate_tokens < 1:
         reasons.append(Reason(RATE_LIMITED, "tokens", 1, round(max(rate_tokens, 0.0), 3)))
     budgets_left = budgets.copy() if budgets else Budgets()
-    tenant_usage, pool_usage, left, ahead = _before(request, queue, tenants, pools, sharing, weights,
-                                             budgets_left, history, guard)
+    tenant_usage, pool_usage, left, ahead = _before(request, queue, tenants, pools, sharing,
+                                                    weights, budgets_left, history, guard)
     # Budgets in resource-hours, as they are set (gpu=100h/30d).
     reasons += [Reason(BUDGET_EXHAUSTED, block.resource, round(block.needed / 3600, 3),
                        round(block.available / 3600, 3))

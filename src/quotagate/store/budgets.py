@@ -235,8 +235,8 @@ def accrue(connection: sa.Connection, rows: Iterable[Mapping[str, Any]], now: fl
         for bucket, used in sorted(spent.items()):
             if not _add_to_bucket(connection, tenant, resource, bucket, used):
                 new_bucket = True
-        # A new bucket is at most hourly per budget: folding then keeps the buckets
-        # bounded by the window at the cost of one range read an hour.
+        # In steady use a budget gets a new bucket once an hour: folding then keeps its
+        # buckets bounded by its window for one range read an hour, not one per release.
         if new_bucket:
             _fold_old_buckets(connection, tenant, resource, int(window), now)
 
