@@ -68,7 +68,10 @@ def worker(
         )
         if once:
             try:
-                click.echo(f"moved {dispatcher.run_once()}")
+                dispatcher.run_once()
+                # What moved, by kind: "delivered 3 requests, 0 failed, 1 stop confirmed".
+                if dispatcher.last_pass is not None:
+                    click.echo(dispatcher.last_pass.sentence())
             finally:
                 dispatcher.release()
             return
