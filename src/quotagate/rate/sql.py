@@ -30,6 +30,8 @@ Two engine details shape the statement:
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -41,9 +43,16 @@ from sqlalchemy.exc import IntegrityError
 from quotagate.domain.bucket import BucketConfig, BucketState, Decision, decide, refill
 from quotagate.errors import Conflict, NotFound
 from quotagate.rate.backend import Take
+from quotagate.rate.held_connection import HeldConnection, Prepared
 from quotagate.rate.keys import BucketKey
 from quotagate.store import schema
-from quotagate.store.dialect import database_now, dialect_now, reading, run_transaction
+from quotagate.store.dialect import (
+    database_now,
+    dialect_now,
+    reading,
+    rerun_on_conflict,
+    run_transaction,
+)
 from quotagate.store.driver import DriverTransaction, run_driver_transaction
 from quotagate.store.engine import create_engine, normalise_url, redact
 
@@ -67,6 +76,12 @@ def _available(now: sa.ColumnElement[float]) -> sa.ColumnElement[float]:
 
 def _config(row: Any) -> BucketConfig:
     return BucketConfig(float(row.capacity), float(row.refill_per_second))
+
+
+@lru_cache(maxsize=256)
+def _shape(capacity: float, refill_per_second: float) -> BucketConfig:
+    """A bucket's shape from its row, built (and validated) once per distinct shape."""
+    return BucketConfig(float(capacity), float(refill_per_second))
 
 
 def read(connection: sa.Connection, key: BucketKey) -> tuple[BucketConfig, float] | None:
@@ -222,6 +237,113 @@ def _take_on_driver(
     return decide(config, state.tokens, amount, False)
 
 
+class _HeldTakes:
+    """Takes on the store's held connection (:mod:`quotagate.rate.held_connection`).
+
+    The same statements as :func:`_take_on_driver`, prepared once, each in
+    autocommit. One more step: a bucket whose last take here was refused, and
+    whose refill cannot have covered a take since, is **read first**. A read
+    that finds too few tokens is the refusal — the tokens it saw were
+    committed, and nothing but time and top-ups adds any, so at that read the
+    conditional UPDATE would have refused too — with no UPDATE and its write
+    lock (SQLite's is the database's). A read that finds enough goes on to the
+    UPDATE, which alone grants. Under overload most takes are refusals; on
+    SQLite and MySQL a refusal was the UPDATE and then this read.
+    """
+
+    # Keys remembered as refused; past this many the memory starts again (it is a hint).
+    REMEMBERED = 10_000
+
+    def __init__(self, held: HeldConnection) -> None:
+        dialect = held.dialect
+        self.held = held
+        self._one_statement = dialect.name == "postgresql"
+        self._returning = bool(dialect.update_returning)
+        # Compiled at the first take, once connected: MySQL's dialect knows only
+        # then which server it speaks to (MariaDB's CAST to DOUBLE).
+        self._prepared: tuple[Prepared, Prepared, Prepared] | None = None
+        # key -> monotonic time before which a take is expected to be refused.
+        self._refused_until: dict[str, float] = {}
+
+    def take(self, key: BucketKey, amount: int) -> tuple[bool, Decision | None]:
+        """``(True, decision or None if no bucket)``, or ``(False, None)`` if the connection is busy."""
+        parameters = {"bucket_key": key.name, "amount": amount}
+        read_first = self._refused_until.get(key.name, 0.0) > time.monotonic()
+        done, decision = self.held.attempt(
+            lambda cursor: self._decide(cursor, parameters, amount, read_first))
+        if decision is not None:
+            self._remember(key.name, decision)
+        return done, decision
+
+    def _statements(self) -> tuple[Prepared, Prepared, Prepared]:
+        """The take, the read of a granted row (MySQL) and the read of a refused one."""
+        if self._prepared is None:
+            dialect = self.held.dialect
+            take = _one_statement_take() if self._one_statement else \
+                _take_statement(dialect.name, self._returning)
+            self._prepared = (Prepared(dialect, take), Prepared(dialect, _after_statement()),
+                              Prepared(dialect, _read_statement(dialect.name)))
+        return self._prepared
+
+    def _decide(self, cursor: Any, parameters: dict[str, Any], amount: int,
+                read_first: bool) -> Decision | None:
+        if read_first:
+            refused = self._refusal(cursor, parameters, amount, only_if_short=True)
+            if refused is not None:
+                return refused
+        take, after, _ = self._statements()
+        cursor.execute(take.sql, take.parameters(parameters))
+        if self._one_statement:
+            answer = cursor.fetchall()
+            if not answer:
+                return None
+            granted, tokens, capacity, refill_per_second, updated, now = answer[0]
+            config = _shape(capacity, refill_per_second)
+            if not granted:
+                tokens = refill(config, BucketState(float(tokens), float(updated)),
+                                float(now)).tokens
+            return decide(config, float(tokens), amount, bool(granted))
+        if self._returning:
+            rows = cursor.fetchall()
+            row = rows[0] if rows else None
+        elif cursor.rowcount == 1:
+            # Committed already (autocommit): the tokens read are those of this
+            # moment, possibly after another take — the numbers reported, not the decision.
+            cursor.execute(after.sql, after.parameters(parameters))
+            row = cursor.fetchone()
+        else:
+            row = None
+        if row is not None:
+            tokens, capacity, refill_per_second = row
+            return decide(_shape(capacity, refill_per_second), float(tokens), amount, True)
+        return self._refusal(cursor, parameters, amount, only_if_short=False)
+
+    def _refusal(self, cursor: Any, parameters: dict[str, Any], amount: int, *,
+                 only_if_short: bool) -> Decision | None:
+        """The refusal as the bucket reads now; None if there is no bucket, or
+        (``only_if_short``) if it holds enough for the take."""
+        read = self._statements()[2]
+        cursor.execute(read.sql, read.parameters(parameters))
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        capacity, refill_per_second, tokens, updated, now = row
+        config = _shape(capacity, refill_per_second)
+        tokens = refill(config, BucketState(float(tokens), float(updated)), float(now)).tokens
+        if only_if_short and tokens >= amount:
+            return None
+        return decide(config, tokens, amount, False)
+
+    def _remember(self, name: str, decision: Decision) -> None:
+        if decision.granted:
+            self._refused_until.pop(name, None)
+            return
+        if len(self._refused_until) >= self.REMEMBERED:
+            self._refused_until.clear()
+        wait = decision.retry_after
+        self._refused_until[name] = math.inf if wait is None else time.monotonic() + wait
+
+
 def add_in(connection: sa.Connection, key: BucketKey, amount: int) -> float | None:
     """Top up inside the caller's transaction; the tokens now, or None if there is no bucket."""
     now = database_now(connection)
@@ -289,6 +411,7 @@ class SqlRateStore:
     def __init__(self, engine: Engine, *, owns_engine: bool = False) -> None:
         self.engine = engine
         self._owns_engine = owns_engine
+        self._held = _HeldTakes(HeldConnection(engine))
 
     @property
     def description(self) -> str:
@@ -310,14 +433,17 @@ class SqlRateStore:
         raise Conflict(f"rate bucket {key} is being configured concurrently; retry")
 
     def take(self, key: BucketKey, config: BucketConfig, amount: int = 1) -> Decision:
-        # On the driver connection: SQLAlchemy's Connection would cost more than
-        # the UPDATE (quotagate.store.driver). In autocommit where the driver allows
-        # it: the conditional UPDATE is atomic on its own, and BEGIN and COMMIT were
-        # two of its three round trips (docs/decisions/112-sql-take-in-autocommit.md).
-        decision = run_driver_transaction(
-            self.engine, lambda transaction: _take_on_driver(transaction, key, amount),
-            autocommit=True,
-        )
+        # On the store's held connection, in autocommit: the conditional UPDATE is
+        # atomic on its own, and a pool checkout cost more than the UPDATE
+        # (docs/decisions/114-sql-takes-on-a-held-connection.md). When another
+        # thread has it, through the pool on the driver connection
+        # (docs/decisions/112-sql-take-in-autocommit.md).
+        done, decision = rerun_on_conflict(lambda: self._held.take(key, amount))
+        if not done:
+            decision = run_driver_transaction(
+                self.engine, lambda transaction: _take_on_driver(transaction, key, amount),
+                autocommit=True,
+            )
         if decision is None:
             raise NotFound(f"rate bucket {key} is not configured in {self.description}",
                            code="unknown_rate_bucket")
@@ -346,6 +472,7 @@ class SqlRateStore:
         run_transaction(self.engine, lambda connection: forget_in(connection, key))
 
     def close(self) -> None:
+        self._held.held.close()
         if self._owns_engine:
             self.engine.dispose()
 
