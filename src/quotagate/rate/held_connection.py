@@ -24,6 +24,7 @@ as for every other transaction; a connection that broke is dropped.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import threading
@@ -104,15 +105,23 @@ class HeldConnection:
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            self._leave_inherited()
             self._drop()
 
-    def _ready(self) -> Any:
-        """The cursor of a connection fit for use: this process's, alive, in autocommit."""
+    def _leave_inherited(self) -> None:
+        """In a forked child, forget the parent's connection without closing it."""
         if self._pid != os.getpid():
             if self._connection is not None:
                 _INHERITED.append(self._connection)
             self._connection = self._cursor = None
             self._pid = os.getpid()
+            # The pool's idle connections are the parent's too: the next one opened
+            # here must be the child's own (SQLAlchemy's way for a forked child).
+            self.engine.dispose(close=False)
+
+    def _ready(self) -> Any:
+        """The cursor of a connection fit for use: this process's, alive, in autocommit."""
+        self._leave_inherited()
         if self._connection is not None and self.dialect.name != "sqlite" \
                 and time.monotonic() - self._used_at >= PING_AFTER_IDLE:
             try:
@@ -144,7 +153,7 @@ class HeldConnection:
             raise self._wrap(exc) from exc
         self._connection = connection
 
-    def _wrap(self, error: Exception) -> DBAPIError:
+    def _wrap(self, error: Any) -> DBAPIError:  # a driver error (its DBAPI module's Error)
         invalidated = bool(self.dialect.is_disconnect(error, self._connection, self._cursor))
         if invalidated:
             self._drop()
@@ -158,7 +167,5 @@ class HeldConnection:
     def _drop(self) -> None:
         connection, self._connection, self._cursor = self._connection, None, None
         if connection is not None:
-            try:
+            with contextlib.suppress(self._driver_error):  # broken already: nothing to close
                 connection.close()
-            except self._driver_error:
-                pass  # already broken: nothing left to close

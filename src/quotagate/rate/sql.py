@@ -31,6 +31,7 @@ Two engine details shape the statement:
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Sequence
 from functools import lru_cache
@@ -411,6 +412,7 @@ class SqlRateStore:
     def __init__(self, engine: Engine, *, owns_engine: bool = False) -> None:
         self.engine = engine
         self._owns_engine = owns_engine
+        self._pid = os.getpid()
         self._held = _HeldTakes(HeldConnection(engine))
 
     @property
@@ -474,7 +476,8 @@ class SqlRateStore:
     def close(self) -> None:
         self._held.held.close()
         if self._owns_engine:
-            self.engine.dispose()
+            # In a forked child the pooled connections are the parent's: let go, never close.
+            self.engine.dispose(close=os.getpid() == self._pid)
 
 
 def open_sql_store(url: str, ledger_engine: Engine | None) -> SqlRateStore:
