@@ -29,6 +29,7 @@ import operator
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -44,6 +45,17 @@ T = TypeVar("T")
 # Connections a forked child found held by its parent: kept referenced, never
 # closed here, so that the garbage collector does not end the parent's session.
 _INHERITED: list[Any] = []
+# Every HeldConnection of this process, told when it forks (a per-call getpid()
+# is a system call: a tenth of an SQLite refusal here).
+_LIVE: weakref.WeakSet[HeldConnection] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for held in list(_LIVE):
+        held._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Prepared:
@@ -80,9 +92,10 @@ class HeldConnection:
         self._lock = threading.Lock()
         self._connection: Any = None  # the DBAPI connection, opened at first use
         self._cursor: Any = None
-        self._pid = os.getpid()
+        self._inherited = False  # forked since: the connection is the parent's
         self._used_at = 0.0
         self._closed = False
+        _LIVE.add(self)
 
     def attempt(self, work: Callable[[Any], T]) -> tuple[bool, T | None]:
         """Run ``work(cursor)`` on the held connection: ``(True, result)``, or
@@ -108,13 +121,19 @@ class HeldConnection:
             self._leave_inherited()
             self._drop()
 
+    def _forked(self) -> None:
+        """In the child, right after fork: only the forking thread runs here now."""
+        # Another thread of the parent may have held the lock: it never releases it here.
+        self._lock = threading.Lock()
+        self._inherited = True
+
     def _leave_inherited(self) -> None:
         """In a forked child, forget the parent's connection without closing it."""
-        if self._pid != os.getpid():
+        if self._inherited:
             if self._connection is not None:
                 _INHERITED.append(self._connection)
             self._connection = self._cursor = None
-            self._pid = os.getpid()
+            self._inherited = False
             # The pool's idle connections are the parent's too: the next one opened
             # here must be the child's own (SQLAlchemy's way for a forked child).
             self.engine.dispose(close=False)

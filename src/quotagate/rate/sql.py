@@ -176,6 +176,14 @@ def _read_statement(dialect: str) -> sa.Select[Any]:
     ).where(bucket.c.key == sa.bindparam("bucket_key"))
 
 
+@lru_cache(maxsize=8)
+def _available_statement(dialect: str) -> sa.Select[Any]:
+    """The bucket's shape and its tokens now, refilled in SQL as the take's WHERE refills them."""
+    return sa.select(
+        bucket.c.capacity, bucket.c.refill_per_second, _available(dialect_now(dialect)),
+    ).where(bucket.c.key == sa.bindparam("bucket_key"))
+
+
 @lru_cache(maxsize=1)
 def _after_statement() -> sa.Select[Any]:
     return sa.select(*_AFTER).where(bucket.c.key == sa.bindparam("bucket_key"))
@@ -283,7 +291,7 @@ class _HeldTakes:
             take = _one_statement_take() if self._one_statement else \
                 _take_statement(dialect.name, self._returning)
             self._prepared = (Prepared(dialect, take), Prepared(dialect, _after_statement()),
-                              Prepared(dialect, _read_statement(dialect.name)))
+                              Prepared(dialect, _available_statement(dialect.name)))
         return self._prepared
 
     def _decide(self, cursor: Any, parameters: dict[str, Any], amount: int,
@@ -328,12 +336,11 @@ class _HeldTakes:
         row = cursor.fetchone()
         if row is None:
             return None
-        capacity, refill_per_second, tokens, updated, now = row
-        config = _shape(capacity, refill_per_second)
-        tokens = refill(config, BucketState(float(tokens), float(updated)), float(now)).tokens
+        capacity, refill_per_second, tokens = row
+        tokens = float(tokens)
         if only_if_short and tokens >= amount:
             return None
-        return decide(config, tokens, amount, False)
+        return decide(_shape(capacity, refill_per_second), tokens, amount, False)
 
     def _remember(self, name: str, decision: Decision) -> None:
         if decision.granted:
