@@ -71,6 +71,11 @@ def _compile(dialect: Dialect, statement: sa.Executable) -> _Compiled:
     )
 
 
+def compiled_for_driver(dialect: Dialect, statement: sa.Executable) -> _Compiled:
+    """``statement`` compiled for ``dialect``'s driver, once (the rate store's held connection)."""
+    return _compile(dialect, statement)
+
+
 class DriverTransaction:
     """Statements of one transaction, executed on the DBAPI cursor.
 
