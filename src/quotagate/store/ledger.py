@@ -115,6 +115,14 @@ def _cost_items(text: str) -> tuple[tuple[str, int], ...]:
     return tuple(decode_cost(text).items())
 
 
+@lru_cache(maxsize=4096)
+def _candidate(request_id: str, tenant: str, cost: str, runtime: int | None) -> Candidate:
+    """The candidate of a head row, built once per request: consecutive admissions read
+    the same heads of the queues again (all but what they admitted). A Candidate is
+    frozen and nothing changes its cost, so one instance serves every read."""
+    return Candidate(request_id, tenant, dict(_cost_items(cost)), runtime)
+
+
 class Ledger:
     """Write side of the ledger. Safe to share between threads of one process."""
 
@@ -572,8 +580,7 @@ class Ledger:
             statements.head_query(len(tenants), window), statements.head_parameters(tenants)
         )
         rows.sort(key=lambda row: (row[3], row[4], row[0]))
-        candidates = [Candidate(row[0], row[1], dict(_cost_items(row[2])), row[6])
-                      for row in rows]
+        candidates = [_candidate(row[0], row[1], row[2], row[6]) for row in rows]
         return (candidates, {row[0]: row[5] for row in rows},
                 {row[0]: int(row[7]) for row in rows if row[7]})
 
