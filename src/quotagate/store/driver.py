@@ -111,13 +111,18 @@ class DriverTransaction:
         return self._cursor
 
     def rows(self, statement: sa.Executable, parameters: Mapping[str, Any]) -> list[Any]:
-        return list(self.execute(statement, parameters).fetchall())
+        rows = self.execute(statement, parameters).fetchall()
+        # sqlite3 and psycopg hand a list already; PyMySQL a tuple.
+        return rows if isinstance(rows, list) else list(rows)
 
     def rowcount(self, statement: sa.Executable, parameters: Mapping[str, Any]) -> int:
         count: int = self.execute(statement, parameters).rowcount
         return count
 
     def executemany(self, statement: sa.Executable, rows: Sequence[Mapping[str, Any]]) -> None:
+        if len(rows) == 1:  # admit(1)'s case; a driver's executemany costs more than execute
+            self.execute(statement, rows[0])
+            return
         compiled = _compile(self.dialect, statement)
         self._statement = compiled.sql
         self._parameters = [compiled.parameters(row) for row in rows]

@@ -77,7 +77,13 @@ def head_query(tenant_count: int, window: int) -> sa.Select[Any] | sa.CompoundSe
 
 def head_parameters(tenants: Sequence[str]) -> dict[str, str]:
     """The values of :func:`head_query`'s ``tenant_i`` parameters."""
-    return {f"tenant_{index}": tenant for index, tenant in enumerate(tenants)}
+    return dict(zip(_names("tenant", len(tenants)), tenants))
+
+
+@lru_cache(maxsize=512)
+def _names(prefix: str, count: int) -> tuple[str, ...]:
+    """``prefix_0`` … ``prefix_{count-1}``: formatted once, not at every admission."""
+    return tuple(f"{prefix}_{index}" for index in range(count))
 
 
 @lru_cache(maxsize=64)
@@ -138,9 +144,8 @@ def reserve_statement(count: int, *, lock: bool = False) -> sa.Update:
 def reserve_parameters(plan: Sequence[Placement], now: float) -> dict[str, Any]:
     """The parameters of :func:`reserve_statement` for planned placements."""
     parameters: dict[str, Any] = {"now": now}
-    for index, placement in enumerate(plan):
-        parameters[f"id_{index}"] = placement.id
-        parameters[f"pool_{index}"] = placement.pool
+    parameters.update(zip(_names("id", len(plan)), [placement.id for placement in plan]))
+    parameters.update(zip(_names("pool", len(plan)), [placement.pool for placement in plan]))
     return parameters
 
 
@@ -178,21 +183,27 @@ def charge_statement(
 def charge_parameters(amounts: dict[tuple[str, str], int]) -> dict[str, Any]:
     """The parameters of :func:`charge_statement` for ``{(holder, resource): amount}``."""
     parameters: dict[str, Any] = {}
+    count = len(amounts)
+    holders, resources, charges = _names("holder", count), _names("resource", count), \
+        _names("amount", count)
     for index, ((holder, resource), amount) in enumerate(sorted(amounts.items())):
-        parameters[f"holder_{index}"] = holder
-        parameters[f"resource_{index}"] = resource
-        parameters[f"amount_{index}"] = amount
+        parameters[holders[index]] = holder
+        parameters[resources[index]] = resource
+        parameters[charges[index]] = amount
     return parameters
 
 
 def sliced_charge_parameters(amounts: dict[tuple[str, int, str], int]) -> dict[str, Any]:
     """The parameters of a ``sliced`` :func:`charge_statement`: ``{(pool, slice, resource): amount}``."""
     parameters: dict[str, Any] = {}
+    count = len(amounts)
+    holders, slices, resources, charges = (_names("holder", count), _names("slice", count),
+                                           _names("resource", count), _names("amount", count))
     for index, ((holder, slice_number, resource), amount) in enumerate(sorted(amounts.items())):
-        parameters[f"holder_{index}"] = holder
-        parameters[f"slice_{index}"] = slice_number
-        parameters[f"resource_{index}"] = resource
-        parameters[f"amount_{index}"] = amount
+        parameters[holders[index]] = holder
+        parameters[slices[index]] = slice_number
+        parameters[resources[index]] = resource
+        parameters[charges[index]] = amount
     return parameters
 
 
