@@ -56,7 +56,7 @@ from quotagate.store.dialect import (
     supports_dml_cte,
     supports_skip_locked,
 )
-from quotagate.store.driver import DriverTransaction, run_driver_transaction
+from quotagate.store.driver import DriverTransaction, KeptConnection, run_driver_transaction
 from quotagate.store.rate_gate import RateGate
 from quotagate.store.release import End, ReleaseResult, lock_decisions, release_batch
 from quotagate.store.rows import (
@@ -159,6 +159,12 @@ class Ledger:
         # Set by each admission from its snapshot: does any tenant have a preemption policy?
         self._policies_seen = False
         self._lock_row_ready = False
+        # Admission's connection, kept between admissions where the dialect allows.
+        self._admission_connection = KeptConnection(engine)
+
+    def close(self) -> None:
+        """Hand back the connection admission keeps between calls (quotagate.store.driver)."""
+        self._admission_connection.close()
 
     # -- submit ----------------------------------------------------------------
 
@@ -295,6 +301,7 @@ class Ledger:
                 admitted = run_driver_transaction(
                     self.engine, partial(self._admit, limit=limit, actor=actor, claim=claim),
                     on_retry=admission_stats.count_database_rerun,
+                    kept=self._admission_connection,
                 )
             except tenant_claims.ClaimsTooNarrow:
                 # The tenants this admitter could claim had nothing to admit. Waiting on

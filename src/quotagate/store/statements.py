@@ -77,7 +77,7 @@ def head_query(tenant_count: int, window: int) -> sa.Select[Any] | sa.CompoundSe
 
 def head_parameters(tenants: Sequence[str]) -> dict[str, str]:
     """The values of :func:`head_query`'s ``tenant_i`` parameters."""
-    return dict(zip(_names("tenant", len(tenants)), tenants))
+    return dict(zip(_names("tenant", len(tenants)), tenants, strict=True))
 
 
 @lru_cache(maxsize=512)
@@ -144,8 +144,10 @@ def reserve_statement(count: int, *, lock: bool = False) -> sa.Update:
 def reserve_parameters(plan: Sequence[Placement], now: float) -> dict[str, Any]:
     """The parameters of :func:`reserve_statement` for planned placements."""
     parameters: dict[str, Any] = {"now": now}
-    parameters.update(zip(_names("id", len(plan)), [placement.id for placement in plan]))
-    parameters.update(zip(_names("pool", len(plan)), [placement.pool for placement in plan]))
+    count = len(plan)
+    parameters.update(zip(_names("id", count), [placement.id for placement in plan], strict=True))
+    parameters.update(zip(_names("pool", count), [placement.pool for placement in plan],
+                          strict=True))
     return parameters
 
 
