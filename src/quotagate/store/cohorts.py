@@ -88,6 +88,7 @@ def snapshot_from_rows(rows: Iterable[Sequence[Any]]) -> Snapshot:
     """Tenants, pools, cohorts and weights from the admission snapshot's rows."""
     snapshot = Snapshot({}, {}, Sharing(), {})
     tenants, pools, sharing = snapshot.tenants, snapshot.pools, snapshot.sharing
+    slice_rows: dict[tuple[str, str], int] = {}
     for kind, holder, resource, used, cap, borrowing_limit, lending_limit, root, decayed, \
             decayed_at in rows:
         if kind == "t":
@@ -97,10 +98,14 @@ def snapshot_from_rows(rows: Iterable[Sequence[Any]]) -> Snapshot:
             if root is not None:
                 sharing.roots[holder] = root
                 sharing.limits[holder, resource] = _limits(cap, borrowing_limit, lending_limit)
-        elif kind == "p":
-            pools.setdefault(holder, {})[resource] = (int(used), int(cap))
-            if borrowing_limit is not None and int(borrowing_limit) > 1:
-                snapshot.slices[holder] = int(borrowing_limit)
+        elif kind == "p":  # one row per capacity slice: summed here
+            usage = pools.setdefault(holder, {})
+            summed = usage.get(resource)
+            if summed is None:
+                usage[resource] = (int(used), int(cap))
+            else:
+                usage[resource] = (summed[0] + int(used), summed[1] + int(cap))
+                slice_rows[holder, resource] = slice_rows.get((holder, resource), 1) + 1
         elif kind == "c":
             sharing.cohorts.setdefault(holder, {})[resource] = (int(used), int(cap))
         elif kind == "w":
@@ -113,6 +118,8 @@ def snapshot_from_rows(rows: Iterable[Sequence[Any]]) -> Snapshot:
             snapshot.holds.append(holder)
         else:
             snapshot.policies[holder] = (resource, root)
+    for (pool, _resource), count in slice_rows.items():
+        snapshot.slices[pool] = count
     return snapshot
 
 

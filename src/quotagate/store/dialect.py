@@ -69,6 +69,16 @@ def supports_dml_cte(engine: HasDialect) -> bool:
     return engine.dialect.name == "postgresql"
 
 
+def keeps_idle_connections(engine: HasDialect) -> bool:
+    """May a connection stay checked out between transactions (quotagate.store.driver.KeptConnection)?
+
+    SQLite: no server can drop it while it idles, so it needs none of the
+    checks a checkout makes (the ping after idle, docs/decisions/025-ping-after-idle.md).
+    The servers' connections go back to the pool after every transaction.
+    """
+    return engine.dialect.name == "sqlite"
+
+
 def begin_statement(engine: HasDialect) -> str | None:
     """What a driver-level transaction must send first (quotagate.store.engine's SQLite BEGIN).
 

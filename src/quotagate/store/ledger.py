@@ -56,7 +56,7 @@ from quotagate.store.dialect import (
     supports_dml_cte,
     supports_skip_locked,
 )
-from quotagate.store.driver import DriverTransaction, run_driver_transaction
+from quotagate.store.driver import DriverTransaction, KeptConnection, run_driver_transaction
 from quotagate.store.rate_gate import RateGate
 from quotagate.store.release import End, ReleaseResult, lock_decisions, release_batch
 from quotagate.store.rows import (
@@ -115,6 +115,14 @@ def _cost_items(text: str) -> tuple[tuple[str, int], ...]:
     return tuple(decode_cost(text).items())
 
 
+@lru_cache(maxsize=4096)
+def _candidate(request_id: str, tenant: str, cost: str, runtime: int | None) -> Candidate:
+    """The candidate of a head row, built once per request: consecutive admissions read
+    the same heads of the queues again (all but what they admitted). A Candidate is
+    frozen and nothing changes its cost, so one instance serves every read."""
+    return Candidate(request_id, tenant, dict(_cost_items(cost)), runtime)
+
+
 class Ledger:
     """Write side of the ledger. Safe to share between threads of one process."""
 
@@ -151,6 +159,12 @@ class Ledger:
         # Set by each admission from its snapshot: does any tenant have a preemption policy?
         self._policies_seen = False
         self._lock_row_ready = False
+        # Admission's connection, kept between admissions where the dialect allows.
+        self._admission_connection = KeptConnection(engine)
+
+    def close(self) -> None:
+        """Hand back the connection admission keeps between calls (quotagate.store.driver)."""
+        self._admission_connection.close()
 
     # -- submit ----------------------------------------------------------------
 
@@ -287,6 +301,7 @@ class Ledger:
                 admitted = run_driver_transaction(
                     self.engine, partial(self._admit, limit=limit, actor=actor, claim=claim),
                     on_retry=admission_stats.count_database_rerun,
+                    kept=self._admission_connection,
                 )
             except tenant_claims.ClaimsTooNarrow:
                 # The tenants this admitter could claim had nothing to admit. Waiting on
@@ -572,8 +587,7 @@ class Ledger:
             statements.head_query(len(tenants), window), statements.head_parameters(tenants)
         )
         rows.sort(key=lambda row: (row[3], row[4], row[0]))
-        candidates = [Candidate(row[0], row[1], dict(_cost_items(row[2])), row[6])
-                      for row in rows]
+        candidates = [_candidate(row[0], row[1], row[2], row[6]) for row in rows]
         return (candidates, {row[0]: row[5] for row in rows},
                 {row[0]: int(row[7]) for row in rows if row[7]})
 
