@@ -54,11 +54,10 @@ from quotagate.domain.model import (
 from quotagate.errors import Conflict, InvalidInput, NotFound
 from quotagate.store import (
     budgets,
-    cohorts,
     fair_history,
     identity,
-    pool_slices,
     requeue,
+    returns,
     schema,
 )
 from quotagate.store.audit import AuditEntry, record
@@ -326,30 +325,15 @@ def _move_states(
 
 
 def _return_cost(connection: sa.Connection, charges: Iterable[_Charge]) -> None:
-    """Give the summed cost back, tenants first, then pools, rows in key order.
-
-    Pools: one conditional UPDATE for the batch. Tenants: one return per tenant
-    of its summed cost, through the cohorts' bookkeeping, which gives a member's
-    return back to its cohort's room as well (quotagate.store.cohorts).
-    """
-    per_tenant: dict[str, Counter[str]] = {}
+    """Give the summed cost back in the lock order (:mod:`quotagate.store.returns`)."""
+    tenant_amounts: Counter[tuple[str, str]] = Counter()
     pool_amounts: Counter[tuple[str, int, str]] = Counter()
     for charge in charges:
         for resource, amount in charge.cost.items():
-            per_tenant.setdefault(charge.tenant, Counter())[resource] += amount
+            tenant_amounts[charge.tenant, resource] += amount
+            # Each request's cost goes back to the slice it was charged to.
             pool_amounts[charge.pool, charge.pool_slice or 0, resource] += amount
-    for tenant, returned in sorted(per_tenant.items()):
-        if not cohorts.adjust_tenant(connection, tenant, dict(returned), charge=False):
-            raise RuntimeError(
-                f"ledger inconsistent: cannot return {dict(returned)} to tenant {tenant}")
-    if not pool_amounts:
-        return
-    # Each request's cost goes back to the slice it was charged to.
-    statement, parameters = pool_slices.return_statement_parameters(
-        dict(pool_amounts), reserves_with_lock(connection))
-    count = connection.execute(statement, parameters).rowcount
-    if count != len(pool_amounts):
-        raise RuntimeError(f"ledger inconsistent: cannot return {dict(pool_amounts)} to pools")
+    returns.return_cost(connection, tenant_amounts, pool_amounts)
 
 
 def _begin_stop(

@@ -1,0 +1,71 @@
+"""Processes for the lock-order tests (spawned: importable, top level).
+
+Each one does a fixed number of operations and answers how many deadlocks
+its own transactions met: the admission's rerun counter for an admitter,
+``run_transaction``'s retry hook for a releaser (the same call
+``Ledger.release_many`` makes, with the hook that hears every rerun).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
+
+from quotagate import Quotagate
+from quotagate.domain.model import RequestState
+from quotagate.store import admission_stats, schema
+from quotagate.store.dialect import retry_cause, run_transaction
+from quotagate.store.release import End, release_batch
+
+
+def admit_rounds(url: str, rounds: int, batch: int, barrier: Any, results: Any) -> None:
+    """``rounds`` admission passes of up to ``batch``; answers (admitted, deadlocks, bound hits)."""
+    admitted = 0
+    bound_hits = 0
+    with Quotagate.connect(url) as gate:
+        gate.engine.connect().close()
+        barrier.wait(timeout=120)
+        for _ in range(rounds):
+            before = admission_stats.snapshot().reruns["stale_snapshot"]
+            admitted += len(gate.admit(batch))
+            # Ledger.admit gives up after 50 reruns of one call.
+            if admission_stats.snapshot().reruns["stale_snapshot"] - before >= 50:
+                bound_hits += 1
+    results.put(("admit", admitted, admission_stats.snapshot().reruns["deadlock"], bound_hits))
+
+
+def release_rounds(url: str, rounds: int, batch: int, seed: int, barrier: Any,
+                   results: Any) -> None:
+    """``rounds`` batched releases of up to ``batch`` reserved requests of any tenants."""
+    generator = random.Random(seed)
+    deadlocks = 0
+    released = 0
+
+    def heard(error: DBAPIError) -> None:
+        nonlocal deadlocks
+        deadlocks += retry_cause(error) == "deadlock"
+
+    request = schema.request
+    with Quotagate.connect(url) as gate:
+        gate.engine.connect().close()
+        barrier.wait(timeout=120)
+        for _ in range(rounds):
+            with gate.engine.connect() as connection:
+                reserved = list(connection.execute(
+                    sa.select(request.c.id).where(request.c.state == "reserved")
+                    .order_by(request.c.id)).scalars())
+            chosen = generator.sample(reserved, min(batch, len(reserved)))
+            if not chosen:
+                continue
+            ends = [End(request_id, RequestState.COMPLETED, actor="releaser")
+                    for request_id in chosen]
+            answers = run_transaction(
+                gate.engine,
+                lambda connection: release_batch(connection, ends, gate.ledger.clock.now()),
+                on_retry=heard)
+            released += sum(1 for answer in answers
+                            if not isinstance(answer, Exception) and answer.released)
+    results.put(("release", released, deadlocks, 0))
