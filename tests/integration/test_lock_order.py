@@ -9,17 +9,23 @@ make a transaction wait exist on the servers only (SQLite has one writer).
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import sqlalchemy as sa
 
-from quotagate import Quotagate
+from quotagate import Quotagate, RequestState
+from quotagate.store import schema
 from quotagate.store.engine import create_engine
+from quotagate.store.release import lock_decisions
 from support import lock_order_workers
 from support.racing import race_mixed
-from support.waiting import wait_for
+from support.waiting import lock_waiters, wait_for
 
 SERVERS = [pytest.param("postgresql", marks=pytest.mark.postgresql),
            pytest.param("mysql", marks=pytest.mark.mysql)]
+# InnoDB refreshes the lock-wait table at most every 0.1 s (support.waiting.lock_waiters).
+LOCK_POLL_SECONDS = 0.2
 ADMITTERS = 3
 RELEASERS = 3
 ROUNDS = 40
@@ -113,3 +119,36 @@ def test_admitting_and_releasing_processes_never_deadlock(db_url: str, backend: 
         assert latest == latest_before or f"`{database}`" not in latest, latest
     with Quotagate.connect(db_url) as gate:
         assert gate.check_invariants() == []
+
+
+@pytest.mark.parametrize("backend", SERVERS, indirect=True)
+def test_a_preemption_decision_never_waits_for_a_victim_another_transaction_holds(
+    gate: Quotagate,
+) -> None:
+    gate.set_tenant("team-a", {"gpu": 4}, within_tenant="lower-priority")
+    gate.set_pool("main", {"gpu": 2})
+    gate.submit("low", "team-a", {"gpu": 2}, priority=0)
+    assert [placement.id for placement in gate.admit()] == ["low"]
+    gate.submit("high", "team-a", {"gpu": 2}, priority=5)
+    request = schema.request
+    decided: list[object] = []
+    with gate.engine.connect() as releaser:
+        transaction = releaser.begin()
+        # A batched release holding the victim's row, as one that also confirms
+        # some other stop holds it while it waits for the decision lock.
+        releaser.execute(sa.select(request.c.id).where(request.c.id == "low")
+                         .with_for_update()).all()
+        decision = threading.Thread(target=lambda: decided.append(gate.ledger.preempt()))
+        decision.start()
+        wait_for(lambda: not decision.is_alive() or lock_waiters(gate.engine),
+                 "the decision to end or to wait", interval=LOCK_POLL_SECONDS)
+        # The release's next lock. Had the decision waited for the victim's row, it
+        # would hold this one: each would wait for the other.
+        lock_decisions(releaser)
+        transaction.commit()
+        decision.join(30)
+    assert decided == [None]  # it stepped around the held victim, holding nothing
+    assert gate.show("low").state == RequestState.RESERVED
+    chosen = gate.ledger.preempt()
+    assert chosen is not None and [victim.id for victim in chosen.victims] == ["low"]
+    assert gate.show("low").state == RequestState.PREEMPTING

@@ -9,6 +9,7 @@ its own transactions met: the admission's rerun counter for an admitter,
 from __future__ import annotations
 
 import random
+from functools import partial
 from typing import Any
 
 import sqlalchemy as sa
@@ -19,6 +20,10 @@ from quotagate.domain.model import RequestState
 from quotagate.store import admission_stats, schema
 from quotagate.store.dialect import retry_cause, run_transaction
 from quotagate.store.release import End, release_batch
+
+
+def _end(connection: sa.Connection, ends: list[End], now: float) -> list[Any]:
+    return list(release_batch(connection, ends, now))
 
 
 def admit_rounds(url: str, rounds: int, batch: int, barrier: Any, results: Any) -> None:
@@ -64,8 +69,7 @@ def release_rounds(url: str, rounds: int, batch: int, seed: int, barrier: Any,
                     for request_id in chosen]
             answers = run_transaction(
                 gate.engine,
-                lambda connection: release_batch(connection, ends, gate.ledger.clock.now()),
-                on_retry=heard)
+                partial(_end, ends=ends, now=gate.ledger.clock.now()), on_retry=heard)
             released += sum(1 for answer in answers
                             if not isinstance(answer, Exception) and answer.released)
     results.put(("release", released, deadlocks, 0))

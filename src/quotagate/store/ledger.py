@@ -384,6 +384,8 @@ class Ledger:
             holders=holds.holders(connection, now))
         if chosen is None:
             return None
+        if not preemption_reads.lock_victims(connection, [v.id for v in chosen.victims]):
+            raise CapacityChanged("victim")  # being ended right now: choose again next pass
         preemptor_tenant = next(head.tenant for head in heads if head.id == chosen.preemptor)
         holds.hold(connection, chosen.preemptor, preemptor_tenant, now, self.hold_seconds)
         # The preemptor's own story names its victims (theirs name it).
