@@ -85,11 +85,11 @@ def test_a_request_that_fits_the_pool_but_no_slice_is_admitted_after_a_rebalance
 ) -> None:
     gate.set_tenant("team-a", {"gpu": 16})
     gate.set_pool("pool-1", {"gpu": 8}, slices=4)
-    # Four small ones spread over the four slices: each has 1 of its 2 left.
+    # Four small ones, best fit: packed into two slices, the other two keep 2 each.
     for index in range(4):
         gate.submit(f"small-{index}", "team-a", {"gpu": 1})
         assert len(gate.admit(1)) == 1
-    assert sorted(used for used, _cap in _slices(gate, "pool-1").values()) == [1, 1, 1, 1]
+    assert sorted(used for used, _cap in _slices(gate, "pool-1").values()) == [0, 0, 2, 2]
     gate.submit("big", "team-a", {"gpu": 4})
     assert [placement.id for placement in gate.admit(1)] == ["big"]
     rows = _slices(gate, "pool-1")
