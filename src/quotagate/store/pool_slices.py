@@ -3,16 +3,19 @@
 A pool's cap per resource is split over S slices, rows ``(pool, slice,
 resource)`` of ``qg_pool_capacity``; its cap and use are the sums
 (docs/decisions/029-capacity-slices.md). Best fit chooses the *pool* from
-the sums; this module chooses the *slice*: the one with the most room among
-those no other admitter is charging right now (``FOR UPDATE SKIP LOCKED``),
-so concurrent admitters charge different rows instead of queueing on one.
+the sums; this module chooses the *slice*, by best fit too (the one with the
+least room that fits, docs/decisions/042-best-fit-slices.md) among those no
+other admitter is charging right now (``FOR UPDATE SKIP LOCKED``), so
+concurrent admitters charge different rows instead of queueing on one.
 A pool with one slice is charged exactly as before slices existed, slice 0.
 
 Each slice is claimed through the row of the pool's first resource (by name):
 only its claimer charges a slice's other rows in an admission, so two
-admitters never wait on each other inside one slice. Every lock in an
-admission is then taken in (pool, slice, resource) order, the order release
-and configuration use, and skipped locks never wait: no deadlock.
+admitters never wait on each other inside one slice. A claim holds that one
+row (InnoDB: locked by its key, :func:`_claim_by_key`). Every wait in an
+admission is then in (pool, slice, resource) order, the order release and
+configuration use, and skipped locks never wait: no deadlock
+(docs/decisions/041-one-lock-order.md).
 
 A batch whose cost fits the pool but no single slice raises
 :class:`SliceFragmented`; the ledger rolls back, :func:`rebalance` moves room
@@ -92,8 +95,8 @@ def _claim_query(skip_locked: bool, others: int, lock_of: bool) -> sa.Select[Any
     """The best-fit slice of ``pool`` (:func:`_fitting`), its claim row locked.
 
     Only the claim row is locked; the others are read as they are, and the
-    conditional charge after decides. Where the engine locks only the row the
-    LIMIT keeps (PostgreSQL; SQLite takes no row locks).
+    conditional charge after decides. Used where the engine locks only the row
+    the LIMIT keeps (PostgreSQL; SQLite takes no row locks at all).
     """
     capacity = schema.pool_capacity
     return (

@@ -15,12 +15,11 @@ commit (docs/decisions/218). Here a batch of ends is one transaction:
 4. the state moves, one conditional UPDATE per (from, to, reason) group; on
    PostgreSQL it returns the rows it moved (``UPDATE … RETURNING``) and only
    those count toward the sum, elsewhere the locked rows' count is checked;
-5. the summed cost of the rows that moved given back: one conditional UPDATE of
-   the pool rows, rows locked in (pool, slice, resource) order, each request's
-   cost to the slice it was charged to, and per tenant one
-   return through :func:`quotagate.store.cohorts.adjust_tenant` (a cohort
-   member's return goes back to its cohort's room too); the outbox rows deleted
-   and the audit rows inserted in one statement each;
+5. the summed cost of the rows that moved given back in admission's lock
+   order (:mod:`quotagate.store.returns`): plain tenants' rows, members' rows,
+   their cohorts' rooms, then the pool rows, each request's cost to the slice
+   it was charged to; the outbox rows deleted and the audit rows inserted in
+   one statement each;
 6. a budgeted tenant's usage accrued: cost * seconds since admission, into its
    hour buckets, its reservation taken back (:func:`quotagate.store.budgets.accrue`);
    with a fair-share half-life, the held time into the tenant's decayed past use
@@ -29,9 +28,10 @@ commit (docs/decisions/218). Here a batch of ends is one transaction:
 A request's cost therefore comes back once however many callers end it at the
 same time: only the transaction that moved its state counts it.
 
-Lock order, as in :mod:`quotagate.store.ledger`: request rows, tenant usage
-rows, pool usage rows, budget rows (outbox rows of the batch's requests come after the
-request rows).
+Lock order, as in :mod:`quotagate.store.ledger` (docs/decisions/041): request
+rows, the decision lock (a confirmed stop), plain tenants', members' quota rows,
+rooms, pool rows, budget rows (outbox rows of the batch's requests come after the
+request rows, and are locked under them by everyone else).
 """
 
 from __future__ import annotations
