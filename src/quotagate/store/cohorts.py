@@ -186,7 +186,8 @@ def adjust_tenant(
     """Charge or return ``amounts`` on a tenant, and on its cohort's room if it has one.
 
     What topics use instead of :func:`quotagate.store.rows.adjust_usage` on
-    tenant rows (a release returns a batch: :mod:`quotagate.store.returns`). A charge here never borrows (a topic is held within nominal).
+    tenant rows (a release returns a batch: :mod:`quotagate.store.returns`).
+    A charge here never borrows (a topic is held within nominal).
     True when every row moved, else the caller rolls back. Where an UPDATE
     returns rows, a tenant without a cohort costs nothing more than before;
     MySQL and MariaDB read its rows under lock first.
