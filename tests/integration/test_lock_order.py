@@ -1,7 +1,8 @@
 """One lock order for admission and release (docs/decisions/041-one-lock-order.md).
 
 Admitting and releasing processes over cohort members and plain tenants and
-a sliced pool, each doing a fixed number of operations: no transaction may
+a sliced pool, with preemption and requeue of one tenant's work and a worker
+confirming the stops, each doing a fixed number of operations: no transaction may
 meet a deadlock (PostgreSQL would stall both for ``deadlock_timeout``, MariaDB
 rolls one back), and the ledger's invariants hold afterwards. Row locks that
 make a transaction wait exist on the servers only (SQLite has one writer).
@@ -34,6 +35,7 @@ WAITING_PER_TENANT = 100
 # plain tenants before members cross on exactly these rows.
 MEMBERS = ("team-a", "team-b")
 PLAIN = ("team-c", "team-d")
+PREEMPTING = "team-d"
 
 
 def _pg_deadlocks(url: str) -> int:
@@ -84,19 +86,25 @@ def _setup(gate: Quotagate) -> None:
                         borrowing_limit={"gpu": 3, "cpu": 3})
     for tenant in PLAIN:
         gate.set_tenant(tenant, {"gpu": 5, "cpu": 5})
+    # Its higher-priority work stops its lower-priority work, which goes back to the queue.
+    gate.set_tenant(PREEMPTING, {}, within_tenant="lower-priority", on_preempt="requeue")
     shapes = ({"gpu": 1, "cpu": 1}, {"gpu": 2, "cpu": 1}, {"cpu": 1}, {"gpu": 1})
     for tenant in (*MEMBERS, *PLAIN):
         for index in range(WAITING_PER_TENANT):
             gate.submit(f"{tenant}-{index:03d}", tenant, shapes[index % len(shapes)],
-                        priority=index % 3)
+                        priority=0 if tenant == PREEMPTING else index % 3)
+    # Something to release from the first round on.
+    assert gate.admit_until_idle(batch=8) > 10
+    # Work that outranks what the preempting tenant runs: a pass that admits
+    # nothing stops some of it.
+    for index in range(WAITING_PER_TENANT // 4):
+        gate.submit(f"{PREEMPTING}-high-{index:03d}", PREEMPTING, {"gpu": 1}, priority=5)
 
 
 @pytest.mark.parametrize("backend", SERVERS, indirect=True)
 def test_admitting_and_releasing_processes_never_deadlock(db_url: str, backend: str) -> None:
     with Quotagate.connect(db_url) as gate:
         _setup(gate)
-        # Something to release from the first round on.
-        assert gate.admit_until_idle(batch=8) > 10
     deadlocks_before = _pg_deadlocks(db_url) if backend == "postgresql" else 0
     latest_before = _mysql_latest_deadlock(db_url) if backend == "mysql" else ""
     database = sa.engine.make_url(db_url).database
@@ -104,14 +112,15 @@ def test_admitting_and_releasing_processes_never_deadlock(db_url: str, backend: 
             for _ in range(ADMITTERS)]
     jobs += [(lock_order_workers.release_rounds, (db_url, ROUNDS, 6, seed))
              for seed in range(RELEASERS)]
+    jobs.append((lock_order_workers.confirm_stop_rounds, (db_url, ROUNDS, 0)))
     answers = race_mixed(jobs)
     admitted = sum(done for kind, done, _deadlocks, _bound in answers if kind == "admit")
     released = sum(done for kind, done, _deadlocks, _bound in answers if kind == "release")
-    met = {kind: 0 for kind in ("admit", "release")}
+    met = {kind: 0 for kind in ("admit", "release", "stop")}
     for kind, _done, deadlocks, _bound in answers:
         met[kind] += deadlocks
     assert admitted > 20 and released > 20  # both sides did their work, side by side
-    assert met == {"admit": 0, "release": 0}
+    assert met == {"admit": 0, "release": 0, "stop": 0}
     if backend == "postgresql":
         assert _pg_deadlocks(db_url) == deadlocks_before
     else:

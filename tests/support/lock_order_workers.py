@@ -73,3 +73,48 @@ def release_rounds(url: str, rounds: int, batch: int, seed: int, barrier: Any,
             released += sum(1 for answer in answers
                             if not isinstance(answer, Exception) and answer.released)
     results.put(("release", released, deadlocks, 0))
+
+
+def confirm_stop_rounds(url: str, rounds: int, seed: int, barrier: Any, results: Any) -> None:
+    """``rounds`` passes of a stand-in worker confirming every preempting request's stop,
+    each batch with one reserved request completed too (a batch that takes the
+    decision lock while it holds a row a preemption could choose)."""
+    generator = random.Random(seed)
+    deadlocks = 0
+    confirmed = 0
+
+    def heard(error: DBAPIError) -> None:
+        nonlocal deadlocks
+        deadlocks += retry_cause(error) == "deadlock"
+
+    request = schema.request
+    with Quotagate.connect(url) as gate:
+        gate.engine.connect().close()
+        barrier.wait(timeout=120)
+        batches = 0
+        # Polls are bounded too: a run in which nothing is preempted ends as well.
+        for _ in range(rounds * 50):
+            if batches == rounds:
+                break
+            with gate.engine.connect() as connection:
+                rows = connection.execute(
+                    sa.select(request.c.id, request.c.state)
+                    .where(request.c.state.in_(["preempting", "reserved"]))
+                    .order_by(request.c.id)).all()
+            stopping = [row.id for row in rows if row.state == "preempting"]
+            reserved = [row.id for row in rows if row.state == "reserved"]
+            ends = [End(request_id, RequestState.CANCELLED, actor="worker", stopped=True)
+                    for request_id in stopping]
+            if reserved:
+                ends.append(End(generator.choice(reserved), RequestState.COMPLETED,
+                                actor="worker"))
+            if not stopping:
+                continue
+            batches += 1
+            answers = run_transaction(
+                gate.engine, partial(_end, ends=ends, now=gate.ledger.clock.now()),
+                on_retry=heard)
+            confirmed += sum(1 for end, answer in zip(ends, answers, strict=True)
+                             if end.stopped and not isinstance(answer, Exception)
+                             and answer.released)
+    results.put(("stop", confirmed, deadlocks, 0))
