@@ -16,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from quotagate import Quotagate, RequestState
+from quotagate.domain.placement import Placement
 from quotagate.store import schema
 from quotagate.store.engine import create_engine
 from quotagate.store.release import lock_decisions
@@ -161,3 +162,33 @@ def test_a_preemption_decision_never_waits_for_a_victim_another_transaction_hold
     chosen = gate.ledger.preempt()
     assert chosen is not None and [victim.id for victim in chosen.victims] == ["low"]
     assert gate.show("low").state == RequestState.PREEMPTING
+
+
+@pytest.mark.parametrize("backend", SERVERS, indirect=True)
+def test_a_slice_claim_holds_only_the_slice_it_charges(gate: Quotagate) -> None:
+    gate.set_tenant("team-a", {"gpu": 8, "cpu": 8})
+    gate.set_pool("main", {"gpu": 8, "cpu": 8}, slices=4)
+    gate.submit("job", "team-a", {"gpu": 1, "cpu": 1})
+    capacity = schema.pool_capacity
+
+    def row(number: int, resource: str) -> sa.Select[tuple[int]]:
+        return (sa.select(capacity.c.slice)
+                .where(capacity.c.pool == "main", capacity.c.slice == number,
+                       capacity.c.resource == resource).with_for_update())
+
+    admitted: list[Placement] = []
+    with gate.engine.connect() as releaser:
+        transaction = releaser.begin()
+        # A release returning to slice 0's gpu and next to slice 1's cpu, in key order.
+        releaser.execute(row(0, "gpu")).all()
+        admitter = threading.Thread(target=lambda: admitted.extend(gate.admit(1)))
+        admitter.start()
+        # Best fit among equal slices is slice 0: claimed on cpu, then its gpu row waited for.
+        wait_for(lambda: lock_waiters(gate.engine), "the admission to wait for slice 0's gpu",
+                 interval=LOCK_POLL_SECONDS)
+        # Had the claim kept every fitting slice's cpu row, this would close a cycle.
+        assert releaser.execute(row(1, "cpu")).all() == [(1,)]
+        transaction.commit()
+        admitter.join(30)
+    assert [placement.id for placement in admitted] == ["job"]
+    assert gate.check_invariants() == []
