@@ -19,7 +19,7 @@ from quotagate.domain.placement import Placement
 from quotagate.observability.metrics import Metrics
 from quotagate.store import admission_stats, schema
 from quotagate.store.dialect import is_retryable, retry_cause, run_transaction
-from support.waiting import wait_for
+from support.waiting import lock_waiters, wait_for
 
 SERVERS = [pytest.param("postgresql", marks=pytest.mark.postgresql),
            pytest.param("mysql", marks=pytest.mark.mysql)]
@@ -34,18 +34,6 @@ def fresh_counters() -> Iterator[None]:
     admission_stats.reset()
     yield
     admission_stats.reset()
-
-
-def _lock_waiters(engine: sa.Engine) -> int:
-    """Transactions of this database waiting for a row lock right now."""
-    if engine.dialect.name == "postgresql":
-        query = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                 "AND datname = current_database()")
-    else:
-        query = "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
-    # A connection of its own each time: PostgreSQL keeps one activity snapshot per transaction.
-    with engine.connect() as connection:
-        return int(connection.exec_driver_sql(query).scalar_one())
 
 
 @pytest.mark.parametrize("backend", SERVERS, indirect=True)
@@ -64,7 +52,7 @@ def test_a_charge_that_waited_on_a_lock_and_then_missed_is_a_stale_snapshot_reru
                        .values(used=schema.tenant_quota.c.cap))
         admitter = threading.Thread(target=lambda: admitted.extend(gate.admit(1)))
         admitter.start()
-        wait_for(lambda: _lock_waiters(gate.engine) > 0, "admission to wait for the quota row lock",
+        wait_for(lambda: lock_waiters(gate.engine) > 0, "admission to wait for the quota row lock",
                  interval=LOCK_POLL_SECONDS)
         blocked_at = time.perf_counter()
         time.sleep(HELD_SECONDS)  # hold the lock a known time: the wait must cover it
@@ -144,7 +132,7 @@ def test_a_deadlock_is_told_apart_from_a_lock_timeout(gate: Quotagate) -> None:
 
         crossing = threading.Thread(target=cross, args=(first, "team-b"))
         crossing.start()
-        wait_for(lambda: _lock_waiters(gate.engine) > 0, "the first transaction to wait")
+        wait_for(lambda: lock_waiters(gate.engine) > 0, "the first transaction to wait")
         cross(second, "team-a")  # each now waits for the other: the server picks a victim
         second_transaction.rollback()
         crossing.join(30)
@@ -181,7 +169,7 @@ def test_admission_locks_members_rows_in_key_order_so_another_writer_in_that_ord
         touch("team-a")
         admitter = threading.Thread(target=lambda: admitted.extend(gate.admit(2)))
         admitter.start()
-        wait_for(lambda: _lock_waiters(gate.engine) > 0, "admission to wait for team-a's row",
+        wait_for(lambda: lock_waiters(gate.engine) > 0, "admission to wait for team-a's row",
                  interval=LOCK_POLL_SECONDS)
         # Locking in (tenant, resource) order, the waiting admission holds no member row
         # yet: this write gets team-b's at once (else each would wait for the other).

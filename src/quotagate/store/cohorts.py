@@ -4,8 +4,8 @@ The rules are pure (:mod:`quotagate.domain.sharing`); this module keeps
 ``qg_cohort_usage`` equal to what they say, in the transaction of every change
 of a member's use or limits:
 
-- admission (:func:`charge_members`) and release or a topic
-  (:func:`adjust_tenant`) lock the member's tenant and quota rows, compute the
+- admission (:func:`charge_members`), release (:mod:`quotagate.store.returns`)
+  and a topic (:func:`adjust_tenant`) lock the member's quota rows, compute the
   exact change of the shared room from the locked values, and charge it with a
   conditional UPDATE — one row per root cohort and resource, like a pool row;
 - an admin change of a member, a cohort or the tree (:func:`rebuild`) locks the
@@ -192,8 +192,9 @@ def adjust_tenant(
 ) -> bool:
     """Charge or return ``amounts`` on a tenant, and on its cohort's room if it has one.
 
-    What release and topics use instead of :func:`quotagate.store.rows.adjust_usage`
-    on tenant rows. A charge here never borrows (a topic is held within nominal).
+    What topics use instead of :func:`quotagate.store.rows.adjust_usage` on
+    tenant rows (a release returns a batch: :mod:`quotagate.store.returns`).
+    A charge here never borrows (a topic is held within nominal).
     True when every row moved, else the caller rolls back. Where an UPDATE
     returns rows, a tenant without a cohort costs nothing more than before;
     MySQL and MariaDB read its rows under lock first.

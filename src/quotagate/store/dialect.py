@@ -59,6 +59,16 @@ def locks_named_tables(engine: HasDialect) -> bool:
     return engine.dialect.name == "postgresql"
 
 
+def locks_only_rows_returned(engine: HasDialect) -> bool:
+    """Does ``SELECT … ORDER BY … LIMIT 1 FOR UPDATE`` lock only the row it returns?
+
+    PostgreSQL locks rows as the LIMIT takes them; InnoDB (MySQL, MariaDB)
+    locks every row its sort read, so a claim there locks the one row it wants
+    by key (quotagate.store.pool_slices).
+    """
+    return engine.dialect.name == "postgresql"
+
+
 def update_returns_rows(engine: HasDialect) -> bool:
     """Can an UPDATE return the rows it changed (RETURNING)? Not MySQL/MariaDB."""
     return engine.dialect.name in ("postgresql", "sqlite")

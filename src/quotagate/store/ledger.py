@@ -5,9 +5,11 @@ row; the Python side only *chooses* (domain.placement) from a snapshot, the
 database decides. A stale snapshot makes a conditional UPDATE miss, which rolls
 the whole transaction back and runs it again on fresh numbers.
 
-Lock order, to keep concurrent transactions from deadlocking: request rows,
-then tenant quota rows (by tenant, resource), then pool rows (by pool, resource),
-then budget rows (quotagate.store.budgets).
+Lock order, one for every transaction (docs/decisions/041-one-lock-order.md):
+a worker's lease, request rows (id order) and their outbox rows, the decision
+lock, plain tenants' quota rows, members' quota rows (both by tenant, resource),
+cohort rooms, pool rows (by pool, slice, resource), budget rows. A transaction
+waits only for a lock later than all it holds; SKIP LOCKED takes never wait.
 """
 
 from __future__ import annotations
@@ -399,6 +401,8 @@ class Ledger:
             holders=holds.holders(connection, now))
         if chosen is None:
             return None
+        if not preemption_reads.lock_victims(connection, [v.id for v in chosen.victims]):
+            raise CapacityChanged("victim")  # being ended right now: choose again next pass
         preemptor_tenant = next(head.tenant for head in heads if head.id == chosen.preemptor)
         holds.hold(connection, chosen.preemptor, preemptor_tenant, now, self.hold_seconds)
         # The preemptor's own story names its victims (theirs name it).
