@@ -62,7 +62,7 @@ def head_query(tenant_count: int, window: int) -> sa.Select[Any] | sa.CompoundSe
     (docs/decisions/035-head-read-window-literal.md).
     """
     request = schema.request
-    limit = sa.literal_column(str(int(window)))
+    limit: sa.ColumnElement[int] = sa.literal_column(str(int(window)))
     heads = [
         sa.select(
             request.c.id, request.c.tenant, request.c.cost, request.c.queue_key,
