@@ -56,8 +56,13 @@ def head_query(tenant_count: int, window: int) -> sa.Select[Any] | sa.CompoundSe
     """The first ``window`` waiting requests of each of ``tenant_count`` tenants.
 
     One bounded index range scan per tenant; parameters ``tenant_0`` … ``tenant_N``.
+    The window is written into the SQL, not bound: PostgreSQL judges a prepared
+    statement's generic plan with a bound LIMIT as reading a tenth of each queue,
+    and with long queues planned all N scans again at every admission instead
+    (docs/decisions/035-head-read-window-literal.md).
     """
     request = schema.request
+    limit: sa.ColumnElement[int] = sa.literal_column(str(int(window)))
     heads = [
         sa.select(
             request.c.id, request.c.tenant, request.c.cost, request.c.queue_key,
@@ -66,7 +71,7 @@ def head_query(tenant_count: int, window: int) -> sa.Select[Any] | sa.CompoundSe
         )
         .where(request.c.tenant == sa.bindparam(f"tenant_{index}"), request.c.state == _WAITING)
         .order_by(request.c.queue_key, request.c.created, request.c.id)
-        .limit(window)
+        .limit(limit)
         .subquery(f"head_{index}")
         for index in range(tenant_count)
     ]
