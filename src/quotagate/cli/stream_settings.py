@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from quotagate.errors import InvalidInput
-from quotagate.store.engine import redact
 
 if TYPE_CHECKING:
     from quotagate.streams.topics import StreamSettings
@@ -58,6 +57,8 @@ def parse_stream_settings(
 
 
 def describe_stream_settings(settings: StreamSettings) -> str:
+    from quotagate.store.engine import redact  # loaded already: the settings came from the gate
+
     redis = redact(settings.redis_url) if settings.redis_url else "the shared one"
     return (f"streams: max length {settings.max_len or 'unlimited'}, in flight "
             f"{settings.max_in_flight or 'unlimited'}, Redis {redis}")
