@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy.engine import Engine
 
-from quotagate.auth.authorizer import Actor
-from quotagate.auth.tokens import CreatedToken, TokenInfo, TokenStore
-from quotagate.delivery.cleanup import remove_run_directories
-from quotagate.delivery.registry import TargetConfig, TargetStore
 from quotagate.domain.bucket import BucketConfig, config_from_mapping, parse_rate
 from quotagate.domain.budget import parse_duration
 from quotagate.domain.clock import Clock, SystemClock
@@ -47,10 +44,8 @@ from quotagate.store.authority import ReleaseGuard
 from quotagate.store.budgets import budget_change
 from quotagate.store.config import Configuration
 from quotagate.store.counters import Counters, delivery_counters
-from quotagate.store.dashboard import DashboardViews, Snapshot
 from quotagate.store.diagnosis import DeliveryTrail, delivery_trail
 from quotagate.store.engine import create_engine, database_url
-from quotagate.store.lease import LeaseStore
 from quotagate.store.ledger import (
     DEFAULT_ADMISSION_WINDOW,
     DEFAULT_TTL,
@@ -61,12 +56,17 @@ from quotagate.store.ledger import (
 )
 from quotagate.store.listing import AuditRecord, Binding, Page, list_audit, list_requests, read_binding
 from quotagate.store.views import Explanation, Inspection, LedgerCheck, LedgerViews, Usage
-from quotagate.streams.connection import ENVIRONMENT_VARIABLE as REDIS_VARIABLE
-from quotagate.streams.overview import streams_overview
-from quotagate.streams.service import Streams
 
 if TYPE_CHECKING:
+    from quotagate.auth.authorizer import Actor
+    from quotagate.auth.tokens import CreatedToken, TokenInfo, TokenStore
+    from quotagate.delivery.registry import TargetConfig, TargetStore
     from quotagate.observability.metrics import Metrics
+    from quotagate.store.dashboard import DashboardViews, Snapshot
+    from quotagate.store.lease import LeaseStore
+    from quotagate.streams.service import Streams
+
+_Part = TypeVar("_Part")
 
 # The id a dry run without one is judged under (it is never written).
 DRY_RUN_ID = "dry-run"
@@ -104,19 +104,76 @@ class Quotagate:
         )
         self.config = Configuration(engine, clock=self.clock)
         self._ledger_id: str | None = None
-        self._metrics: Metrics | None = None
-        # Streams (docs/streams.md): Redis is connected only when a stream is used.
-        self.streams = Streams(engine, self.rates, redis_url=redis or os.environ.get(REDIS_VARIABLE),
-                               clock=self.clock)
-        self.dashboard_views = DashboardViews(
-            engine, clock=self.clock, aging_interval=aging_interval,
-            admission_window=admission_window,
-        )
-        # token_cache_ttl > 0: a verified token is believed that long without its row
-        # (revocations made elsewhere count within it; docs/decisions/237).
-        self.api_tokens = TokenStore(engine, clock=self.clock, cache_ttl=token_cache_ttl)
-        self.targets = TargetStore(engine, clock=self.clock)
-        self.leases = LeaseStore(engine, counters=self.delivery_counters)
+        self._aging_interval = aging_interval
+        self._admission_window = admission_window
+        self._redis = redis
+        self._token_cache_ttl = token_cache_ttl
+        # The stores only some commands use (streams, dashboard, tokens, targets, leases) are
+        # built on first use, and their packages imported then: a ledger command pays for
+        # none of them (docs/decisions/241). Streams, the dashboard and a token cache hold
+        # state, so two threads of the HTTP server must not each build one: the lock.
+        self._parts: dict[str, Any] = {}
+        self._parts_lock = threading.Lock()
+        if token_cache_ttl:
+            # Only a server caches tokens, and it authenticates from its first request: built
+            # now, so a bad cache time is refused here, not by the first request.
+            self.api_tokens  # noqa: B018
+
+    def _part(self, name: str, build: Callable[[], _Part]) -> _Part:
+        """The part ``name``, built by ``build`` the first time it is asked for, then kept."""
+        part = self._parts.get(name)
+        if part is None:
+            with self._parts_lock:
+                part = self._parts.get(name)
+                if part is None:
+                    part = self._parts[name] = build()
+        return part
+
+    @property
+    def streams(self) -> Streams:
+        """Streams (docs/streams.md); Redis is connected only when a stream is used."""
+        def build() -> Streams:
+            from quotagate.streams.connection import ENVIRONMENT_VARIABLE as REDIS_VARIABLE
+            from quotagate.streams.service import Streams
+
+            return Streams(self.engine, self.rates,
+                           redis_url=self._redis or os.environ.get(REDIS_VARIABLE), clock=self.clock)
+        return self._part("streams", build)
+
+    @property
+    def dashboard_views(self) -> DashboardViews:
+        def build() -> DashboardViews:
+            from quotagate.store.dashboard import DashboardViews
+
+            return DashboardViews(self.engine, clock=self.clock, aging_interval=self._aging_interval,
+                                  admission_window=self._admission_window)
+        return self._part("dashboard_views", build)
+
+    @property
+    def api_tokens(self) -> TokenStore:
+        """``token_cache_ttl`` > 0: a verified token is believed that long without its row
+        (revocations made elsewhere count within it; docs/decisions/237)."""
+        def build() -> TokenStore:
+            from quotagate.auth.tokens import TokenStore
+
+            return TokenStore(self.engine, clock=self.clock, cache_ttl=self._token_cache_ttl)
+        return self._part("api_tokens", build)
+
+    @property
+    def targets(self) -> TargetStore:
+        def build() -> TargetStore:
+            from quotagate.delivery.registry import TargetStore
+
+            return TargetStore(self.engine, clock=self.clock)
+        return self._part("targets", build)
+
+    @property
+    def leases(self) -> LeaseStore:
+        def build() -> LeaseStore:
+            from quotagate.store.lease import LeaseStore
+
+            return LeaseStore(self.engine, counters=self.delivery_counters)
+        return self._part("leases", build)
 
     @classmethod
     def connect(
@@ -149,11 +206,11 @@ class Quotagate:
     def metrics(self) -> Metrics:
         """What this app exports on ``/metrics``, its delivery counters included (needs the
         ``server`` extra: prometheus-client). Made on first use, then kept."""
-        if self._metrics is None:
+        def build() -> Metrics:
             from quotagate.observability.metrics import Metrics
 
-            self._metrics = Metrics(self.engine, clock=self.clock, delivery_counters=self.delivery_counters)
-        return self._metrics
+            return Metrics(self.engine, clock=self.clock, delivery_counters=self.delivery_counters)
+        return self._part("metrics", build)
 
     def now(self) -> float:
         """The app's clock (``clock``: the system's, or a test's manual one)."""
@@ -168,7 +225,9 @@ class Quotagate:
         census.ping(self.engine)
 
     def close(self) -> None:
-        self.streams.close()
+        streams: Streams | None = self._parts.get("streams")
+        if streams is not None:  # never built: nothing to close, and no reason to build it now
+            streams.close()
         self.rate_store.close()
         self.ledger.close()
         self.engine.dispose()
@@ -507,6 +566,8 @@ class Quotagate:
             raise InvalidInput("the retention period must be more than 0 seconds",
                                code="invalid_retention")
         if forget is None:
+            from quotagate.delivery.cleanup import remove_run_directories
+
             def forget(bindings: list[retention.PrunedBinding]) -> int:
                 return remove_run_directories(self.targets, bindings, self.ledger_id)
         return retention.prune(self.engine, self.clock.now() - older_than, batch=batch,
@@ -520,6 +581,8 @@ class Quotagate:
         error texts, which are for operators (docs/decisions/214)."""
         if tenant is not None:
             validate_name(tenant, "tenant")
+        from quotagate.streams.overview import streams_overview
+
         snapshot = replace(self.dashboard_views.snapshot(tenant, operator=operator),
                            streams=streams_overview(self.streams, tenant))
         if self.rates.in_transaction or not snapshot.buckets:

@@ -62,7 +62,13 @@ def sqlite_ledger(tmp_path: Path) -> str:
 @pytest.mark.sqlite
 def test_help_and_version_load_none_of_the_heavy_parts(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'never-opened.db'}"
-    assert loaded_of(modules_loaded("--help", db=db, cwd=tmp_path), _NEVER_AT_STARTUP) == []
+    assert loaded_of(modules_loaded("--help", db=db, cwd=tmp_path), (*_NEVER_AT_STARTUP, "sqlalchemy")) == []
+    # A command's help shows its defaults (page sizes, batches, environment variables) without
+    # importing the stores they belong to.
+    for command in (["worker", "--help"], ["prune", "--help"], ["audit", "--help"], ["stream", "produce", "--help"],
+                    ["submit", "--help"], ["serve", "--help"], ["tenant", "set", "--help"]):
+        loaded = modules_loaded(*command, db=db, cwd=tmp_path)
+        assert loaded_of(loaded, (*_NEVER_AT_STARTUP, "sqlalchemy", "quotagate.app")) == [], command
     # The version needs neither the facade nor SQLAlchemy.
     version = modules_loaded("--version", db=db, cwd=tmp_path)
     assert loaded_of(version, (*_NEVER_AT_STARTUP, "quotagate.app", "sqlalchemy")) == []
@@ -83,8 +89,34 @@ def test_a_ledger_command_loads_only_the_ledger(command: list[str], sqlite_ledge
                                "sqlalchemy.dialects.postgresql", "psycopg", "pymysql")) == []
 
 
+# The facade's parts a ledger command does not use: they are built, and imported, on first use.
+_NOT_FOR_THE_LEDGER = (
+    "quotagate.streams", "quotagate.auth", "quotagate.delivery", "quotagate.store.dashboard",
+    "quotagate.store.lease", "redis",
+)
+
+
+@pytest.mark.sqlite
+@pytest.mark.parametrize("command", [
+    pytest.param(["tenant", "list"], id="tenant-list"),
+    pytest.param(["tenant", "set", "team-a", "--quota", "gpu=3"], id="tenant-set"),
+    pytest.param(["submit", "--id", "job-1", "--tenant", "team-a", "--cost", "gpu=1"], id="submit"),
+    pytest.param(["inspect"], id="inspect"),
+])
+def test_a_ledger_command_builds_none_of_the_other_stores(command: list[str], sqlite_ledger: str,
+                                                          tmp_path: Path) -> None:
+    modules = modules_loaded(*command, db=sqlite_ledger, cwd=tmp_path)
+    assert "quotagate.app" in modules
+    assert loaded_of(modules, _NOT_FOR_THE_LEDGER) == []
+
+
 @pytest.mark.sqlite
 def test_a_command_still_loads_what_it_uses(sqlite_ledger: str, tmp_path: Path) -> None:
     # The lazily imported parts are there when their command runs.
     worker = modules_loaded("worker", "--once", db=sqlite_ledger, cwd=tmp_path)
     assert "quotagate.delivery.dispatcher" in worker
+    # `tenant show` prints the tenant's stream settings: the facade builds its streams then.
+    shown = modules_loaded("tenant", "show", "team-a", db=sqlite_ledger, cwd=tmp_path)
+    assert "quotagate.streams.service" in shown
+    tokens = modules_loaded("api-token", "list", db=sqlite_ledger, cwd=tmp_path)
+    assert "quotagate.auth.tokens" in tokens

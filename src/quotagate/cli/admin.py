@@ -26,7 +26,6 @@ from quotagate.domain.bucket import parse_rate
 from quotagate.domain.budget import format_duration
 from quotagate.domain.sharing import KEEP, Keep
 from quotagate.errors import InvalidInput, NotFound
-from quotagate.store.engine import database_url, redact
 
 
 @click.command()
@@ -34,6 +33,8 @@ from quotagate.store.engine import database_url, redact
 @reports_errors
 def init(db_url: str | None) -> None:
     """Create or migrate the schema."""
+    from quotagate.store.engine import database_url, redact  # the gate loaded it already
+
     with open_gate(db_url) as gate:
         revision = gate.init()
     click.echo(f"schema at revision {revision} in {redact(database_url(db_url))}")
@@ -135,6 +136,8 @@ def tenant_set(
 @reports_errors
 def tenant_show(name: str, as_json: bool, db_url: str | None, rate_store: str | None) -> None:
     """Show a tenant's quotas and use, and its rate quota's tokens left."""
+    from quotagate.store.engine import redact  # the gate loads it
+
     with open_gate(db_url, rate_store=rate_store) as gate:
         described = gate.tenant(name)
         described["rate"] = gate.rate_status(name)

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 import click
 
 from quotagate.cli.common import db_option, echo_json, ensure_schema, open_gate, render_table, reports_errors
+from quotagate.domain.help_defaults import MAX_PAGE
 from quotagate.errors import InvalidInput
-from quotagate.store.listing import MAX_PAGE
 
 
 def _when(epoch: float | None) -> str:

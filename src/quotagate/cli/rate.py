@@ -8,8 +8,8 @@ import click
 
 from quotagate.cli.common import db_option, echo_json, open_gate, reports_errors
 from quotagate.domain.bucket import parse_rate
+from quotagate.domain.help_defaults import RATE_STORE_VARIABLE as ENVIRONMENT_VARIABLE
 from quotagate.domain.rate_refusal import format_tokens
-from quotagate.rate.stores import ENVIRONMENT_VARIABLE
 
 rate_store_option = click.option(
     "--rate-store",

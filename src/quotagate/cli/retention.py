@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import click
 
 from quotagate.cli.common import db_option, open_gate, reports_errors
+from quotagate.domain.help_defaults import PRUNE_BATCH as DEFAULT_BATCH
 from quotagate.errors import InvalidInput
-from quotagate.store.retention import DEFAULT_BATCH, PruneProgress
+
+if TYPE_CHECKING:
+    from quotagate.store.retention import PruneProgress
 
 _DURATION = re.compile(r"(?P<amount>[0-9]+(?:\.[0-9]+)?)(?P<unit>[smhdw]?)")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

@@ -11,7 +11,6 @@ from quotagate.cli.common import db_option, ensure_schema, open_gate, reports_er
 from quotagate.cli.rate import rate_store_option
 from quotagate.cli.retention import parse_duration
 from quotagate.cli.streams import redis_option
-from quotagate.store.engine import database_url, redact
 
 
 @click.command()
@@ -67,6 +66,8 @@ def serve(
     gate = open_gate(db_url, redis=redis_url, rate_store=rate_store,
                      token_cache_ttl=token_cache_ttl)
     ensure_schema(gate)
+    from quotagate.store.engine import database_url, redact  # loaded already, with the gate
+
     click.echo(f"quotagate serving http://{host}:{port} on {redact(database_url(db_url))}",
                err=True)
     on_started = None

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from quotagate.errors import InvalidInput
-from quotagate.store.engine import redact
-from quotagate.streams.topics import StreamSettings, stream_setting_changes
+
+if TYPE_CHECKING:
+    from quotagate.streams.topics import StreamSettings
 
 
 def stream_settings_options(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -46,11 +47,18 @@ def parse_stream_settings(
         settings["max_in_flight"] = _count(stream_max_in_flight, "--stream-max-in-flight")
     if tenant_redis is not None:
         settings["redis_url"] = None if tenant_redis.lower() == "none" else tenant_redis
+    if not settings:
+        return settings  # no stream setting named: the streams package is not imported
+    # Imported here: `tenant list`/`show` and a `tenant set` of quotas only use no stream.
+    from quotagate.streams.topics import stream_setting_changes
+
     # Checked now, before 'tenant set' changes the quotas: a bad value changes nothing.
     return stream_setting_changes(**settings)
 
 
 def describe_stream_settings(settings: StreamSettings) -> str:
+    from quotagate.store.engine import redact  # loaded already: the settings came from the gate
+
     redis = redact(settings.redis_url) if settings.redis_url else "the shared one"
     return (f"streams: max length {settings.max_len or 'unlimited'}, in flight "
             f"{settings.max_in_flight or 'unlimited'}, Redis {redis}")

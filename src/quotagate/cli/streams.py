@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -27,9 +27,11 @@ from quotagate.cli.common import (
 )
 from quotagate.cli.rate import describe_rate, rate_store_option
 from quotagate.domain.bucket import parse_rate
-from quotagate.streams.connection import DEFAULT_URL, ENVIRONMENT_VARIABLE
-from quotagate.streams.consumer import Entry
-from quotagate.streams.producer import MAX_BATCH
+from quotagate.domain.help_defaults import DEFAULT_REDIS_URL as DEFAULT_URL
+from quotagate.domain.help_defaults import REDIS_VARIABLE as ENVIRONMENT_VARIABLE
+
+if TYPE_CHECKING:
+    from quotagate.streams.consumer import Entry
 
 redis_option = click.option(
     "--redis", "redis_url", envvar=ENVIRONMENT_VARIABLE, default=None, metavar="URL",
@@ -173,6 +175,8 @@ def stream_produce(
     produced = 0
     with open_gate(db_url, redis=redis_url, rate_store=rate_store) as gate:
         producer = gate.streams.producer(tenant, topic_name, block=block, timeout=timeout)
+        from quotagate.streams.producer import MAX_BATCH  # loaded already, with the producer
+
         batch_size = min(_PRODUCE_BATCH, MAX_BATCH)
         try:
             while True:

@@ -12,18 +12,18 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from quotagate.cli.common import db_option, echo_json, open_gate, render_table, reports_errors
-from quotagate.delivery.dispatcher import (
+from quotagate.delivery.targets import KINDS
+from quotagate.delivery.worker_defaults import (
     DEFAULT_BATCH,
     DEFAULT_CONCURRENCY,
     DEFAULT_LEASE_TTL,
     DEFAULT_MAX_ATTEMPTS,
-    Dispatcher,
 )
-from quotagate.delivery.targets import KINDS
 from quotagate.errors import InvalidInput
 
 if TYPE_CHECKING:
     from quotagate.app import Quotagate
+    from quotagate.delivery.dispatcher import Dispatcher
 
 
 @click.command()
@@ -60,6 +60,8 @@ def worker(
     """Deliver admitted requests to their targets until stopped (SIGTERM/SIGINT)."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(message)s")
+    from quotagate.delivery.dispatcher import Dispatcher
+
     with open_gate(db_url) as gate:
         dispatcher = Dispatcher(
             gate, worker_name=worker_name or socket.gethostname().split(".")[0],

@@ -49,6 +49,12 @@ from quotagate.delivery.targets.base import (
     Outcome,
     StopResult,
 )
+from quotagate.delivery.worker_defaults import (
+    DEFAULT_BATCH,
+    DEFAULT_CONCURRENCY,
+    DEFAULT_LEASE_TTL,
+    DEFAULT_MAX_ATTEMPTS,
+)
 from quotagate.domain.lease import Lease, validate_owner, validate_ttl
 from quotagate.domain.model import RequestState, bounded_reason
 from quotagate.errors import Conflict, InvalidInput, NotFound, QuotagateError, StaleGeneration
@@ -61,10 +67,6 @@ logger = logging.getLogger("quotagate.delivery")
 
 CRASH_ENVIRONMENT_VARIABLE = "QUOTAGATE_CRASH_AT"
 CRASH_POINTS = ("after_claim", "after_create", "after_binding", "after_stop")
-DEFAULT_LEASE_TTL = 15.0
-DEFAULT_MAX_ATTEMPTS = 5
-DEFAULT_CONCURRENCY = 32
-DEFAULT_BATCH = 64
 DEFAULT_STOP_POLL = 1.0
 TARGET_REFRESH_INTERVAL = 1.0
 MAX_BATCHES_PER_PASS = 16

@@ -14,13 +14,15 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.engine.url import make_url
 from sqlalchemy.exc import ArgumentError
 
+from quotagate.domain import help_defaults
 from quotagate.errors import InvalidInput
 from quotagate.plugins import Plugins
 from quotagate.rate.backend import RateStore
 
 __all__ = ["ENVIRONMENT_VARIABLE", "RATE_STORES", "StoreFactory", "rate_store_from_url", "register"]
 
-ENVIRONMENT_VARIABLE = "QUOTAGATE_RATE_STORE"
+ENVIRONMENT_VARIABLE = help_defaults.RATE_STORE_VARIABLE  # kept in domain.help_defaults: the CLI's help shows it
+
 
 # ``factory(url, ledger_engine)``: the store at ``url``.
 StoreFactory = Callable[[str, Engine | None], RateStore]

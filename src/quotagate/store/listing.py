@@ -17,13 +17,14 @@ from typing import Any, Generic, TypedDict, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from quotagate.domain import help_defaults
 from quotagate.domain.model import Request, RequestState, validate_request_id
 from quotagate.errors import InvalidInput
 from quotagate.store import schema
 from quotagate.store.dialect import reading
 from quotagate.store.rows import request_from_row
 
-MAX_PAGE = 500
+MAX_PAGE = help_defaults.MAX_PAGE  # kept in domain.help_defaults: the CLI's help shows it
 
 
 Item = TypeVar("Item")

@@ -20,12 +20,13 @@ from dataclasses import dataclass, replace
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from quotagate.domain import help_defaults
 from quotagate.domain.model import FINAL_STATES
 from quotagate.errors import Conflict, InvalidInput
 from quotagate.store import schema
 from quotagate.store.dialect import run_transaction
 
-DEFAULT_BATCH = 500
+DEFAULT_BATCH = help_defaults.PRUNE_BATCH  # kept in domain.help_defaults: the CLI's help shows it
 _FINAL = sorted(state.value for state in FINAL_STATES)
 
 

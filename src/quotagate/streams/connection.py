@@ -13,12 +13,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from quotagate.domain import help_defaults
 from quotagate.errors import StaleGeneration, StoreUnavailable
 from quotagate.store.redis_client import import_redis, redis_client
 from quotagate.streams import scripts
 
-ENVIRONMENT_VARIABLE = "QUOTAGATE_REDIS"
-DEFAULT_URL = "redis://127.0.0.1:6379/0"
+# Kept in domain.help_defaults: the CLI's help shows them.
+ENVIRONMENT_VARIABLE = help_defaults.REDIS_VARIABLE
+DEFAULT_URL = help_defaults.DEFAULT_REDIS_URL
 
 
 class StreamRedis:
