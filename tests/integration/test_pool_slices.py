@@ -312,7 +312,10 @@ def test_no_slice_and_no_pool_oversold_by_eight_admitting_processes(db_url: str)
                 assert used == expected[pool, number, resource] <= cap
         used_slices = {(pool, pool_slice) for pool, pool_slice, _cost in rows
                        if pool in ("pool-1", "pool-2")}
-        assert len(used_slices) > 2  # the admitters did spread over slices
+        if gate.engine.dialect.name != "sqlite":
+            # Concurrent admitters skip a slice another is charging. SQLite admits one
+            # writer at a time, so best fit (decision 042) keeps it on the fullest slice.
+            assert len(used_slices) > 2
         assert count(gate, schema.request, schema.request.c.state == "waiting") > 0
 
 
