@@ -151,6 +151,8 @@ class Ledger:
         # Set by each admission from its snapshot: does any tenant have a preemption policy?
         self._policies_seen = False
         self._lock_row_ready = False
+        # Whether another admitter was seen lately: then claim tenants one by one.
+        self._contention = tenant_claims.Contention()
 
     # -- submit ----------------------------------------------------------------
 
@@ -292,10 +294,12 @@ class Ledger:
                 # The tenants this admitter could claim had nothing to admit. Waiting on
                 # the others' tenant rows while holding its claims could deadlock
                 # another admitter doing the same: roll back, run once unclaimed.
+                admission_stats.count_rerun("claims_too_narrow")
                 claim = False
                 continue
             except CapacityChanged:
                 admission_stats.count_rerun("stale_snapshot")
+                self._contention.seen()
                 continue
             except pool_slices.SliceFragmented as fragmented:
                 # The pool had room, no slice of it did: move room, in a transaction
@@ -443,21 +447,32 @@ class Ledger:
             cap > used for usage in pools.values() for used, cap in usage.values()
         ):
             return []
-        # With sliced pools, several admitters run: plan for the tenants no other
-        # admitter is charging (quotagate.store.tenant_claims); if those had nothing
-        # that fits, roll back and run once for all of them (Ledger.admit).
-        admitted, targets, floors, narrowed = self._fill(
-            transaction, open_tenants, snapshot, limit, now, guard,
-            claim=claim and bool(snapshot.slices))
+        # Several admitters: plan for the tenants no other admitter is charging
+        # (quotagate.store.tenant_claims) — one by one in fair order once another
+        # admitter was seen, all the waiting ones at once with sliced pools; if
+        # those had nothing that fits, roll back and run once for all of them
+        # (Ledger.admit).
+        narrow = supports_skip_locked(transaction) and (not claim or self._contention.recent())
+        if narrow:
+            admitted, targets, floors, narrowed = self._fill_narrow(
+                transaction, open_tenants, snapshot, limit, now, guard, wait=not claim)
+        else:
+            admitted, targets, floors, narrowed = self._fill(
+                transaction, open_tenants, snapshot, limit, now, guard,
+                claim=claim and bool(snapshot.slices))
+        if narrowed:
+            self._contention.seen()
         if not admitted and narrowed:
             raise tenant_claims.ClaimsTooNarrow
         if not admitted:
             return []
+        # The outbox and audit rows first: they wait on no other admitter, and the
+        # quota and pool rows charged next are then held only to the commit.
+        self._record_admissions(transaction, admitted, targets, now, actor)
         with admission_stats.lock_wait():
             self._charge(transaction, admitted, snapshot)
             if snapshot.budgets and not budgets.charge(transaction, admitted, snapshot.budgets):
                 raise CapacityChanged("budget")
-        self._record_admissions(transaction, admitted, targets, now, actor)
         carried = [{"request_id": placement.id, "token": floors[placement.id]}
                    for placement in admitted if placement.id in floors]
         if carried:  # requeued requests: their tokens go on above the stopped attempt's
@@ -515,6 +530,57 @@ class Ledger:
             window = self.admission_window
         return admitted, targets, floors, narrowed
 
+    def _fill_narrow(
+        self, transaction: DriverTransaction, open_tenants: Sequence[str],
+        snapshot: cohorts.Snapshot, limit: int, now: float, guard: HeldRoom | None,
+        *, wait: bool = False,
+    ) -> tuple[list[Placement], dict[str, str | None], dict[str, int], bool]:
+        """:meth:`_fill` for an admitter that saw others: claim plain tenants one by one.
+
+        In fair order (lowest dominant share first), a tenant another admitter
+        holds is skipped; each tenant claimed has its heads read and planned
+        for, with the cohort members' (never claimed) on the first round,
+        until the batch is full or no tenant is left. Returns as :meth:`_fill`:
+        the flag says some tenant was skipped.
+
+        With ``wait`` (the rerun after :class:`~quotagate.store.tenant_claims.ClaimsTooNarrow`,
+        holding nothing) the tenants are taken in name order, each waited for:
+        every tenant is looked at, so an empty batch means nothing fits, and
+        only as many tenants are held as the batch needs.
+        """
+        sharing = snapshot.sharing
+        members = [tenant for tenant in open_tenants if sharing.is_member(tenant)]
+        plain = [tenant for tenant in open_tenants if not sharing.is_member(tenant)]
+        pending = iter(sorted(plain) if wait else tenant_claims.fair_order(
+            plain, snapshot.tenants, snapshot.weights, fair_history.history(snapshot, now)))
+        admitted: list[Placement] = []
+        targets: dict[str, str | None] = {}
+        floors: dict[str, int] = {}
+        skipped = False
+        reading = members
+        while len(admitted) < limit:
+            claimed = None
+            for tenant in pending:
+                if tenant_claims.claim_tenant(transaction, tenant, snapshot.tenants[tenant],
+                                              wait=wait):
+                    claimed = tenant
+                    break
+                skipped = True
+            if claimed is not None:
+                reading = [*reading, claimed]
+            if not reading:
+                break
+            candidates, window_targets, window_floors = self._candidates(
+                transaction, reading, self.admission_window)
+            targets.update(window_targets)
+            floors.update(window_floors)
+            admitted += self._plan_and_reserve(
+                transaction, candidates, snapshot, limit - len(admitted), now, guard)
+            if claimed is None:
+                break
+            reading = []
+        return admitted, targets, floors, skipped
+
     def _plan_and_reserve(
         self,
         transaction: DriverTransaction,
@@ -546,6 +612,8 @@ class Ledger:
                 return []
             with admission_stats.lock_wait():
                 got = self._reserve(transaction, plan, now)
+            if len(got) < len(plan):
+                self._contention.seen()  # another admitter holds some of these requests
             if got:
                 reserved = [placement for placement in plan if placement.id in got]
                 for placement in reserved:
