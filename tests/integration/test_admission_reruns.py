@@ -19,14 +19,12 @@ from quotagate.domain.placement import Placement
 from quotagate.observability.metrics import Metrics
 from quotagate.store import admission_stats, schema
 from quotagate.store.dialect import is_retryable, retry_cause, run_transaction
+from support.lock_waits import LOCK_POLL_SECONDS, lock_waiters
 from support.waiting import wait_for
 
 SERVERS = [pytest.param("postgresql", marks=pytest.mark.postgresql),
            pytest.param("mysql", marks=pytest.mark.mysql)]
 HELD_SECONDS = 0.4
-# InnoDB answers information_schema.innodb_trx from a cache it refreshes only when
-# the cache has not been read for 0.1 s: polling faster would see it stale forever.
-LOCK_POLL_SECONDS = 0.2
 
 
 @pytest.fixture(autouse=True)
@@ -34,18 +32,6 @@ def fresh_counters() -> Iterator[None]:
     admission_stats.reset()
     yield
     admission_stats.reset()
-
-
-def _lock_waiters(engine: sa.Engine) -> int:
-    """Transactions of this database waiting for a row lock right now."""
-    if engine.dialect.name == "postgresql":
-        query = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                 "AND datname = current_database()")
-    else:
-        query = "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
-    # A connection of its own each time: PostgreSQL keeps one activity snapshot per transaction.
-    with engine.connect() as connection:
-        return int(connection.exec_driver_sql(query).scalar_one())
 
 
 @pytest.mark.parametrize("backend", SERVERS, indirect=True)
@@ -64,7 +50,7 @@ def test_a_charge_that_waited_on_a_lock_and_then_missed_is_a_stale_snapshot_reru
                        .values(used=schema.tenant_quota.c.cap))
         admitter = threading.Thread(target=lambda: admitted.extend(gate.admit(1)))
         admitter.start()
-        wait_for(lambda: _lock_waiters(gate.engine) > 0, "admission to wait for the quota row lock",
+        wait_for(lambda: lock_waiters(gate.engine) > 0, "admission to wait for the quota row lock",
                  interval=LOCK_POLL_SECONDS)
         blocked_at = time.perf_counter()
         time.sleep(HELD_SECONDS)  # hold the lock a known time: the wait must cover it
@@ -76,7 +62,8 @@ def test_a_charge_that_waited_on_a_lock_and_then_missed_is_a_stale_snapshot_reru
     assert admitted == []
     assert gate.show("job-1").state.value == "waiting"
     stats = admission_stats.snapshot()
-    assert stats.reruns == {"stale_snapshot": 1, "lock_timeout": 0, "deadlock": 0}
+    assert stats.reruns == {"stale_snapshot": 1, "lock_timeout": 0, "deadlock": 0,
+                            "claims_too_narrow": 0}
     assert stats.lock_wait_sum >= held
     value = Metrics(gate.engine).registry.get_sample_value
     assert value("quotagate_admission_reruns_total", {"cause": "stale_snapshot"}) == 1
@@ -144,7 +131,7 @@ def test_a_deadlock_is_told_apart_from_a_lock_timeout(gate: Quotagate) -> None:
 
         crossing = threading.Thread(target=cross, args=(first, "team-b"))
         crossing.start()
-        wait_for(lambda: _lock_waiters(gate.engine) > 0, "the first transaction to wait")
+        wait_for(lambda: lock_waiters(gate.engine) > 0, "the first transaction to wait")
         cross(second, "team-a")  # each now waits for the other: the server picks a victim
         second_transaction.rollback()
         crossing.join(30)
@@ -181,7 +168,7 @@ def test_admission_locks_members_rows_in_key_order_so_another_writer_in_that_ord
         touch("team-a")
         admitter = threading.Thread(target=lambda: admitted.extend(gate.admit(2)))
         admitter.start()
-        wait_for(lambda: _lock_waiters(gate.engine) > 0, "admission to wait for team-a's row",
+        wait_for(lambda: lock_waiters(gate.engine) > 0, "admission to wait for team-a's row",
                  interval=LOCK_POLL_SECONDS)
         # Locking in (tenant, resource) order, the waiting admission holds no member row
         # yet: this write gets team-b's at once (else each would wait for the other).
