@@ -179,6 +179,9 @@ def _diagnosed_drain(
         f"{activity.server_cpu * per:.0f}", f"{(client + activity.server_cpu) / elapsed:.2f}",
         " ".join(f"{cause}={number}" for cause, number in reruns.items() if number) or "-",
         f"{activity.commits:,}/{activity.rollbacks:,}/{activity.deadlocks}",
+        # The sampler's own statements are autocommit transactions: one per sample.
+        f"{admitted / max(activity.commits - activity.ticks, 1):.1f}"
+        if activity.commits else "-",
     ]
     total = sum(activity.samples.values()) or 1
     shares = [(wait, f"{100 * number / total:.1f}%")
@@ -204,7 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             [int(part) for part in settings.admitters.split(",")],
             [int(part) for part in settings.pool_slices.split(",")], settings.rounds)
         print(render_table(["drain", "load", "admitted", "admissions/s", "client CPU µs/adm",
-                            "db CPU µs/adm", "cores busy", "reruns", "commit/rollback/deadlock"],
+                            "db CPU µs/adm", "cores busy", "reruns", "commit/rollback/deadlock",
+                            "adm/commit"],
                            summary))
         print()
         print(render_table(["drain", "session state", "share of samples"], waits))

@@ -540,7 +540,11 @@ class Ledger:
         In fair order (lowest dominant share first), a tenant another admitter
         holds is skipped; each tenant claimed has its heads read and planned
         for, with the cohort members' (never claimed) on the first round,
-        until the batch is full or no tenant is left. Returns as :meth:`_fill`:
+        until the batch is full or no tenant is left. If every tenant was held
+        by others and this transaction holds no tenant row, it waits for the
+        first of them: holding nothing, the wait closes no cycle, and it saves
+        the rollback and rerun of :class:`~quotagate.store.tenant_claims.ClaimsTooNarrow`
+        when there are as many admitters as tenants. Returns as :meth:`_fill`:
         the flag says some tenant was skipped.
 
         With ``wait`` (the rerun after :class:`~quotagate.store.tenant_claims.ClaimsTooNarrow`,
@@ -557,15 +561,27 @@ class Ledger:
         targets: dict[str, str | None] = {}
         floors: dict[str, int] = {}
         skipped = False
+        first_held: str | None = None  # the first tenant skipped, none of its rows got
+        holding = False  # some tenant rows are locked by this transaction
         reading = members
         while len(admitted) < limit:
             claimed = None
             for tenant in pending:
-                if tenant_claims.claim_tenant(transaction, tenant, snapshot.tenants[tenant],
-                                              wait=wait):
+                got = tenant_claims.claim_tenant(transaction, tenant, snapshot.tenants[tenant],
+                                                 wait=wait)
+                if got is tenant_claims.Claim.CLAIMED:
                     claimed = tenant
+                    holding = True
                     break
                 skipped = True
+                holding = holding or got is tenant_claims.Claim.PARTLY
+                first_held = first_held or tenant
+            if claimed is None and not holding and first_held is not None:
+                got = tenant_claims.claim_tenant(
+                    transaction, first_held, snapshot.tenants[first_held], wait=True)
+                holding = True
+                if got is tenant_claims.Claim.CLAIMED:
+                    claimed = first_held
             if claimed is not None:
                 reading = [*reading, claimed]
             if not reading:

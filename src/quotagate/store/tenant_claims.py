@@ -26,6 +26,7 @@ full. Admitters then work on disjoint tenants, whatever the pools' slices
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -39,7 +40,8 @@ from quotagate.store import schema
 from quotagate.store.dialect import supports_skip_locked
 from quotagate.store.driver import DriverTransaction
 
-__all__ = ["ClaimsTooNarrow", "Contention", "claim_tenant", "claim_tenants", "fair_order"]
+__all__ = ["Claim", "ClaimsTooNarrow", "Contention", "claim_tenant", "claim_tenants",
+           "fair_order"]
 
 
 class ClaimsTooNarrow(Exception):
@@ -133,20 +135,30 @@ def fair_order(
     return sorted(tenants, key=lambda tenant: (share(tenant), tenant))
 
 
+class Claim(enum.Enum):
+    """What :func:`claim_tenant` got of one tenant's quota rows."""
+
+    CLAIMED = "claimed"  # every row: plan for the tenant
+    SKIPPED = "skipped"  # none: another transaction holds them
+    PARTLY = "partly"  # some, held until the transaction ends but not planned for
+
+
 def claim_tenant(
     transaction: DriverTransaction, tenant: str, resources: Collection[str], *,
     wait: bool = False,
-) -> bool:
+) -> Claim:
     """Lock every quota row of one plain tenant unless another transaction holds one.
 
-    True when all of ``resources`` (its rows in the snapshot) were got. A
+    ``CLAIMED`` when all of ``resources`` (its rows in the snapshot) were got. A
     tenant only partly got is not planned for; the rows got stay locked until
     the transaction ends, never waited for (as :func:`claim_tenants`). With
-    ``wait`` the rows are waited for: only where every earlier lock of the
-    transaction is on a tenant earlier by name (the lock order).
+    ``wait`` the rows are waited for: only where the transaction holds no
+    tenant row that a waiter in the lock order could want after these.
     """
     if not supports_skip_locked(transaction):
-        return True
+        return Claim.CLAIMED
     got = {resource for _tenant, resource in transaction.rows(
         _claim_query(1, skip_locked=not wait), {"tenant_0": tenant})}
-    return got >= set(resources)
+    if got >= set(resources):
+        return Claim.CLAIMED
+    return Claim.PARTLY if got else Claim.SKIPPED
