@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from quotagate import Quotagate
 from quotagate.domain.placement import Placement
 from quotagate.store import admission_stats, schema
+from quotagate.store.ledger import Ledger
 from support.lock_waits import LOCK_POLL_SECONDS, lock_waiters
 from support.waiting import wait_for
 
@@ -76,4 +77,44 @@ def test_without_skip_locked_sqlite_claims_every_tenant_and_never_reruns(
     assert [placement.id for placement in gate.admit(4)] == ["a-0"]
     assert admission_stats.snapshot().reruns["claims_too_narrow"] == 0
     assert gate.show("b-0").state.value == "waiting"
+    assert gate.check_invariants() == []
+
+
+SERVERS = [pytest.param("postgresql", marks=pytest.mark.postgresql),
+           pytest.param("mysql", marks=pytest.mark.mysql)]
+
+
+@pytest.mark.parametrize("backend", SERVERS, indirect=True)
+def test_an_admitter_that_saw_another_claims_free_tenants_in_fair_order_and_never_waits(
+    gate: Quotagate,
+) -> None:
+    gate.set_pool("pool-1", {"gpu": 100})  # one slice: no claims until another admitter shows
+    for tenant in ("team-a", "team-b", "team-c"):
+        gate.set_tenant(tenant, {"gpu": 100})
+        for index in range(4):
+            gate.submit(f"{tenant[-1]}-{index}", tenant, {"gpu": 1})
+    # Long enough that this test never depends on how fast the machine is.
+    ledger = Ledger(gate.engine, clock=gate.ledger.clock, narrow_seconds=3600)
+    request, quota = schema.request, schema.tenant_quota
+    with gate.engine.connect() as other_admitter, other_admitter.begin():
+        # Another admitter holds a-0, the head of the fair batch: SKIP LOCKED steps
+        # around it, and this admitter now knows it is not alone.
+        other_admitter.execute(sa.select(request.c.id).where(request.c.id == "a-0")
+                               .with_for_update()).all()
+        assert [placement.id for placement in ledger.admit(1)] == ["a-1"]
+    admitted: list[Placement] = []
+    with gate.engine.connect() as other_admitter, other_admitter.begin():
+        # Another admitter is charging team-b (it holds team-b's quota rows).
+        other_admitter.execute(sa.select(quota.c.tenant).where(quota.c.tenant == "team-b")
+                               .with_for_update()).all()
+        admitter = threading.Thread(target=lambda: admitted.extend(ledger.admit(8)))
+        admitter.start()
+        # A fair batch over every tenant would charge team-b and wait for it here.
+        admitter.join(60)
+        assert not admitter.is_alive(), "the admission waited for the held tenant"
+    # Lowest dominant share first: team-c (nothing used), then team-a; team-b untouched.
+    assert [placement.tenant for placement in admitted] == ["team-c"] * 4 + ["team-a"] * 3
+    assert {placement.id for placement in admitted} == {
+        "c-0", "c-1", "c-2", "c-3", "a-0", "a-2", "a-3"}
+    assert all(gate.show(f"b-{index}").state.value == "waiting" for index in range(4))
     assert gate.check_invariants() == []

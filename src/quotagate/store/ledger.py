@@ -129,6 +129,7 @@ class Ledger:
         expiry_every: float = 1.0,
         rate_gate: RateGate | None = None,
         hold_seconds: float = holds.DEFAULT_HOLD_SECONDS,
+        narrow_seconds: float = tenant_claims.NARROW_SECONDS,
     ) -> None:
         if aging_interval <= 0:
             raise InvalidInput("aging interval must be positive", code="invalid_aging_interval")
@@ -152,7 +153,7 @@ class Ledger:
         self._policies_seen = False
         self._lock_row_ready = False
         # Whether another admitter was seen lately: then claim tenants one by one.
-        self._contention = tenant_claims.Contention()
+        self._contention = tenant_claims.Contention(narrow_seconds)
 
     # -- submit ----------------------------------------------------------------
 
