@@ -294,7 +294,8 @@ class Ledger:
             except tenant_claims.ClaimsTooNarrow:
                 # The tenants this admitter could claim had nothing to admit. Waiting on
                 # the others' tenant rows while holding its claims could deadlock
-                # another admitter doing the same: roll back, run once unclaimed.
+                # another admitter doing the same: roll back and run once more holding
+                # nothing, waiting for each tenant in name order (Ledger._fill_narrow).
                 admission_stats.count_rerun("claims_too_narrow")
                 claim = False
                 continue
