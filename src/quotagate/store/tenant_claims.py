@@ -46,7 +46,7 @@ __all__ = ["Claim", "ClaimsTooNarrow", "Contention", "claim_tenant", "claim_tena
 
 class ClaimsTooNarrow(Exception):
     """The claimed tenants had nothing to admit while others were left out: roll back and
-    run the admission once without claims, taking tenant rows in order like before."""
+    run the admission once more, waiting for each tenant's rows in name order."""
 
 
 @lru_cache(maxsize=64)
@@ -75,9 +75,10 @@ def claim_tenants(
     A plain tenant is kept if every one of its quota rows was free to lock.
     If those kept admit nothing while some were left out, the ledger raises
     :class:`ClaimsTooNarrow`, rolls back (giving up every claim, also the
-    rows of a tenant only partly had) and runs once without claims, waiting
-    in the usual order: an admission must not answer "nothing fits" only
-    because other admitters were busy, nor wait while holding claims.
+    rows of a tenant only partly had) and runs once more holding nothing,
+    waiting for each tenant in name order: an admission must not answer
+    "nothing fits" only because other admitters were busy, nor wait while
+    holding claims.
     """
     plain = [tenant for tenant in tenants if tenant not in members]
     if not plain or not supports_skip_locked(transaction):
