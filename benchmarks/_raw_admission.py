@@ -38,8 +38,12 @@ class _Missed(Exception):
 class RawAdmission:
     """One driver connection that admits one waiting request per transaction."""
 
-    def __init__(self, url: str, tenants: Sequence[str]) -> None:
+    def __init__(self, url: str, tenants: Sequence[str], *, audit: bool = False) -> None:
+        """``audit``: also write the admission's audit row, as ``Ledger.admit`` does. Off
+        for the baseline of issue 14 (docs/decisions/021); ``admit_breakdown.py`` turns it
+        on to show what the audit row alone costs (docs/decisions/032)."""
         parsed = make_url(url)
+        self.audit = audit
         self.backend = parsed.get_backend_name()
         self.tenants = list(tenants)
         self.connection: Any
@@ -102,6 +106,10 @@ class RawAdmission:
         self._outbox_sql = self._sql(
             "INSERT INTO qg_outbox (request_id, tenant, target, created, attempts,"
             " next_attempt_at, delivered) VALUES (%s, %s, %s, %s, 0, %s, %s)"
+        )
+        self._audit_sql = self._sql(
+            "INSERT INTO qg_audit (at, actor, tenant, operation, target, outcome, reason)"
+            " VALUES (%s, 'admission', %s, 'admit', %s, 'reserved', %s)"
         )
 
     def _sql(self, text: str) -> str:
@@ -180,3 +188,5 @@ class RawAdmission:
         if cursor.rowcount != 1:
             raise _Missed(request_id)
         cursor.execute(self._outbox_sql, (request_id, tenant, target, now, now, False))
+        if self.audit:
+            cursor.execute(self._audit_sql, (now, tenant, request_id, f"pool={pool}"))

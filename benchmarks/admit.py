@@ -10,8 +10,11 @@ For each backend, in its own throwaway database:
    driver (``_raw_admission.py``) with 1 and 4 processes: the limit we measure
    against. Ours is printed as a percentage of it.
 2. the median and p95 latency of one ``admit(1)`` with 1,000 and with 100,000
-   waiting requests, and with 100,000 where the head of the queue belongs to a
-   tenant at its cap (its requests fill the index range admission reads first).
+   waiting requests (``--million``: and 1,000,000), each also where the head of
+   the queue belongs to a tenant at its cap (its requests fill the index range
+   admission reads first); for plain tenants, for cohort members that borrow
+   (the setup of part ``cohorts``) and for tenants with budgets (``--latency``
+   picks), next to the raw transaction on the plain queues, samples interleaved.
 
 3. (part ``cohorts``) the same admissions over 20 tenants, once plain and once in
    4 cohorts of 5 where every admission borrows (each tenant's nominal is 1, one
@@ -71,6 +74,7 @@ BATCH = 16
 HOG_GPU_CAP = 4
 HOG_COST = {"gpu": 1, "cpu": 2}
 INSERT_CHUNK = 5000
+COMMIT_EVERY = 100_000
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,7 @@ def waiting_rows(
     span: float,
     priority: int,
     costs: Sequence[dict[str, int]] = COSTS,
+    reserved_runtime: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """``count`` waiting requests, created evenly over ``span`` seconds from ``start``.
 
@@ -125,20 +130,44 @@ def waiting_rows(
             "created": created,
             "updated": created,
             "reason": None,
+            "reserved_runtime": reserved_runtime,
         }
 
 
-def bulk_insert(engine: Engine, rows: Iterator[dict[str, Any]]) -> None:
-    """Insert in chunks with executemany (batched multi-row INSERTs), not submit by submit."""
-    with engine.begin() as connection:
-        chunk: list[dict[str, Any]] = []
+def bulk_insert(
+    engine: Engine, rows: Iterator[dict[str, Any]], *,
+    progress: Callable[[int], None] | None = None,
+) -> None:
+    """Insert in chunks with executemany, not submit by submit.
+
+    The drivers turn an executemany into few round trips: pymysql rewrites it
+    into multi-row ``INSERT … VALUES``, psycopg pipelines it, sqlite3 loops in C
+    (50,000 rows in about a second on each). A transaction per
+    ``COMMIT_EVERY`` rows keeps a million-row fill from being one huge
+    transaction; ``progress`` hears the count after each.
+    """
+    inserted = 0
+    chunk: list[dict[str, Any]] = []
+    connection = engine.connect()
+    try:
         for row in rows:
             chunk.append(row)
             if len(chunk) == INSERT_CHUNK:
                 connection.execute(schema.request.insert(), chunk)
+                inserted += len(chunk)
                 chunk = []
+                if inserted % COMMIT_EVERY == 0:
+                    connection.commit()
+                    if progress:
+                        progress(inserted)
         if chunk:
             connection.execute(schema.request.insert(), chunk)
+            inserted += len(chunk)
+        connection.commit()
+    finally:
+        connection.close()
+    if progress:
+        progress(inserted)
     analyze(engine)
 
 
@@ -630,85 +659,161 @@ def _admit_one(ledger: Ledger) -> Callable[[], int]:
     return lambda: len(ledger.admit(1))
 
 
-def fill_queue(url: str, settings: Settings, waiting: int, *, capped_head: bool) -> list[str]:
-    """Configure a fresh ledger with ``waiting`` requests; return the tenant names.
+# The latency scenarios: plain tenants (TENANTS), cohort members that borrow
+# (COHORT_TENANTS in COHORTS, as the cohorts part) and tenants with budgets.
+LATENCY_KINDS = ("plain", "cohorts", "budgets")
+# What every request of the budgets scenario reserves against its budget (seconds).
+RESERVED_RUNTIME = 3600
 
-    The queue gets as many extra requests as the timed admissions take away, so
-    that ``waiting`` are still there at the last sample.
+
+@dataclass(frozen=True)
+class LatencyScenario:
+    kind: str  # one of LATENCY_KINDS
+    waiting: int
+    capped_head: bool  # 99% of the queue, ahead of everyone, on a tenant at its cap
+
+    @property
+    def label(self) -> str:
+        return f"{self.waiting:,} waiting" + (", head at cap" if self.capped_head else "")
+
+
+def latency_scenarios(settings: Settings, kinds: Sequence[str]) -> list[LatencyScenario]:
+    """Every kind, free and with the head at cap, at 1,000 and at each long queue."""
+    return [LatencyScenario(kind, waiting, capped)
+            for waiting in (1_000, *settings.big_queues)
+            for kind in kinds for capped in (False, True)]
+
+
+def _configure_latency(engine: Engine, kind: str, *, hog: bool) -> list[str]:
+    """Tenants, cohorts, budgets and pools of ``kind``; return the tenants besides the hog.
+
+    The hog, when asked for, can take ``HOG_GPU_CAP`` of its own requests and
+    no more: by its gpu quota (plain), by its nominal plus borrowing limit in
+    a cohort (cohorts: it borrows 3 of the 4 from its cohort's room), or by its
+    gpu budget (budgets: roomy quota, 4 reservations' worth of gpu-hours).
+    """
+    configuration = Configuration(engine)
+    if kind == "plain":
+        quotas = {tenant: {"gpu": ROOMY, "cpu": ROOMY} for tenant in TENANTS}
+        if hog:
+            quotas["hog"] = {"gpu": HOG_GPU_CAP, "cpu": ROOMY}
+        configure(engine, quotas)
+        return list(TENANTS)
+    if kind == "cohorts":
+        configure_cohorts(engine)
+        if hog:
+            configuration.set_tenant("hog", {"gpu": 1, "cpu": 1}, sharing=TenantSharing(
+                cohort=COHORTS[0], borrowing_limit={"gpu": HOG_GPU_CAP - 1}))
+        return list(COHORT_TENANTS)
+    configure_budgets(engine)
+    if hog:
+        configuration.set_tenant("hog", {"gpu": ROOMY, "cpu": ROOMY}, budget=BudgetChange(
+            {"gpu": BudgetLimit(HOG_GPU_CAP * RESERVED_RUNTIME, 30 * 86400)}))
+    return list(COHORT_TENANTS)
+
+
+def fill_queue(
+    url: str, settings: Settings, scenario: LatencyScenario, log: Callable[[str], None]
+) -> list[str]:
+    """Configure a fresh ledger for ``scenario`` and fill its queue; return the tenant names.
+
+    The queue gets as many extra requests as the timed admissions take away
+    (ours and, on a plain queue, the raw transaction's), so that
+    ``scenario.waiting`` are still there at the last sample.
     """
     extra = 2 * (settings.samples + 5)
-    quotas = {tenant: {"gpu": ROOMY, "cpu": ROOMY} for tenant in TENANTS}
+    runtime = RESERVED_RUNTIME if scenario.kind == "budgets" else None
     now = time.time()
+    began = time.monotonic()
+    name = f"{scenario.kind}, {scenario.label}"
+
+    def progress(done: int) -> None:
+        log(f"    filling {name}: {done:,} rows ({time.monotonic() - began:.0f} s)")
+
     engine = create_engine(url)
     try:
-        if not capped_head:
-            configure(engine, quotas)
-            bulk_insert(engine, waiting_rows(waiting + extra, TENANTS, prefix="lat",
-                                             start=now - 600, span=300, priority=0))
-            return list(TENANTS)
+        tenants = _configure_latency(engine, scenario.kind, hog=scenario.capped_head)
+        if not scenario.capped_head:
+            bulk_insert(engine, waiting_rows(scenario.waiting + extra, tenants, prefix="lat",
+                                             start=now - 600, span=300, priority=0,
+                                             reserved_runtime=runtime), progress=progress)
+            return tenants
         # "hog" holds 99% of the queue, all of it ahead of everyone else (older
-        # and higher priority), and is at its gpu cap: every admission must
-        # look past its head to find the requests of the others.
-        quotas["hog"] = {"gpu": HOG_GPU_CAP, "cpu": ROOMY}
-        configure(engine, quotas)
-        bulk_insert(engine, waiting_rows(waiting - waiting // 100, ["hog"], prefix="hog",
-                                         start=now - 900, span=300, priority=5,
-                                         costs=(HOG_COST,)))
+        # and higher priority), and is at its cap: every admission must look
+        # past its head to find the requests of the others.
+        hog_waiting = scenario.waiting - scenario.waiting // 100
+        bulk_insert(engine, waiting_rows(hog_waiting, ["hog"], prefix="hog", start=now - 900,
+                                         span=300, priority=5, costs=(HOG_COST,),
+                                         reserved_runtime=runtime), progress=progress)
         # Fill the hog to its cap while only its requests wait: with fair share
         # between tenants, the others (using nothing) would be admitted first.
         filler = Ledger(engine)
-        for _ in range(HOG_GPU_CAP):
-            filler.admit(1)
-        bulk_insert(engine, waiting_rows(waiting // 100 + extra, TENANTS, prefix="lat",
-                                         start=now - 600, span=300, priority=0))
-        with engine.connect() as connection:
-            hog_used = connection.execute(
-                sa.select(schema.tenant_quota.c.used).where(
-                    schema.tenant_quota.c.tenant == "hog",
-                    schema.tenant_quota.c.resource == "gpu",
-                )
-            ).scalar_one()
-        if hog_used != HOG_GPU_CAP:
-            raise RuntimeError(f"the hog should be at its cap, it uses {hog_used}")
-        return [*TENANTS, "hog"]
+        admitted = sum(len(filler.admit(1)) for _ in range(HOG_GPU_CAP))
+        if admitted != HOG_GPU_CAP or filler.admit(1):
+            raise RuntimeError(f"the hog should take {HOG_GPU_CAP} and no more ({name})")
+        bulk_insert(engine, waiting_rows(scenario.waiting // 100 + extra, tenants, prefix="lat",
+                                         start=now - 600, span=300, priority=0,
+                                         reserved_runtime=runtime))
+        return [*tenants, "hog"]
     finally:
         engine.dispose()
 
 
 def measure_latency(
-    backend: str, settings: Settings, log: Callable[[str], None]
+    backend: str, settings: Settings, log: Callable[[str], None],
+    kinds: Sequence[str] = LATENCY_KINDS,
 ) -> list[list[str]]:
-    """Latency of ``admit(1)`` and of the raw transaction on every queue at once.
+    """Latency of ``admit(1)`` on every scenario's queue at once, and of the raw transaction.
 
-    All the databases exist together and the samples go round all of them
-    (ours and raw on each), so a burst of other load on the machine cannot make
-    one queue size look slower than another.
+    All the databases exist together and the samples go round all of them, so
+    a burst of other load on the machine cannot make one queue size (or kind)
+    look slower than another. The raw transaction (``_raw_admission.py``)
+    knows no cohorts and no budgets: it runs on the plain queues only, and
+    each row shows the one of the plain queue of its size and head. "vs 1,000"
+    is a median over the median of the same kind and head with 1,000 waiting,
+    same run: flat is 1.0.
     """
-    scenarios: list[tuple[int, bool, str]] = [(1_000, False, "1,000 waiting")]
-    for big in settings.big_queues:
-        scenarios += [(big, False, f"{big:,} waiting"), (big, True, f"{big:,} waiting, head at cap")]
+    scenarios = latency_scenarios(settings, kinds)
     with contextlib.ExitStack() as stack:
         admitters: list[Callable[[], int]] = []
+        # Per scenario, its admitter's index; per plain (waiting, head), the raw one's.
+        ours: dict[LatencyScenario, int] = {}
+        raws: dict[tuple[int, bool], int] = {}
         engines: list[Engine] = []
-        for waiting, capped_head, _label in scenarios:
+        for scenario in scenarios:
             url = stack.enter_context(throwaway_database(backend))
-            tenants = fill_queue(url, settings, waiting, capped_head=capped_head)
+            started = time.monotonic()
+            tenants = fill_queue(url, settings, scenario, log)
+            log(f"  {backend}: {scenario.kind}, {scenario.label}: filled in "
+                f"{time.monotonic() - started:.0f} s")
             engine = create_engine(url)
             stack.callback(engine.dispose)
             engines.append(engine)
-            ledger = Ledger(engine)
-            raw = RawAdmission(url, tenants)
-            stack.callback(raw.close)
-            admitters += [_admit_one(ledger), raw.admit_one]
+            ours[scenario] = len(admitters)
+            admitters.append(_admit_one(Ledger(engine)))
+            if scenario.kind == "plain":
+                raw = RawAdmission(url, tenants)
+                stack.callback(raw.close)
+                raws[scenario.waiting, scenario.capped_head] = len(admitters)
+                admitters.append(raw.admit_one)
+        log(f"  {backend}: timing {len(admitters)} admitters, {settings.samples} samples each")
         timings = _timed(admitters, settings.samples)
         for engine in engines:
             check_balanced(engine)
     rows: list[list[str]] = []
-    for index, (_waiting, _capped, label) in enumerate(scenarios):
-        (median, p95), (raw_median, raw_p95) = timings[2 * index], timings[2 * index + 1]
-        log(f"  {backend}: {label}: median {median:.2f} ms, p95 {p95:.2f} ms")
-        rows.append([backend, label, f"{median:.2f}", f"{p95:.2f}", f"{raw_median:.2f}",
-                     f"{raw_p95:.2f}"])
+    for scenario in scenarios:
+        median, p95 = timings[ours[scenario]]
+        base = timings[ours[dataclasses.replace(scenario, waiting=1_000)]][0]
+        raw_index = raws.get((scenario.waiting, scenario.capped_head))
+        log(f"  {backend}: {scenario.kind}, {scenario.label}: median {median:.2f} ms, "
+            f"p95 {p95:.2f} ms")
+        raw_cells = ["-", "-", "-"]
+        if raw_index is not None:
+            raw_median, raw_p95 = timings[raw_index]
+            raw_base = timings[raws[1_000, scenario.capped_head]][0]
+            raw_cells = [f"{raw_median:.2f}", f"{raw_p95:.2f}", _ratio(raw_median, raw_base)]
+        rows.append([backend, scenario.kind, scenario.label, f"{median:.2f}", f"{p95:.2f}",
+                     _ratio(median, base), *raw_cells])
     return rows
 
 
@@ -721,7 +826,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="comma-separated: sqlite,postgresql,mysql (default: all)")
     parser.add_argument("--quick", action="store_true", help="shorter runs, fewer samples")
     parser.add_argument("--million", action="store_true",
-                        help="latency with 1,000,000 waiting too (builds 2 million rows; minutes)")
+                        help="latency with 1,000,000 waiting too (2 million rows per --latency "
+                        "kind; minutes)")
     parser.add_argument("--drain", type=int, default=None,
                         help="waiting requests of the sustained drain (default 40,000; quick 10,000)")
     parser.add_argument("--slices", default="1",
@@ -732,6 +838,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "counts (default 2; quick 1)")
     parser.add_argument("--seconds", type=float, default=None,
                         help="length of one throughput run (default 3; quick 1)")
+    parser.add_argument("--latency", default=",".join(LATENCY_KINDS),
+                        help="comma-separated latency scenarios: plain,cohorts,budgets "
+                        "(default: all; raw SQL runs on the plain ones)")
     parser.add_argument("--parts", default="throughput,drain,latency,cohorts,budgets",
                         help="comma-separated: throughput,drain,latency,cohorts,budgets "
                         "(default: all)")
@@ -750,6 +859,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments.drain:
         settings = dataclasses.replace(settings, drain=arguments.drain)
     parts = {name.strip() for name in arguments.parts.split(",") if name.strip()}
+    latency_kinds = [name.strip() for name in arguments.latency.split(",") if name.strip()]
+    if not latency_kinds or set(latency_kinds) - set(LATENCY_KINDS):
+        parser.error(f"--latency takes some of {','.join(LATENCY_KINDS)}")
     try:
         slice_counts = tuple(int(part) for part in arguments.slices.split(",") if part.strip())
     except ValueError:
@@ -777,7 +889,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if "drain" in parts:
                     drain_rows += measure_drain(backend, settings, pool, log)
                 if "latency" in parts:
-                    latency_rows += measure_latency(backend, settings, log)
+                    latency_rows += measure_latency(backend, settings, log, latency_kinds)
                 if "cohorts" in parts:
                     cohort_rows += measure_cohorts(backend, settings, pool, log)
                 if "budgets" in parts:
@@ -806,9 +918,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         drain_rows,
     ))
     print()
-    print(f"Latency of one admit(1), milliseconds ({settings.samples} samples each)")
+    print(f"Latency of one admit(1), milliseconds ({settings.samples} samples each, "
+          "interleaved; raw: the raw transaction on the plain queue of that size and head; "
+          "vs 1,000: over the median of the same scenario with 1,000 waiting)")
     print(render_table(
-        ["backend", "queue", "median", "p95", "raw median", "raw p95"], latency_rows,
+        ["backend", "scenario", "queue", "median", "p95", "vs 1,000", "raw median", "raw p95",
+         "raw vs 1,000"],
+        latency_rows,
     ))
     if cohort_rows:
         print()

@@ -8,7 +8,8 @@ as under a real overload — and the same throwaway ``redis-server`` of its own
 Rows:
 
 * quotagate's SQL store on SQLite, PostgreSQL and MariaDB: one conditional
-  UPDATE per decision (plus MariaDB's SELECT, as it has no UPDATE … RETURNING);
+  UPDATE per decision (plus MariaDB's SELECT, as it has no UPDATE … RETURNING),
+  or one SELECT for a bucket the store expects to refuse (docs/decisions/114);
 * quotagate's Redis store, one take per EVALSHA, and 100 or 1,000 takes per EVALSHA;
   a *decision* is one all-or-nothing take of one token from one bucket;
 * the limit we measure against: redis-py calling EVALSHA on a minimal script
@@ -122,7 +123,7 @@ def sql_contenders(
         contenders.append(Contender(
             f"quotagate SQL store, {backend}",
             lambda store=store, key=key: store.take(key, CONFIG),
-            note="1 UPDATE per take, own transaction"))
+            note="held autocommit connection; a refusal expected: 1 SELECT"))
         raw_key = BucketKey("team-raw")
         store.configure(raw_key, CONFIG, fresh=True)
         contenders.append(raw_update_contender(store, raw_key, backend, stack))
@@ -183,9 +184,12 @@ def raw_update_contender(
 ) -> Contender:
     """The SQL store's baseline: its conditional UPDATE, compiled once, run on the bare driver.
 
-    Same statement, same driver (psycopg, pymysql, sqlite3), one transaction
-    per take, no SQLAlchemy and no reading of the refused bucket: one round
-    trip and a commit.
+    Same statement, same driver (psycopg, pymysql, sqlite3), in autocommit as
+    the store's own takes are (each UPDATE its own transaction, committed with
+    the engine's durability settings), no SQLAlchemy and no reading of the
+    bucket: one round trip per take. (Until the store held an autocommit
+    connection of its own, this row ran a transaction per take: BEGIN where the
+    driver sends one, the UPDATE, COMMIT — docs/decisions/114.)
     """
     engine = store.engine
     statement = _take_statement(engine.dialect.name, False).compile(dialect=engine.dialect)
@@ -197,17 +201,23 @@ def raw_update_contender(
     else:
         arguments = {**{name: bind.value for name, bind in statement.binds.items()},
                      "bucket_key": key.name, "amount": 1}
-    connection = engine.raw_connection()
+    pooled = engine.raw_connection()
+    pooled.detach()  # switched to autocommit for good: never back in the pool
+    connection: Any = pooled.dbapi_connection
     stack.callback(connection.close)
+    if engine.dialect.name == "postgresql":
+        connection.autocommit = True
+    elif engine.dialect.name == "mysql":
+        connection.autocommit(True)
+    # sqlite3: the engine's connect hook set isolation_level None, autocommit already.
     cursor = connection.cursor()
 
     def decide() -> object:
         cursor.execute(text, arguments)
-        connection.commit()
         return cursor.rowcount
 
     return Contender(f"raw conditional UPDATE, {backend}", decide,
-                     note="the store's UPDATE on the bare driver: the SQL limit")
+                     note="the store's UPDATE on the bare driver, autocommit: the SQL limit")
 
 
 def redis_contenders(url: str, stack: ExitStack, log: Callable[[str], None]) -> list[Contender]:

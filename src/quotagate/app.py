@@ -170,6 +170,7 @@ class Quotagate:
     def close(self) -> None:
         self.streams.close()
         self.rate_store.close()
+        self.ledger.close()
         self.engine.dispose()
 
     def __enter__(self) -> Quotagate:

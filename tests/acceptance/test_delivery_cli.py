@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from support.cli import QUOTAGATE, run
+from support.waiting import wait_for
 
 
 def test_process_delivery_tour(tmp_path: Path) -> None:
@@ -32,7 +33,10 @@ def test_process_delivery_tour(tmp_path: Path) -> None:
         db=db, cwd=tmp_path)
 
     moved = run("worker", "--name", "w1", "--admit", "--once", db=db, cwd=tmp_path)
-    assert moved.stdout.strip().startswith("moved ")
+    # What moved, in words; the commands may already have exited and been read back
+    # ("…, 2 completed and 0 failed by their executor"), or not yet.
+    assert moved.stdout.startswith(
+        "admitted 2 requests, delivered 2 requests, 0 failed, 0 stops confirmed")
     lease = json.loads(run("lease", "show", "worker/w1", "--json", db=db, cwd=tmp_path).stdout)
     assert lease == [{**lease[0], "owner": None, "generation": 1, "held": False}]  # released
 
@@ -77,6 +81,45 @@ def test_a_command_given_by_a_relative_path_runs_from_its_run_directory(tmp_path
     assert "   target: (the default target)\n" in described and "  attempt: 1\n" in described
     [output] = (tmp_path / "quotagate-runs").glob("*/output.log")
     assert output.read_text().strip() == "serving job-1"
+
+
+def test_worker_once_says_what_its_pass_did(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    run("init", db=db, cwd=tmp_path)
+    run("tenant", "set", "team-a", "--quota", "gpu=2", db=db, cwd=tmp_path)
+    run("pool", "set", "pool-1", "--capacity", "gpu=2", db=db, cwd=tmp_path)
+    run("target", "set", "local", "--kind", "process", "--default", "--command", "sleep 600",
+        "--stop-grace", "30", db=db, cwd=tmp_path)
+    run("submit", "--id", "job-1", "--tenant", "team-a", "--cost", "gpu=1", db=db, cwd=tmp_path)
+    assert run("worker", "--name", "w1", "--admit", "--once", db=db, cwd=tmp_path).stdout == (
+        "admitted 1 request, delivered 1 request, 0 failed, 0 stops confirmed\n")
+    run("cancel", "job-1", db=db, cwd=tmp_path)
+
+    def stop_confirmed() -> bool:
+        said = run("worker", "--name", "w1", "--once", db=db, cwd=tmp_path).stdout
+        # Until the command has exited the stop awaits the target (or is not due yet).
+        assert said in ("delivered 0 requests, 0 failed, 0 stops confirmed, 1 stop awaiting "
+                        "the target\n", "delivered 0 requests, 0 failed, 0 stops confirmed\n",
+                        "delivered 0 requests, 0 failed, 1 stop confirmed\n"), said
+        return said == "delivered 0 requests, 0 failed, 1 stop confirmed\n"
+
+    wait_for(stop_confirmed, "the worker to confirm job-1's stop", timeout=60)
+    assert json.loads(run("show", "job-1", "--json", db=db, cwd=tmp_path).stdout)[
+        "state"] == "cancelled"
+
+    # While a live worker holds the lease of that name, a pass does nothing and says why.
+    live = subprocess.Popen([*QUOTAGATE, "worker", "--name", "w1", "--poll", "0.05",
+                             "--db", db], cwd=tmp_path, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: json.loads(run("lease", "show", "worker/w1", "--json", db=db,
+                                        cwd=tmp_path).stdout)[0]["held"],
+                 "the live worker to take its lease", timeout=60)
+        assert run("worker", "--name", "w1", "--once", db=db, cwd=tmp_path).stdout == (
+            "did nothing: lease worker/w1 is held by another live worker (each live worker "
+            "needs its own --name; a dead one's lease expires)\n")
+    finally:
+        live.terminate()
+        live.wait(timeout=30)
 
 
 def test_bad_target_settings_are_refused_and_change_nothing(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from quotagate import ManualClock, Quotagate
+from quotagate.domain.budget import CARRIED
 from quotagate.errors import InvalidInput
 from quotagate.store import schema
 from support import budget_workers
@@ -151,6 +152,55 @@ def test_usage_leaves_the_rolling_window(gate: Quotagate, clock: ManualClock) ->
     assert gate.admit() == []
     clock.advance(1)
     assert [placement.id for placement in gate.admit()] == ["second"]
+
+
+def _run(gate: Quotagate, clock: ManualClock, request_id: str, gpu: int, hours: float) -> None:
+    gate.submit(request_id, "team-a", {"gpu": gpu})
+    assert [placement.id for placement in gate.admit()] == [request_id]
+    clock.advance(hours * HOUR)
+    gate.complete(request_id)
+
+
+def test_buckets_no_window_counts_are_folded_and_what_counts_is_unchanged(
+    budgeted: Quotagate, clock: ManualClock
+) -> None:
+    gate = budgeted  # gpu=10h/1d
+    start = clock.now()
+    _run(gate, clock, "old", 1, 1)  # bucket start
+    clock.advance(4 * HOUR)
+    _run(gate, clock, "edge", 1, 1)  # bucket start + 5h
+    _run(gate, clock, "margin", 1, 1)  # bucket start + 6h
+    clock.advance(23 * HOUR)
+    # Reserved for the hour it runs: admission counts it the same before and after.
+    gate.submit("now", "team-a", {"gpu": 2}, max_runtime="1h")
+    gate.admit()
+    clock.advance(HOUR)  # start + 31h: the window counts buckets from start + 7h
+    assert len(_buckets(gate)) == 3
+    shown = _budget(gate)
+    assert (shown["spent_hours"], shown["left_hours"]) == (2.0, 8.0)  # "now" running
+    fits = gate.simulate("team-a", {"gpu": 1}, max_runtime="8h")
+    too_much = gate.simulate("team-a", {"gpu": 1}, max_runtime="481m")
+    assert fits["admissible"] is True and too_much["admissible"] is False
+    assert gate.check_invariants() == []
+
+    # Its release makes a new bucket: the buckets before start + 6h (the window's
+    # first, less an hour for slower clocks) are folded into the carried bucket.
+    gate.complete("now")
+    assert _buckets(gate) == [("team-a", "gpu", CARRIED, 2 * 3600),
+                              ("team-a", "gpu", start + 6 * HOUR, 3600),
+                              ("team-a", "gpu", start + 30 * HOUR, 2 * 3600)]
+    assert _budget(gate) == {**shown, "frees_at": start + 31 * HOUR + 24 * HOUR}
+    assert gate.simulate("team-a", {"gpu": 1}, max_runtime="8h") == fits
+    assert gate.simulate("team-a", {"gpu": 1}, max_runtime="481m") == too_much
+    # check recounts accrued against the buckets, the carried one included.
+    assert gate.check_invariants() == []
+    # Later folds add to the carried bucket.
+    clock.advance(30 * HOUR)
+    _run(gate, clock, "later", 1, 1)
+    assert _buckets(gate) == [("team-a", "gpu", CARRIED, 5 * 3600),
+                              ("team-a", "gpu", start + 61 * HOUR, 3600)]
+    assert _budget(gate)["spent_hours"] == 1.0
+    assert gate.check_invariants() == []
 
 
 def test_setting_removing_and_bad_budgets(budgeted: Quotagate, clock: ManualClock) -> None:

@@ -18,7 +18,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -30,12 +29,7 @@ import sqlalchemy as sa
 from quotagate import Quotagate, RequestState
 from quotagate.delivery.registry import TargetStore
 from quotagate.store import schema
-from support import worker_processes
-from support.worker_processes import finish, table
-
-# A 1.5 s lease: short enough for quick takeovers, long enough that a worker
-# stalled on a loaded machine does not lose it between renewals.
-WORKER_OPTIONS = ["--lease-ttl", "1.5", "--poll", "0.05", "--retry-base", "0.2"]
+from support.worker_processes import finish, start_crash_worker, submit_and_admit, table
 
 
 @pytest.fixture
@@ -52,20 +46,6 @@ def setup(db_url: str, tmp_path: Path) -> Iterator[tuple[Quotagate, Path]]:
             default=True,
         )
         yield gate, tmp_path
-
-
-def start_worker(db_url: str, name: str, *extra: str, crash_at: str | None = None,
-                 ) -> subprocess.Popen[bytes]:
-    return worker_processes.start_worker(db_url, name, *extra, crash_at=crash_at,
-                                         options=WORKER_OPTIONS)
-
-
-def submit_and_admit(gate: Quotagate, count: int, prefix: str = "job") -> list[str]:
-    ids = [f"{prefix}-{index:03d}" for index in range(count)]
-    for request_id in ids:
-        gate.submit(request_id, "team-a", {"gpu": 1}, payload={"n": request_id})
-    assert gate.admit_until_idle(batch=64) == count
-    return ids
 
 
 def assert_exactly_once(gate: Quotagate, tmp_path: Path, ids: list[str]) -> None:
@@ -131,7 +111,7 @@ def test_a_worker_killed_at_each_step_is_replaced_and_delivers_exactly_once(
 ) -> None:
     gate, tmp_path = setup
     ids = submit_and_admit(gate, 2)
-    assert finish(start_worker(db_url, "w1", "--batch", "1", crash_at=crash_at)) == -signal.SIGKILL
+    assert finish(start_crash_worker(db_url, "w1", "--batch", "1", crash_at=crash_at)) == -signal.SIGKILL
 
     [claimed] = [row for row in table(gate, schema.outbox) if row["claimed_by"] == "w1"]
     assert claimed["claim_generation"] == 1
@@ -149,7 +129,7 @@ def test_a_worker_killed_at_each_step_is_replaced_and_delivers_exactly_once(
         assert gate.show(claimed["request_id"]).state == RequestState.RESERVED
 
     # Restarted under the same name: takes the lease over once it expires.
-    assert finish(start_worker(db_url, "w1", "--until-idle")) == 0
+    assert finish(start_crash_worker(db_url, "w1", "--until-idle")) == 0
     lease = {row["name"]: row for row in table(gate, schema.lease)}["worker/w1"]
     # A newer generation (2, or more if a stall on a loaded machine cost it a renewal).
     assert lease["generation"] >= 2
@@ -202,7 +182,7 @@ def test_workers_killed_at_random_moments_still_deliver_each_request_once(
     ids = submit_and_admit(gate, 20)
     seed = int(os.environ.get("QUOTAGATE_CRASH_SEED", random.randrange(1 << 30)))
     generator = random.Random(seed)
-    workers = {name: start_worker(db_url, name, "--batch", "2") for name in ("w1", "w2")}
+    workers = {name: start_crash_worker(db_url, name, "--batch", "2") for name in ("w1", "w2")}
     generations = {"w1": 0, "w2": 0}
     kills = 0
     # Deliveries a kill interrupted: claims the dead worker still held, with
@@ -226,7 +206,7 @@ def test_workers_killed_at_random_moments_still_deliver_each_request_once(
             held = claims_of(gate, name)  # the dead worker's claims, until its lease expires
             interrupted.update(held)
             interrupting_kills += bool(held)
-            workers[name] = start_worker(db_url, name, "--batch", "2")
+            workers[name] = start_crash_worker(db_url, name, "--batch", "2")
         # The last two workers finish the work, then stop cleanly.
         wait_until_ended(gate, ids)
         for name, worker in workers.items():

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -27,15 +26,10 @@ from quotagate import Quotagate, RequestState
 from quotagate.delivery.naming import external_name
 from quotagate.delivery.registry import TargetStore
 from quotagate.store import schema
-from support import worker_processes
 from support.kube_api import KubeApiServer
 from support.kube_api.controller import controller
 from support.waiting import wait_for
-from support.worker_processes import finish, table
-
-# A 1.5 s lease: short enough for quick takeovers, long enough that a worker
-# stalled on a loaded machine does not lose it between renewals.
-WORKER_OPTIONS = ["--lease-ttl", "1.5", "--poll", "0.05", "--retry-base", "0.2"]
+from support.worker_processes import finish, start_crash_worker, submit_and_admit, table
 
 
 @pytest.fixture
@@ -46,20 +40,6 @@ def gate(db_url: str, kube_api: KubeApiServer) -> Iterator[Quotagate]:
         TargetStore(quotagate.engine).set("cluster", "kubernetes",
                                           {"host": kube_api.host, "timeout": 5.0}, default=True)
         yield quotagate
-
-
-def start_worker(db_url: str, name: str, *extra: str, crash_at: str | None = None,
-                 ) -> subprocess.Popen[bytes]:
-    return worker_processes.start_worker(db_url, name, *extra, crash_at=crash_at,
-                                         options=WORKER_OPTIONS)
-
-
-def submit_and_admit(gate: Quotagate, count: int) -> list[str]:
-    ids = [f"job-{index:03d}" for index in range(count)]
-    for request_id in ids:
-        gate.submit(request_id, "team-a", {"gpu": 1}, payload={"n": request_id})
-    assert gate.admit_until_idle(batch=64) == count
-    return ids
 
 
 def assert_exactly_once(gate: Quotagate, kube_api: KubeApiServer, ids: list[str]) -> None:
@@ -95,7 +75,7 @@ def test_a_worker_killed_at_each_step_is_replaced_and_creates_each_object_once(
 ) -> None:
     ids = submit_and_admit(gate, 2)
     with controller(kube_api):
-        assert finish(start_worker(db_url, "w1", "--batch", "1", crash_at=crash_at)) \
+        assert finish(start_crash_worker(db_url, "w1", "--batch", "1", crash_at=crash_at)) \
             == -signal.SIGKILL
         [claimed] = [row for row in table(gate, schema.outbox) if row["claimed_by"] == "w1"]
         bindings = table(gate, schema.binding)
@@ -108,7 +88,7 @@ def test_a_worker_killed_at_each_step_is_replaced_and_creates_each_object_once(
             assert len(kube_api.store.created) == 1 and len(bindings) == 1
         assert claimed["delivered"] == (crash_at == "after_binding")
         # A restarted worker takes over once the dead one's lease expired.
-        assert finish(start_worker(db_url, successor, "--until-idle")) == 0
+        assert finish(start_crash_worker(db_url, successor, "--until-idle")) == 0
     assert_exactly_once(gate, kube_api, ids)
     if crash_at == "after_create":
         # The restarted worker met the object on create (409) and adopted it by read-back.
@@ -124,7 +104,7 @@ def test_workers_killed_at_random_moments_still_create_each_object_once(
     seed = int(os.environ.get("QUOTAGATE_CRASH_SEED", random.randrange(1 << 30)))
     generator = random.Random(seed)
     with controller(kube_api):
-        workers = {name: start_worker(db_url, name, "--batch", "2") for name in ("w1", "w2")}
+        workers = {name: start_crash_worker(db_url, name, "--batch", "2") for name in ("w1", "w2")}
         generations = {"w1": 0, "w2": 0}
         try:
             for _round in range(4):
@@ -138,7 +118,7 @@ def test_workers_killed_at_random_moments_still_create_each_object_once(
                 time.sleep(generator.uniform(0.0, 0.4))  # a random moment to kill, not a wait
                 workers[name].send_signal(signal.SIGKILL)
                 assert finish(workers[name]) == -signal.SIGKILL
-                workers[name] = start_worker(db_url, name, "--batch", "2")
+                workers[name] = start_crash_worker(db_url, name, "--batch", "2")
             wait_for(lambda: all(gate.show(request_id).state == RequestState.COMPLETED
                                  for request_id in ids), "every request completed", timeout=120)
             for worker in workers.values():

@@ -27,7 +27,7 @@ from quotagate.delivery.targets.base import ExternalObject
 from quotagate.store import schema
 from support.receiver import Receiver, running_receiver
 from support.waiting import wait_for
-from support.worker_processes import finish, start_worker, stop_all, table
+from support.worker_processes import finish, start_worker, stop_all, submit_and_admit, table
 
 
 @pytest.fixture
@@ -41,14 +41,6 @@ def ledger(gate: Quotagate) -> Quotagate:
 def receiver() -> Iterator[Receiver]:
     with running_receiver() as server:
         yield server
-
-
-def submit_and_admit(gate: Quotagate, count: int, prefix: str = "job") -> list[str]:
-    ids = [f"{prefix}-{index:03d}" for index in range(count)]
-    for request_id in ids:
-        gate.submit(request_id, "team-a", {"gpu": 1}, payload={"n": request_id})
-    assert gate.admit_until_idle(batch=64) == count
-    return ids
 
 
 def used(gate: Quotagate) -> int:

@@ -15,7 +15,7 @@ from quotagate import Quotagate
 from quotagate.errors import StoreUnavailable
 from quotagate.store import engine as engine_module
 from quotagate.store import schema
-from quotagate.store.driver import DriverTransaction, run_driver_transaction
+from quotagate.store.driver import DriverTransaction, KeptConnection, run_driver_transaction
 from quotagate.store.engine import create_engine
 
 
@@ -92,5 +92,78 @@ def test_a_server_that_cannot_be_reached_is_store_unavailable(url: str) -> None:
     try:
         with pytest.raises(StoreUnavailable):
             run_driver_transaction(engine, lambda t: t.rows(sa.select(sa.literal(1)), {}))
+    finally:
+        engine.dispose()
+
+
+def _driver_connection(transaction: DriverTransaction) -> int:
+    """Which DBAPI connection the transaction runs on (its cursor's)."""
+    return id(transaction._cursor.connection)
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_sqlite_keeps_the_committed_connection_out_of_the_pool_for_the_next_transaction(
+    db_url: str,
+) -> None:
+    engine = create_engine(db_url)
+    kept = KeptConnection(engine)
+    try:
+        first = run_driver_transaction(engine, _driver_connection, kept=kept)
+        assert engine.pool.checkedout() == 1  # kept, not checked in
+        second = run_driver_transaction(engine, _driver_connection, kept=kept)
+        assert second == first
+        kept.close()
+        assert engine.pool.checkedout() == 0
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_a_failed_transaction_hands_its_connection_back_to_the_pool(db_url: str) -> None:
+    engine = create_engine(db_url)
+    kept = KeptConnection(engine)
+    try:
+        run_driver_transaction(engine, _driver_connection, kept=kept)
+
+        def work(transaction: DriverTransaction) -> None:
+            transaction.execute(_outbox_insert("written-then-stopped"), {})
+            raise _Stop
+
+        with pytest.raises(_Stop):
+            run_driver_transaction(engine, work, kept=kept)
+        assert engine.pool.checkedout() == 0  # rolled back by the pool's rules, not kept
+        with engine.connect() as connection:
+            assert connection.execute(sa.select(sa.func.count()).select_from(schema.outbox)
+                                      ).scalar_one() == 0
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_after_dispose_the_kept_connection_is_not_used(db_url: str) -> None:
+    engine = create_engine(db_url)
+    kept = KeptConnection(engine)
+    try:
+        before = run_driver_transaction(engine, _driver_connection, kept=kept)
+        engine.dispose()
+        after = run_driver_transaction(engine, lambda t: (
+            t.execute(_outbox_insert("after-dispose"), {}), _driver_connection(t))[1], kept=kept)
+        assert after != before
+        with engine.connect() as connection:
+            assert connection.execute(sa.select(schema.outbox.c.request_id)).scalars().all() == [
+                "after-dispose"]
+    finally:
+        kept.close()
+        engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mysql"], indirect=True)
+def test_servers_keep_no_connection_between_transactions(db_url: str) -> None:
+    """Their connections are pinged after idle at checkout (docs/decisions/025-ping-after-idle.md)."""
+    engine = create_engine(db_url)
+    kept = KeptConnection(engine)
+    try:
+        run_driver_transaction(engine, _driver_connection, kept=kept)
+        assert engine.pool.checkedout() == 0
     finally:
         engine.dispose()

@@ -116,6 +116,48 @@ def test_explain_gives_the_same_reasons_as_the_dry_run(plain: Quotagate, clock: 
     assert explained["admissible"] is False
 
 
+def test_a_plain_tenants_request_behind_its_own_earlier_ones_says_so(
+    plain: Quotagate, clock: ManualClock
+) -> None:
+    # Nothing is charged yet, so today's usage has room for late; but the next pass
+    # admits early-0 and early-1 first, and they take the tenant's 2 gpu.
+    gate = plain
+    gate.submit("early-0", "team-a", {"gpu": 1})
+    gate.submit("early-1", "team-a", {"gpu": 1})
+    clock.advance(1)
+    gate.submit("late", "team-a", {"gpu": 1})
+    explained = gate.explain("late")
+    assert explained["admissible"] is False
+    assert explained["fitting_pools"] == ["pool-1"] and explained["tenant_blocked_by"] == []
+    sentence = ("behind 2 earlier requests of its tenant (early-0, early-1), which the next "
+                "admission pass admits first; then tenant_quota: gpu needs 1, 0 available")
+    assert explained["reason"] == sentence
+    # The dashboard shares the sentence, for an operator and in the tenant's own scope.
+    for scope in (None, "team-a"):
+        reasons = {entry.id: entry.reason for entry in gate.dashboard(scope).queue}
+        assert reasons["late"] == sentence
+        assert reasons["early-0"] == gate.explain("early-0")["reason"] == (
+            "fits now; it will be admitted by the next admission pass")
+    assert sorted(placement.id for placement in gate.admit(16)) == ["early-0", "early-1"]
+
+
+def test_a_request_other_tenants_heads_leave_no_pool_room_for_says_so(
+    plain: Quotagate, clock: ManualClock
+) -> None:
+    gate = plain
+    gate.set_tenant("team-b", {"gpu": 4})
+    gate.submit("b-0", "team-b", {"gpu": 4})
+    clock.advance(1)
+    gate.submit("a-0", "team-a", {"gpu": 1})
+    explained = gate.explain("a-0")
+    assert explained["admissible"] is False
+    assert explained["reason"] == (
+        "fits today's usage, but the next admission pass places other tenants' requests "
+        "first; then pool_capacity: gpu needs 1, 0 available")
+    reasons = {entry.id: entry.reason for entry in gate.dashboard().queue}
+    assert reasons["a-0"] == explained["reason"]
+
+
 def test_explain_of_a_member_speaks_of_its_cohort(gate: Quotagate) -> None:
     gate.set_pool("pool-1", {"gpu": 16})
     gate.set_cohort("research")

@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import multiprocessing
 from collections import defaultdict
+from functools import partial
 
 import pytest
 import sqlalchemy as sa
 
 from quotagate import Conflict, InvalidInput, Quotagate, RequestState
-from quotagate.store import schema
-from support import workers
+from quotagate.store import pool_slices, schema
+from quotagate.store.dialect import run_transaction
+from support import lock_order_workers, workers
 from support.ledger_state import count, snapshot
+from support.racing import race_mixed
 
 capacity = schema.pool_capacity
 
@@ -85,11 +88,11 @@ def test_a_request_that_fits_the_pool_but_no_slice_is_admitted_after_a_rebalance
 ) -> None:
     gate.set_tenant("team-a", {"gpu": 16})
     gate.set_pool("pool-1", {"gpu": 8}, slices=4)
-    # Four small ones spread over the four slices: each has 1 of its 2 left.
+    # Four small ones, best fit: packed into two slices, the other two keep 2 each.
     for index in range(4):
         gate.submit(f"small-{index}", "team-a", {"gpu": 1})
         assert len(gate.admit(1)) == 1
-    assert sorted(used for used, _cap in _slices(gate, "pool-1").values()) == [1, 1, 1, 1]
+    assert sorted(used for used, _cap in _slices(gate, "pool-1").values()) == [0, 0, 2, 2]
     gate.submit("big", "team-a", {"gpu": 4})
     assert [placement.id for placement in gate.admit(1)] == ["big"]
     rows = _slices(gate, "pool-1")
@@ -311,3 +314,48 @@ def test_no_slice_and_no_pool_oversold_by_eight_admitting_processes(db_url: str)
                        if pool in ("pool-1", "pool-2")}
         assert len(used_slices) > 2  # the admitters did spread over slices
         assert count(gate, schema.request, schema.request.c.state == "waiting") > 0
+
+
+def test_after_a_rebalance_small_batches_leave_the_filled_slice_to_the_big_request(
+    gate: Quotagate,
+) -> None:
+    gate.set_tenant("team-a", {"gpu": 16})
+    gate.set_pool("pool-1", {"gpu": 8}, slices=4)
+    # What an admission that met a fragmented pool does for a request of 4.
+    assert run_transaction(gate.engine, partial(pool_slices.rebalance, pool="pool-1",
+                                                need={"gpu": 4}))
+    rooms = {number: cap - used for (number, _resource), (used, cap) in
+             _slices(gate, "pool-1").items()}
+    filled = max(rooms, key=lambda number: rooms[number])
+    assert rooms[filled] >= 4 and all(room < 4 for number, room in rooms.items()
+                                      if number != filled)
+    gate.submit("small", "team-a", {"gpu": 1})
+    assert [placement.id for placement in gate.admit(1)] == ["small"]
+    # Best fit: the small one went where it fits with least room to spare.
+    assert _slice_of(gate, "small") != filled
+    gate.submit("big", "team-a", {"gpu": 4})
+    assert [placement.id for placement in gate.admit(1)] == ["big"]
+    assert _slice_of(gate, "big") == filled
+    assert gate.check_invariants() == []
+
+
+def test_a_big_request_among_many_small_concurrent_ones_is_admitted_within_the_rerun_bound(
+    db_url: str,
+) -> None:
+    with Quotagate.connect(db_url) as gate:
+        # Slices of 4; the small tenant can never hold more than 8 of the 16, so the
+        # pool always has room for the big one, but only after a rebalance.
+        gate.set_pool("pool-1", {"gpu": 16}, slices=4)
+        gate.set_tenant("small", {"gpu": 8})
+        gate.set_tenant("big", {"gpu": 8})
+        for index in range(200):
+            gate.submit(f"small-{index:03d}", "small", {"gpu": 1})
+        assert gate.admit_until_idle(batch=4) == 8
+        gate.submit("big", "big", {"gpu": 6})
+    jobs = [(lock_order_workers.admit_rounds, (db_url, 30, 2)) for _ in range(3)]
+    jobs += [(lock_order_workers.release_rounds, (db_url, 30, 2, seed)) for seed in range(2)]
+    answers = race_mixed(jobs)
+    assert [bound for kind, _done, _deadlocks, bound in answers if kind == "admit"] == [0, 0, 0]
+    with Quotagate.connect(db_url) as gate:
+        assert gate.show("big").state != RequestState.WAITING
+        assert gate.check_invariants() == []

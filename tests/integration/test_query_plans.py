@@ -90,3 +90,36 @@ def test_reserving_runs_its_locking_subquery_once_per_chosen_row_before_any_anal
         raw.close()
     loops = [int(found) for found in re.findall(r"loops=(\d+)", plan)]
     assert loops and max(loops) <= len(plan_of), plan
+
+
+def test_the_prepared_head_read_keeps_its_plan_however_long_the_queue(gate: Quotagate) -> None:
+    """PostgreSQL: psycopg prepares a statement from its fifth run, and the server keeps
+    one generic plan only if it is estimated no dearer than planning each run afresh.
+
+    With the window bound as a parameter, the generic plan assumed a tenth of each
+    tenant's queue would be read: once queues were long, every head read was planned
+    again, one index scan per tenant each time (with 20 tenants, 0.5 ms of planning in
+    every admission from about 10,000 waiting on: docs/performance.md, "A million waiting
+    with cohorts and budgets"). The window is a literal, so the generic plan is kept.
+    Counted from pg_prepared_statements, not timed.
+    """
+    if gate.engine.dialect.name != "postgresql":
+        pytest.skip("only psycopg prepares statements on the server (pymysql interpolates; "
+                    "SQLite's plan does not depend on the values)")
+    _fill_queue(gate, 6000)
+    tenants = ["team-0", "team-1", "team-2"]
+    compiled = statements.head_query(len(tenants), 4).compile(gate.engine)
+    parameters = compiled.construct_params(statements.head_parameters(tenants))
+    raw = gate.engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        for _ in range(10):
+            cursor.execute(str(compiled), parameters, prepare=True)
+            assert len(cursor.fetchall()) == 4 * len(tenants)
+        cursor.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                       " WHERE statement LIKE '%head_0%'")
+        ((generic, custom),) = cursor.fetchall()
+    finally:
+        raw.rollback()
+        raw.close()
+    assert generic > 0, f"planned afresh at every run: {custom} custom plans, no generic one"

@@ -367,3 +367,42 @@ def test_deleting_a_topic_stops_its_consumers_and_generations_carry_on(
     with gate.streams.consumer(tenant, "orders", "g", "c1") as again:
         again.tick()
         assert again.owned[0].lease.generation == 2
+
+
+def test_a_deleted_topics_leases_go_and_its_consumers_stay_fenced_in_one_made_again(
+    gate: Quotagate, client: redis.Redis
+) -> None:
+    tenant = tenant_with_quota(gate)
+    keys = StreamKeys(tenant)
+    gate.streams.create_topic(tenant, "orders", partitions=2, parallelism=1)
+    gate.streams.producer(tenant, "orders").send_many(["a", "b", "c", "d"])
+    # A consumer of the old topic that will not notice the delete (a paused process).
+    stale = gate.streams.consumer(tenant, "orders", "g", "c1")
+    assert len(stale.poll()) == 4
+    assert {owned.lease.generation for owned in stale.owned.values()} == {1}
+    gate.streams.delete_topic(tenant, "orders")
+    assert not any(client.exists(keys.lease("orders", "g", partition)) for partition in range(2))
+    # Of the topic's keys only its lease floor is left: one key, whatever the groups and
+    # partitions were, and the highest generation they reached.
+    assert keys_of(client, f"*tenant:{tenant}:orders}}*") == [keys.lease_floor("orders")]
+    assert client.get(keys.lease_floor("orders")) == b"1"
+
+    # The same topic made again, read by a consumer of the same name.
+    gate.streams.create_topic(tenant, "orders", partitions=2, parallelism=1)
+    gate.streams.producer(tenant, "orders").send_many(["e", "f"])
+    with gate.streams.consumer(tenant, "orders", "g", "c1") as fresh:
+        entries = fresh.poll()
+        assert sorted(entry.text for entry in entries) == ["e", "f"]
+        assert {owned.lease.generation for owned in fresh.owned.values()} == {2}
+        # The old consumer's acks of the new topic's entries are refused and change nothing.
+        refused = stale.settle(entries)
+        assert refused.acked == 0 and len(refused.refused) == len(
+            {entry.partition for entry in entries})
+        assert sum(client.xpending(keys.partition("orders", partition), "g")["pending"]
+                   for partition in range(2)) == 2
+        assert not any(client.exists(keys.frontier("orders", "g", partition))
+                       for partition in range(2))
+        assert fresh.settle(entries).acked == 2
+    gate.streams.delete_topic(tenant, "orders")
+    assert client.get(keys.lease_floor("orders")) == b"2"
+    assert keys_of(client, f"*tenant:{tenant}:orders}}*") == [keys.lease_floor("orders")]

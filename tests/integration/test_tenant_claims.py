@@ -13,8 +13,7 @@ from quotagate import Quotagate
 from quotagate.domain.placement import Placement
 from quotagate.store import admission_stats, schema
 from quotagate.store.ledger import Ledger
-from support.lock_waits import LOCK_POLL_SECONDS, lock_waiters
-from support.waiting import wait_for
+from support.waiting import LOCK_POLL_SECONDS, lock_waiters, wait_for
 
 
 @pytest.fixture(autouse=True)

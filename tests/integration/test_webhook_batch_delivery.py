@@ -25,7 +25,7 @@ from quotagate.errors import InvalidInput
 from quotagate.store import schema
 from support.receiver import Receiver, running_receiver
 from support.waiting import wait_for
-from support.worker_processes import finish, start_worker, stop_all, table
+from support.worker_processes import finish, start_worker, stop_all, submit_and_admit, table
 
 ITEM_KEYS = {"name", "ledger_id", "request_id", "tenant", "cost", "payload", "fencing_token",
              "attempt", "idempotency_key"}
@@ -47,14 +47,6 @@ def receiver() -> Iterator[Receiver]:
 def batched_target(gate: Quotagate, url: str, size: int) -> None:
     TargetStore(gate.engine).set("hook", "webhook", {"url": url, "batch_deliver": size},
                                  default=True)
-
-
-def submit_and_admit(gate: Quotagate, count: int) -> list[str]:
-    ids = [f"job-{index:03d}" for index in range(count)]
-    for request_id in ids:
-        gate.submit(request_id, "team-a", {"gpu": 1}, payload={"n": request_id})
-    assert gate.admit_until_idle(batch=64) == count
-    return ids
 
 
 def batch_items(receiver: Receiver) -> list[list[dict[str, Any]]]:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
+# How often to poll lock_waiters on MariaDB: slower than its innodb_trx cache refresh.
+LOCK_POLL_SECONDS = 0.2
 
 
 def wait_for(
@@ -20,3 +22,19 @@ def wait_for(
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def lock_waiters(engine: Any) -> int:
+    """Transactions of ``engine``'s database waiting for a row lock right now (the servers).
+
+    InnoDB answers ``information_schema.innodb_trx`` from a cache it refreshes only
+    when it has not been read for 0.1 s: poll it more slowly than that.
+    """
+    if engine.dialect.name == "postgresql":
+        query = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                 "AND datname = current_database()")
+    else:
+        query = "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+    # A connection of its own each time: PostgreSQL keeps one activity snapshot per transaction.
+    with engine.connect() as connection:
+        return int(connection.exec_driver_sql(query).scalar_one())

@@ -16,6 +16,9 @@ from quotagate import Quotagate
 
 WORKER = "from quotagate.cli.main import main; main()"
 FAST_OPTIONS = ["--lease-ttl", "2", "--poll", "0.05", "--retry-base", "0.2"]
+# For the crash tests: a 1.5 s lease, short enough for quick takeovers, long enough that
+# a worker stalled on a loaded machine does not lose it between renewals.
+CRASH_OPTIONS = ["--lease-ttl", "1.5", "--poll", "0.05", "--retry-base", "0.2"]
 
 
 def start_worker(db_url: str, name: str, *extra: str, crash_at: str | None = None,
@@ -30,6 +33,21 @@ def start_worker(db_url: str, name: str, *extra: str, crash_at: str | None = Non
          *options, *extra],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
+
+
+def start_crash_worker(db_url: str, name: str, *extra: str,
+                       crash_at: str | None = None) -> subprocess.Popen[bytes]:
+    """A worker with the crash tests' lease (``CRASH_OPTIONS``), killed at ``crash_at``."""
+    return start_worker(db_url, name, *extra, crash_at=crash_at, options=CRASH_OPTIONS)
+
+
+def submit_and_admit(gate: Quotagate, count: int, prefix: str = "job") -> list[str]:
+    """``count`` one-gpu requests of team-a, submitted and admitted: work for the workers."""
+    ids = [f"{prefix}-{index:03d}" for index in range(count)]
+    for request_id in ids:
+        gate.submit(request_id, "team-a", {"gpu": 1}, payload={"n": request_id})
+    assert gate.admit_until_idle(batch=64) == count
+    return ids
 
 
 def finish(worker: subprocess.Popen[bytes], timeout: float = 120,

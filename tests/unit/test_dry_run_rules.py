@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from quotagate.domain.dry_run import Reason, Verdict, describe_verdict, judge, waiting_reason
+from quotagate.domain.explanation import WaitingReason
 from quotagate.domain.placement import Candidate
 from quotagate.domain.sharing import MemberLimits, Sharing
 
@@ -83,7 +84,8 @@ def test_beyond_the_window_it_waits_for_its_queue() -> None:
 
 
 def test_the_waiting_sentence_is_the_verdicts_when_the_plain_one_cannot_see_the_reason() -> None:
-    plain = "fits now; it will be admitted by the next admission pass"
+    plain = WaitingReason(fitting_pools=["pool-1"],
+                          reason="fits now; it will be admitted by the next admission pass")
     held = Verdict(False, [Reason("held_for_preemptor", "room", 1, 0)])
     assert waiting_reason(held, plain, 32).startswith(
         "held_for_preemptor: fits, but only in room a preemption freed for a waiting preemptor")
@@ -93,5 +95,32 @@ def test_the_waiting_sentence_is_the_verdicts_when_the_plain_one_cannot_see_the_
     assert waiting_reason(member, plain, 32) == "borrowing_limit: gpu needs 2, 1 available"
     # A plain tenant's quota and pools: the plain sentence says more (what is used of what).
     quota = Verdict(False, [Reason("tenant_quota", "gpu", 1, 0)])
-    assert waiting_reason(quota, "tenant quota: gpu needs 1, 0 of 2 left", 32) == (
-        "tenant quota: gpu needs 1, 0 of 2 left")
+    today = WaitingReason(tenant_blocked_by=[{"resource": "gpu", "need": 1, "used": 2,
+                                              "cap": 2}],
+                          fitting_pools=["pool-1"], reason="tenant quota: gpu needs 1, 0 of 2 left")
+    assert waiting_reason(quota, today, 32) == "tenant quota: gpu needs 1, 0 of 2 left"
+
+
+def test_behind_its_own_tenants_earlier_requests_the_sentence_names_them() -> None:
+    tenants = {"a": {"gpu": (0, 2)}}
+    earlier = [Candidate(f"e-{index}", "a", {"gpu": 1}) for index in range(2)]
+    request = Candidate("r", "a", {"gpu": 1})
+    verdict = judge(request, queue=[*earlier, request], tenants=tenants, pools=POOLS,
+                    sharing=Sharing(), tenant_position=3, admission_window=32)
+    assert verdict.ahead == ("e-0", "e-1")
+    assert verdict.reasons == [Reason("tenant_quota", "gpu", 1, 0)]
+    # Today's usage has room: the plain sentence would say it fits now.
+    plain = WaitingReason(fitting_pools=["pool-1"],
+                          reason="fits now; it will be admitted by the next admission pass")
+    assert waiting_reason(verdict, plain, 32) == (
+        "behind 2 earlier requests of its tenant (e-0, e-1), which the next admission pass "
+        "admits first; then tenant_quota: gpu needs 1, 0 available")
+    many = Verdict(False, [Reason("tenant_quota", "gpu", 1, 0)],
+                   ahead=tuple(f"e-{index}" for index in range(5)))
+    assert describe_verdict(many, 32).startswith(
+        "behind 5 earlier requests of its tenant (e-0, e-1, e-2, +2 more), which")
+    # Other tenants' requests placed first are counted as theirs, not named.
+    other = Verdict(False, [Reason("pool_capacity", "gpu", 1, 0)])
+    assert waiting_reason(other, plain, 32) == (
+        "fits today's usage, but the next admission pass places other tenants' requests "
+        "first; then pool_capacity: gpu needs 1, 0 available")

@@ -5,14 +5,15 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-import sqlalchemy as sa
 
-from quotagate.app import Quotagate
 from quotagate.errors import InvalidInput, QuotagateError, RateLimited, StoreUnavailable
+
+if TYPE_CHECKING:
+    from quotagate.app import Quotagate
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,18 +39,50 @@ db_option = click.option(
 
 
 def open_gate(db_url: str | None, **options: Any) -> Quotagate:
+    # Imported here, not at the top: `--help`, `--version` and a usage error need neither the
+    # facade nor SQLAlchemy, and every CLI module imports this one (docs/performance.md, CLI startup).
+    from quotagate.app import Quotagate
+
     return Quotagate.connect(db_url, **options)
 
 
 def ensure_schema(gate: Quotagate) -> None:
     """Create the schema if absent, so the embedded SQLite default needs no `init`."""
+    from sqlalchemy.exc import OperationalError  # loaded already: the gate holds an engine
+
     try:
         present = gate.has_schema()
-    except sa.exc.OperationalError as error:
+    except OperationalError as error:
         raise StoreUnavailable("the ledger database cannot be reached") from error
     if not present:
         click.echo("creating the ledger schema", err=True)
         gate.init()
+
+
+class LazyChoice(click.Choice[str]):
+    """A ``click.Choice`` whose choices are loaded when a command first needs them.
+
+    For choices that live in a heavy module (the lab's scenarios import the streaming
+    package): registering the command then imports nothing, and its help, its parsing
+    and its error for a wrong value are those of a plain ``click.Choice``.
+    """
+
+    def __init__(self, load: Callable[[], Sequence[str]], case_sensitive: bool = True) -> None:
+        self._load = load
+        self._loaded: tuple[str, ...] | None = None
+        super().__init__((), case_sensitive)
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        if self._loaded is None:
+            self._loaded = tuple(self._load())
+        return self._loaded
+
+    @choices.setter
+    def choices(self, value: Sequence[str]) -> None:
+        # click.Choice.__init__ assigns the (empty) choices given above; the loader stays.
+        if value:
+            self._loaded = tuple(value)
 
 
 def reports_errors(function: F) -> F:

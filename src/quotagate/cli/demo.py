@@ -6,10 +6,8 @@ import sys
 
 import click
 
-from quotagate.app import Quotagate
-from quotagate.cli.common import reports_errors
+from quotagate.cli.common import open_gate, reports_errors
 from quotagate.cli.ledger import print_usage
-from quotagate.demo import DemoSettings, default_demo_url, run_demo
 
 
 @click.command()
@@ -22,11 +20,14 @@ from quotagate.demo import DemoSettings, default_demo_url, run_demo
 @reports_errors
 def demo(db_url: str | None, clients: int, requests_per_client: int, admitters: int) -> None:
     """Concurrent clients and admission workers on SQLite, then an invariant check."""
+    # Imported here: the demo brings multiprocessing, which no other command needs at startup.
+    from quotagate.demo import DemoSettings, default_demo_url, run_demo
+
     url = db_url or default_demo_url()
     settings = DemoSettings(url=url, clients=clients, requests_per_client=requests_per_client,
                             admitters=admitters)
     violations = run_demo(settings, click.echo)
-    with Quotagate.connect(url) as gate:
+    with open_gate(url) as gate:
         click.echo("")
         print_usage(gate.usage())
     click.echo("")

@@ -6,13 +6,20 @@ import sys
 
 import click
 
-from quotagate.cli.common import EXIT_ERROR, db_option, echo_json, open_gate, reports_errors
-from quotagate.streaming.diagnose import StreamingLocation, diagnose
-from quotagate.streaming.lab.runner import SCENARIOS, run_lab, scenario_names
+from quotagate.cli.common import EXIT_ERROR, LazyChoice, db_option, echo_json, open_gate, reports_errors
+
+# quotagate.streaming is imported inside the commands: its package loads the sinks (and with
+# them SQLAlchemy's PostgreSQL dialect), which no other command needs at startup.
+
+
+def _lab_choices() -> list[str]:
+    from quotagate.streaming.lab.runner import SCENARIOS
+
+    return [*SCENARIOS, "all"]
 
 
 @click.command()
-@click.argument("scenarios", nargs=-1, type=click.Choice([*SCENARIOS, "all"]))
+@click.argument("scenarios", nargs=-1, type=LazyChoice(_lab_choices))
 @click.option("--db", "db_url", default=None,
               help="Where the throwaway databases go: a server URL (postgresql://…, mysql://…) gets a "
               "uniquely named database per scenario, dropped at the end; default a fresh SQLite file.")
@@ -26,6 +33,8 @@ def lab(scenarios: tuple[str, ...], db_url: str | None, as_json: bool, keep: boo
     runs real Spark (the spark extra and Java 17+). Exits 1 if a scenario fails
     or a database could not be removed. See docs/streaming.md.
     """
+    from quotagate.streaming.lab.runner import run_lab, scenario_names
+
     names = list(dict.fromkeys(name for choice in scenarios or ("all",) for name in scenario_names(choice)))
     report = run_lab(names, db_url, keep_workdir=keep,
                      on_observation=None if as_json else lambda observation: click.echo(observation.line()),
@@ -66,6 +75,8 @@ def diagnose_command(request_id: str, checkpoint: str | None, sink_url: str | No
 
     A rejected request stops at the quota layer: it never ran. See docs/streaming.md.
     """
+    from quotagate.streaming.diagnose import StreamingLocation, diagnose
+
     with open_gate(db_url) as gate:
         layers = diagnose(gate, request_id, StreamingLocation(checkpoint, sink_url, query))
     if as_json:

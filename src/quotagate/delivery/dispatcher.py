@@ -34,6 +34,7 @@ from typing import TypeVar
 from quotagate.delivery.built_targets import BuiltTargets
 from quotagate.delivery.naming import external_name
 from quotagate.delivery.outbox import Claim, OutboxStore, RequestGone
+from quotagate.delivery.pass_report import PassReport
 from quotagate.delivery.ports import DeliveryHost
 from quotagate.delivery.reasons import public_reason, redact_text
 from quotagate.delivery.registry import TargetConfig, TargetStore
@@ -128,6 +129,8 @@ class Dispatcher:
         self._observed_up_to = ""
         self._observed_at = -OBSERVE_INTERVAL
         self._waiting_logged = False
+        # What the last pass did, by kind (``quotagate worker --once`` prints it).
+        self.last_pass: PassReport | None = None
         crash_at = os.environ.get(CRASH_ENVIRONMENT_VARIABLE) or None
         if crash_at is not None and crash_at not in CRASH_POINTS:
             raise InvalidInput(
@@ -182,10 +185,25 @@ class Dispatcher:
         self._pool = self._write_pool = None
 
     def run_once(self) -> int:
-        """One pass; returns how many requests moved (admitted, delivered, stopped, ended)."""
+        """One pass; returns how many requests moved (admitted, delivered, stopped, ended).
+
+        What moved, by kind, is in ``last_pass`` afterwards.
+        """
+        self.last_pass = None
+        before = self.counters.snapshot()
         if not self._hold_lease():
+            self.last_pass = PassReport(self.lease_name, lease_held=False)
             return 0
-        moved = self.gate.admit_until_idle() if self.admit else 0
+        admitted = self.gate.admit_until_idle() if self.admit else 0
+        moved = admitted + self._deliver_stop_observe()
+        # The counters are the gate's: a second dispatcher on the same gate in this
+        # process (not something serve or the CLI does) would be counted here too.
+        self.last_pass = PassReport.between(self.lease_name, before, self.counters.snapshot(),
+                                            admitted if self.admit else None)
+        return moved
+
+    def _deliver_stop_observe(self) -> int:
+        moved = 0
         if time.monotonic() - self._refreshed_at >= TARGET_REFRESH_INTERVAL:
             # Target changes reach a running worker within a second, without
             # a query per pass.

@@ -113,6 +113,21 @@ def window_start(now: float, window: int) -> int:
     return math.floor((now - window) / BUCKET) * BUCKET
 
 
+# The bucket that carries the usage of every bucket folded away (docs/decisions/713):
+# far before any window, so no window counts it, while the buckets' total still
+# equals ``accrued``.
+CARRIED = -(2**62)
+
+
+def fold_before(now: float, window: int) -> int:
+    """The buckets before this one no window of ``window`` counts any more, now or later.
+
+    One bucket earlier than the window's first, so a process whose clock runs an
+    hour behind this one's still finds every bucket it counts.
+    """
+    return window_start(now, window) - BUCKET
+
+
 def reservation(cost: Cost, runtime: int | None) -> dict[str, int]:
     """What running work reserves per resource: cost * its max-runtime (none: nothing)."""
     if not runtime:

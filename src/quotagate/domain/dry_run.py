@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
 from quotagate.domain.budget import Budgets
+from quotagate.domain.explanation import WaitingReason
 from quotagate.domain.model import Cost
 from quotagate.domain.placement import (
     Candidate,
@@ -62,6 +63,22 @@ class Verdict:
     reasons: list[Reason]
     # The tenant is a cohort member: its reasons are about limits and the cohort.
     member: bool = False
+    # The tenant's own requests the next pass places before this one, in the order
+    # it places them: best-effort order lets them take the room this one needs.
+    ahead: tuple[str, ...] = ()
+
+
+# Reasons about room, which what is placed first can take.
+_ROOM = (BUDGET_EXHAUSTED, TENANT_QUOTA, BORROWING_LIMIT, COHORT_CAPACITY, POOL_CAPACITY,
+         HELD_FOR_PREEMPTOR)
+
+
+def describe_ahead(ahead: tuple[str, ...]) -> str:
+    """``behind 2 earlier requests of its tenant (big, mid), …``: at most three ids."""
+    shown = ", ".join(ahead[:3]) + (f", +{len(ahead) - 3} more" if len(ahead) > 3 else "")
+    noun = "request" if len(ahead) == 1 else "requests"
+    return (f"behind {len(ahead)} earlier {noun} of its tenant ({shown}), which the next "
+            "admission pass admits first; then")
 
 
 def describe_verdict(verdict: Verdict, admission_window: int) -> str:
@@ -78,21 +95,39 @@ def describe_verdict(verdict: Verdict, admission_window: int) -> str:
                          "waiting preemptor, held until it is admitted or its hold expires")
         else:
             parts.append(describe_reason(reason))
-    return "; ".join(parts)
+    sentence = "; ".join(parts)
+    if verdict.ahead and any(reason.code in _ROOM for reason in verdict.reasons):
+        return f"{describe_ahead(verdict.ahead)} {sentence}"
+    return sentence
 
 
-def waiting_reason(verdict: Verdict, plain: str, admission_window: int) -> str:
+def waiting_reason(verdict: Verdict, plain: WaitingReason, admission_window: int) -> str:
     """``explain``'s sentence for a waiting request, and the dashboard's.
 
     ``plain`` (quotagate.domain.explanation.explain_waiting) judges the tenant's
     quota and the pools on today's usage; the verdict knows better for a cohort
     member (a nominal share: its limits and cohort decide), for a budget (not in
-    the usage rows) and for held room (not in the usage either: a guard).
+    the usage rows), for held room (not in the usage either: a guard), and when
+    the plain sentence says it fits but what the next pass places first (its
+    tenant's earlier requests, other tenants' heads) leaves no room for it.
+    Where today's usage already refuses it, the plain sentence says more
+    (what is used of what).
     """
     if verdict.member or any(entry.code in (BUDGET_EXHAUSTED, HELD_FOR_PREEMPTOR)
                              for entry in verdict.reasons):
         return describe_verdict(verdict, admission_window)
-    return plain
+    if not verdict.admissible and fits_today(plain) and any(
+            entry.code in _ROOM for entry in verdict.reasons):
+        if verdict.ahead:
+            return describe_verdict(verdict, admission_window)
+        return ("fits today's usage, but the next admission pass places other tenants' "
+                "requests first; then " + describe_verdict(verdict, admission_window))
+    return plain.reason
+
+
+def fits_today(plain: WaitingReason) -> bool:
+    """The plain judgement: the tenant's quota and a pool have room on today's usage."""
+    return not plain.tenant_blocked_by and bool(plain.fitting_pools)
 
 
 def describe_reason(reason: Reason) -> str:
@@ -112,14 +147,17 @@ def _before(
     budgets: Budgets,
     history: Mapping[str, float] | None = None,
     guard: PlacementGuard | None = None,
-) -> tuple[dict[str, dict[str, tuple[int, int]]], dict[str, dict[str, tuple[int, int]]], Sharing]:
+) -> tuple[dict[str, dict[str, tuple[int, int]]], dict[str, dict[str, tuple[int, int]]], Sharing,
+           tuple[str, ...]]:
     """The usage left when the request's turn comes, placing what comes before it
-    exactly as admission's planner would (fair share between tenants with ``weights``);
-    ``budgets`` is charged with what is placed."""
+    exactly as admission's planner would (fair share between tenants with ``weights``),
+    and the ids of its own tenant's requests placed; ``budgets`` is charged with what
+    is placed."""
     tenant_usage = {name: dict(usage) for name, usage in tenants.items()}
     pool_usage = {name: dict(usage) for name, usage in pools.items()}
     left = sharing.copy()
     candidates = list(queue)
+    ahead: list[str] = []
     for placement in plan_admissions(candidates, tenant_usage, pool_usage, len(candidates),
                                      left, weights, stop_before=request.id,
                                      budgets=budgets or None, history=history, guard=guard):
@@ -128,7 +166,9 @@ def _before(
             left.charge(placement.tenant, placement.cost, tenant_usage[placement.tenant])
         charge(tenant_usage[placement.tenant], placement.cost)
         charge(pool_usage[placement.pool], placement.cost)
-    return tenant_usage, pool_usage, left
+        if placement.tenant == request.tenant:
+            ahead.append(placement.id)
+    return tenant_usage, pool_usage, left, tuple(ahead)
 
 
 def tenant_reasons(tenant: str, cost: Cost, usage: Usage, sharing: Sharing) -> list[Reason]:
@@ -184,8 +224,8 @@ def judge(
     if rate_tokens is not None and rate_tokens < 1:
         reasons.append(Reason(RATE_LIMITED, "tokens", 1, round(max(rate_tokens, 0.0), 3)))
     budgets_left = budgets.copy() if budgets else Budgets()
-    tenant_usage, pool_usage, left = _before(request, queue, tenants, pools, sharing, weights,
-                                             budgets_left, history, guard)
+    tenant_usage, pool_usage, left, ahead = _before(request, queue, tenants, pools, sharing,
+                                                    weights, budgets_left, history, guard)
     # Budgets in resource-hours, as they are set (gpu=100h/30d).
     reasons += [Reason(BUDGET_EXHAUSTED, block.resource, round(block.needed / 3600, 3),
                        round(block.available / 3600, 3))
@@ -201,4 +241,4 @@ def judge(
         reasons.append(Reason(HELD_FOR_PREEMPTOR, "room", 1, 0))
     if not reasons and tenant_position > admission_window:
         reasons.append(Reason(QUEUE_WINDOW, "queue", tenant_position, admission_window))
-    return Verdict(not reasons, reasons, sharing.is_member(request.tenant))
+    return Verdict(not reasons, reasons, sharing.is_member(request.tenant), ahead)

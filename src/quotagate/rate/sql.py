@@ -30,6 +30,7 @@ Two engine details shape the statement:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -41,9 +42,17 @@ from sqlalchemy.exc import IntegrityError
 from quotagate.domain.bucket import BucketConfig, BucketState, Decision, decide, refill
 from quotagate.errors import Conflict, NotFound
 from quotagate.rate.backend import Take
+from quotagate.rate.held_connection import HeldConnection
+from quotagate.rate.held_takes import HeldTakes, TakeStatements
 from quotagate.rate.keys import BucketKey
 from quotagate.store import schema
-from quotagate.store.dialect import database_now, dialect_now, reading, run_transaction
+from quotagate.store.dialect import (
+    database_now,
+    dialect_now,
+    reading,
+    rerun_on_conflict,
+    run_transaction,
+)
 from quotagate.store.driver import DriverTransaction, run_driver_transaction
 from quotagate.store.engine import create_engine, normalise_url, redact
 
@@ -157,6 +166,14 @@ def _read_statement(dialect: str) -> sa.Select[Any]:
     return sa.select(
         bucket.c.capacity, bucket.c.refill_per_second, bucket.c.tokens, bucket.c.updated,
         dialect_now(dialect).label("now"),
+    ).where(bucket.c.key == sa.bindparam("bucket_key"))
+
+
+@lru_cache(maxsize=8)
+def _available_statement(dialect: str) -> sa.Select[Any]:
+    """The bucket's shape and its tokens now, refilled in SQL as the take's WHERE refills them."""
+    return sa.select(
+        bucket.c.capacity, bucket.c.refill_per_second, _available(dialect_now(dialect)),
     ).where(bucket.c.key == sa.bindparam("bucket_key"))
 
 
@@ -289,6 +306,12 @@ class SqlRateStore:
     def __init__(self, engine: Engine, *, owns_engine: bool = False) -> None:
         self.engine = engine
         self._owns_engine = owns_engine
+        self._pid = os.getpid()
+        name, returning = engine.dialect.name, bool(engine.dialect.update_returning)
+        self._held = HeldTakes(HeldConnection(engine), TakeStatements(
+            take=_one_statement_take() if name == "postgresql" else _take_statement(name, returning),
+            after=_after_statement(), available=_available_statement(name),
+            one_statement=name == "postgresql", returning=returning))
 
     @property
     def description(self) -> str:
@@ -310,14 +333,17 @@ class SqlRateStore:
         raise Conflict(f"rate bucket {key} is being configured concurrently; retry")
 
     def take(self, key: BucketKey, config: BucketConfig, amount: int = 1) -> Decision:
-        # On the driver connection: SQLAlchemy's Connection would cost more than
-        # the UPDATE (quotagate.store.driver). In autocommit where the driver allows
-        # it: the conditional UPDATE is atomic on its own, and BEGIN and COMMIT were
-        # two of its three round trips (docs/decisions/112-sql-take-in-autocommit.md).
-        decision = run_driver_transaction(
-            self.engine, lambda transaction: _take_on_driver(transaction, key, amount),
-            autocommit=True,
-        )
+        # On the store's held connection, in autocommit: the conditional UPDATE is
+        # atomic on its own, and a pool checkout cost more than the UPDATE
+        # (docs/decisions/114-sql-takes-on-a-held-connection.md). When another
+        # thread has it, through the pool on the driver connection
+        # (docs/decisions/112-sql-take-in-autocommit.md).
+        done, decision = rerun_on_conflict(lambda: self._held.take(key, amount))
+        if not done:
+            decision = run_driver_transaction(
+                self.engine, lambda transaction: _take_on_driver(transaction, key, amount),
+                autocommit=True,
+            )
         if decision is None:
             raise NotFound(f"rate bucket {key} is not configured in {self.description}",
                            code="unknown_rate_bucket")
@@ -346,8 +372,10 @@ class SqlRateStore:
         run_transaction(self.engine, lambda connection: forget_in(connection, key))
 
     def close(self) -> None:
+        self._held.held.close()
         if self._owns_engine:
-            self.engine.dispose()
+            # In a forked child the pooled connections are the parent's: let go, never close.
+            self.engine.dispose(close=os.getpid() == self._pid)
 
 
 def open_sql_store(url: str, ledger_engine: Engine | None) -> SqlRateStore:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from sqlalchemy.exc import DBAPIError
@@ -58,21 +57,29 @@ def count_database_rerun(error: DBAPIError) -> None:
 
 def observe_lock_wait(seconds: float) -> None:
     global _wait_sum
-    index = next((i for i, bound in enumerate(LOCK_WAIT_BUCKETS) if seconds <= bound),
-                 len(LOCK_WAIT_BUCKETS))
+    # The first bucket whose bound is >= seconds (the last, +Inf, past them all).
+    index = bisect_left(LOCK_WAIT_BUCKETS, seconds)
     with _lock:
         _bucket_counts[index] += 1
         _wait_sum += seconds
 
 
-@contextmanager
-def lock_wait() -> Iterator[None]:
+class _LockWait:
+    """A class, not a ``@contextmanager`` generator: entered twice per admission, and
+    the generator's machinery cost more than the timing itself."""
+
+    __slots__ = ("started",)
+
+    def __enter__(self) -> None:
+        self.started = time.perf_counter()
+
+    def __exit__(self, *_exc: object) -> None:
+        observe_lock_wait(time.perf_counter() - self.started)
+
+
+def lock_wait() -> _LockWait:
     """Time a statement that takes row locks (it waits while another transaction holds them)."""
-    started = time.perf_counter()
-    try:
-        yield
-    finally:
-        observe_lock_wait(time.perf_counter() - started)
+    return _LockWait()
 
 
 def snapshot() -> AdmissionStats:

@@ -9,7 +9,8 @@ The rules are pure (:mod:`quotagate.domain.budget`). Here (docs/decisions/710):
   condition, so whatever committed since the read is counted, exactly;
 - release (:func:`accrue`) locks the tenants' budget rows, adds each released
   request's cost * seconds held to the hour buckets and to ``accrued``, and
-  takes its reservation back;
+  takes its reservation back; when it makes a new bucket it folds the buckets
+  no window counts any more into one carried bucket (docs/decisions/713);
 - an admin change (:func:`apply`) locks the tenant's running requests, then its
   budget rows, and recounts ``reserved`` from those requests.
 
@@ -30,11 +31,13 @@ import sqlalchemy as sa
 
 from quotagate.domain.budget import (
     BUCKET,
+    CARRIED,
     SOMETHING_LEFT,
     BudgetLimit,
     Budgets,
     BudgetState,
     buckets,
+    fold_before,
     format_duration,
     parse_budget,
     parse_duration,
@@ -196,15 +199,15 @@ def accrue(connection: sa.Connection, rows: Iterable[Mapping[str, Any]], now: fl
         by_tenant[row["tenant"]].append(row)
     if not by_tenant:
         return
-    budget, usage = schema.tenant_budget, schema.budget_usage
+    budget = schema.tenant_budget
     # No lock here: the UPDATE below takes the row's, and an admin change of the
     # tenant's budgets first locks its running requests, which this release holds.
     budgeted = connection.execute(
-        sa.select(budget.c.tenant, budget.c.resource)
+        sa.select(budget.c.tenant, budget.c.resource, budget.c.window_length)
         .where(budget.c.tenant.in_(sorted(by_tenant)))
         .order_by(budget.c.tenant, budget.c.resource)
     ).all()
-    for tenant, resource in budgeted:
+    for tenant, resource, window in budgeted:
         held: dict[int, float] = defaultdict(float)
         returned = 0
         for row in by_tenant[tenant]:
@@ -228,13 +231,51 @@ def accrue(connection: sa.Connection, rows: Iterable[Mapping[str, Any]], now: fl
                     accrued=budget.c.accrued + accrued)).rowcount == 0:
             continue
         # Under the budget row's lock: no other transaction writes these buckets.
+        new_bucket = False
         for bucket, used in sorted(spent.items()):
-            where = (usage.c.tenant == tenant, usage.c.resource == resource,
-                     usage.c.bucket == bucket)
-            if connection.execute(usage.update().where(*where)
-                                  .values(amount=usage.c.amount + used)).rowcount == 0:
-                connection.execute(usage.insert().values(tenant=tenant, resource=resource,
-                                                         bucket=bucket, amount=used))
+            if not _add_to_bucket(connection, tenant, resource, bucket, used):
+                new_bucket = True
+        # In steady use a budget gets a new bucket once an hour: folding then keeps its
+        # buckets bounded by its window for one range read an hour, not one per release.
+        if new_bucket:
+            _fold_old_buckets(connection, tenant, resource, int(window), now)
+
+
+def _add_to_bucket(connection: sa.Connection, tenant: str, resource: str, bucket: int,
+                   amount: int) -> bool:
+    """Add ``amount`` to a usage bucket, making it if need be; False if it was made."""
+    usage = schema.budget_usage
+    where = (usage.c.tenant == tenant, usage.c.resource == resource, usage.c.bucket == bucket)
+    if connection.execute(usage.update().where(*where)
+                          .values(amount=usage.c.amount + amount)).rowcount:
+        return True
+    connection.execute(usage.insert().values(tenant=tenant, resource=resource, bucket=bucket,
+                                             amount=amount))
+    return False
+
+
+def _fold_old_buckets(connection: sa.Connection, tenant: str, resource: str, window: int,
+                     now: float) -> int:
+    """Fold the buckets no window counts any more into the carried bucket; how many went.
+
+    The caller holds the budget row's lock (release's accrual), so no other
+    transaction writes these buckets. The buckets' total stays ``accrued``
+    (``check`` recounts it), and what admission and ``tenant show`` count is
+    unchanged: they count only buckets from the window's start
+    (docs/decisions/713).
+    """
+    usage = schema.budget_usage
+    old = (usage.c.tenant == tenant, usage.c.resource == resource,
+           usage.c.bucket > CARRIED, usage.c.bucket < fold_before(now, window))
+    count, total = connection.execute(
+        sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(usage.c.amount), 0))
+        .where(*old)).one()
+    if not count:
+        return 0
+    connection.execute(usage.delete().where(*old))
+    if total:
+        _add_to_bucket(connection, tenant, resource, CARRIED, int(total))
+    return int(count)
 
 
 def running_requests(connection: sa.Connection, tenant: str | None, *,

@@ -4,8 +4,8 @@ The rules are pure (:mod:`quotagate.domain.sharing`); this module keeps
 ``qg_cohort_usage`` equal to what they say, in the transaction of every change
 of a member's use or limits:
 
-- admission (:func:`charge_members`) and release or a topic
-  (:func:`adjust_tenant`) lock the member's tenant and quota rows, compute the
+- admission (:func:`charge_members`), release (:mod:`quotagate.store.returns`)
+  and a topic (:func:`adjust_tenant`) lock the member's quota rows, compute the
   exact change of the shared room from the locked values, and charge it with a
   conditional UPDATE — one row per root cohort and resource, like a pool row;
 - an admin change of a member, a cohort or the tree (:func:`rebuild`) locks the
@@ -88,6 +88,7 @@ def snapshot_from_rows(rows: Iterable[Sequence[Any]]) -> Snapshot:
     """Tenants, pools, cohorts and weights from the admission snapshot's rows."""
     snapshot = Snapshot({}, {}, Sharing(), {})
     tenants, pools, sharing = snapshot.tenants, snapshot.pools, snapshot.sharing
+    slice_rows: dict[tuple[str, str], int] = {}
     for kind, holder, resource, used, cap, borrowing_limit, lending_limit, root, decayed, \
             decayed_at in rows:
         if kind == "t":
@@ -97,10 +98,14 @@ def snapshot_from_rows(rows: Iterable[Sequence[Any]]) -> Snapshot:
             if root is not None:
                 sharing.roots[holder] = root
                 sharing.limits[holder, resource] = _limits(cap, borrowing_limit, lending_limit)
-        elif kind == "p":
-            pools.setdefault(holder, {})[resource] = (int(used), int(cap))
-            if borrowing_limit is not None and int(borrowing_limit) > 1:
-                snapshot.slices[holder] = int(borrowing_limit)
+        elif kind == "p":  # one row per capacity slice: summed here
+            usage = pools.setdefault(holder, {})
+            summed = usage.get(resource)
+            if summed is None:
+                usage[resource] = (int(used), int(cap))
+            else:
+                usage[resource] = (summed[0] + int(used), summed[1] + int(cap))
+                slice_rows[holder, resource] = slice_rows.get((holder, resource), 1) + 1
         elif kind == "c":
             sharing.cohorts.setdefault(holder, {})[resource] = (int(used), int(cap))
         elif kind == "w":
@@ -113,6 +118,8 @@ def snapshot_from_rows(rows: Iterable[Sequence[Any]]) -> Snapshot:
             snapshot.holds.append(holder)
         else:
             snapshot.policies[holder] = (resource, root)
+    for (pool, _resource), count in slice_rows.items():
+        snapshot.slices[pool] = count
     return snapshot
 
 
@@ -185,8 +192,9 @@ def adjust_tenant(
 ) -> bool:
     """Charge or return ``amounts`` on a tenant, and on its cohort's room if it has one.
 
-    What release and topics use instead of :func:`quotagate.store.rows.adjust_usage`
-    on tenant rows. A charge here never borrows (a topic is held within nominal).
+    What topics use instead of :func:`quotagate.store.rows.adjust_usage` on
+    tenant rows (a release returns a batch: :mod:`quotagate.store.returns`).
+    A charge here never borrows (a topic is held within nominal).
     True when every row moved, else the caller rolls back. Where an UPDATE
     returns rows, a tenant without a cohort costs nothing more than before;
     MySQL and MariaDB read its rows under lock first.

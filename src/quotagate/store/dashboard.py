@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine
 from quotagate.domain.bucket import BucketConfig, BucketState, refill
 from quotagate.domain.budget import BudgetState, format_duration
 from quotagate.domain.clock import Clock, SystemClock
-from quotagate.domain.dry_run import judge, waiting_reason
+from quotagate.domain.dry_run import fits_today, judge, waiting_reason
 from quotagate.domain.explanation import explain_waiting
 from quotagate.domain.model import RequestState
 from quotagate.domain.ordering import effective_priority
@@ -358,13 +358,14 @@ class DashboardViews:
                 guard: HeldRoom | None = None) -> str:
         """The sentence ``explain`` gives for this request (LedgerViews.explain)."""
         plain = explain_waiting(cost, usage.tenants.get(row.tenant, {}), usage.pools,
-                                tenant_position, self.admission_window).reason
+                                tenant_position, self.admission_window)
         if (guard is None and not usage.sharing.is_member(row.tenant)
-                and row.tenant not in usage.budgets.tenants):
-            return plain
+                and row.tenant not in usage.budgets.tenants and not fits_today(plain)):
+            return plain.reason
         # A member's quota is a nominal share: its limits, its cohort and what the
         # next pass places before it decide (the dry run's verdict); a budget and
-        # held room are not in the usage rows the plain sentence judges.
+        # held room are not in the usage rows the plain sentence judges; and what
+        # fits today's usage may not fit what the next pass places first.
         request = Candidate(row.id, row.tenant, cost, row.reserved_runtime)
         queue = window if any(entry.id == row.id for entry in window) else [*window, request]
         verdict = judge(request, queue=queue, tenants=usage.tenants, pools=usage.pools,

@@ -59,6 +59,16 @@ def locks_named_tables(engine: HasDialect) -> bool:
     return engine.dialect.name == "postgresql"
 
 
+def locks_only_rows_returned(engine: HasDialect) -> bool:
+    """Does ``SELECT … ORDER BY … LIMIT 1 FOR UPDATE`` lock only the row it returns?
+
+    PostgreSQL locks rows as the LIMIT takes them; InnoDB (MySQL, MariaDB)
+    locks every row its sort read, so a claim there locks the one row it wants
+    by key (quotagate.store.pool_slices).
+    """
+    return engine.dialect.name == "postgresql"
+
+
 def update_returns_rows(engine: HasDialect) -> bool:
     """Can an UPDATE return the rows it changed (RETURNING)? Not MySQL/MariaDB."""
     return engine.dialect.name in ("postgresql", "sqlite")
@@ -67,6 +77,16 @@ def update_returns_rows(engine: HasDialect) -> bool:
 def supports_dml_cte(engine: HasDialect) -> bool:
     """Can an INSERT carry another INSERT in a WITH clause (one round trip for both)?"""
     return engine.dialect.name == "postgresql"
+
+
+def keeps_idle_connections(engine: HasDialect) -> bool:
+    """May a connection stay checked out between transactions (quotagate.store.driver.KeptConnection)?
+
+    SQLite: no server can drop it while it idles, so it needs none of the
+    checks a checkout makes (the ping after idle, docs/decisions/025-ping-after-idle.md).
+    The servers' connections go back to the pool after every transaction.
+    """
+    return engine.dialect.name == "sqlite"
 
 
 def begin_statement(engine: HasDialect) -> str | None:

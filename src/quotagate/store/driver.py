@@ -19,20 +19,22 @@ runs on the DBAPI connection of a pooled connection:
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import itemgetter
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.exc import DBAPIError
 
-from quotagate.store.dialect import begin_statement, rerun_on_conflict
+from quotagate.store.dialect import begin_statement, keeps_idle_connections, rerun_on_conflict
 
 T = TypeVar("T")
-
-
 
 
 @dataclass(frozen=True)
@@ -43,16 +45,31 @@ class _Compiled:
     # Values of the literals the statement binds itself (``state = 'waiting'``).
     fixed: Mapping[str, Any]
     processors: Mapping[str, Callable[[Any], Any]]
+    # Picks the positional tuple out of a dict in one C call (operator.itemgetter):
+    # the generator it replaces was a tenth of admit(1)'s Python on SQLite.
+    pick: Callable[[Mapping[str, Any]], tuple[Any, ...]] | None = None
+    # The driver's parameters when none are given (a statement of literals only).
+    bare: Any = None
 
     def parameters(self, given: Mapping[str, Any]) -> Any:
         """The driver's parameters: a dict (named styles) or a tuple (positional)."""
+        if not given and self.bare is not None:
+            return self.bare
         if self.processors:
             given = {name: self.processors[name](value) if name in self.processors else value
                      for name, value in given.items()}
-        if self.positions is None:
-            return {**self.fixed, **given} if self.fixed else given
-        fixed = self.fixed
-        return tuple(given[name] if name in given else fixed[name] for name in self.positions)
+        merged = {**self.fixed, **given} if self.fixed else given
+        return merged if self.pick is None else self.pick(merged)
+
+
+def _picker(positions: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """``mapping -> tuple of its values at positions``; itemgetter returns a bare value for one."""
+    if not positions:
+        return lambda _mapping: ()
+    if len(positions) == 1:
+        (only,) = positions
+        return lambda mapping: (mapping[only],)
+    return itemgetter(*positions)
 
 
 @lru_cache(maxsize=1024)
@@ -63,12 +80,21 @@ def _compile(dialect: Dialect, statement: sa.Executable) -> _Compiled:
         for bind, name in compiled.bind_names.items()
         if bind.value is not None and not bind.callable
     }
-    return _Compiled(
-        sql=compiled.string,
-        positions=tuple(compiled.positiontup) if compiled.positional else None,
-        fixed=fixed,
-        processors=dict(compiled._bind_processors),
+    positions = tuple(compiled.positiontup) if compiled.positional else None
+    pick = None if positions is None else _picker(positions)
+    result = _Compiled(
+        sql=compiled.string, positions=positions, fixed=fixed,
+        processors=dict(compiled._bind_processors), pick=pick,
     )
+    needed = set(positions) if positions is not None else set(compiled.bind_names.values())
+    if needed <= set(fixed):
+        result = dataclasses.replace(result, bare=result.parameters({}))
+    return result
+
+
+def compiled_for_driver(dialect: Dialect, statement: sa.Executable) -> _Compiled:
+    """``statement`` compiled for ``dialect``'s driver, once (the rate store's held connection)."""
+    return _compile(dialect, statement)
 
 
 class DriverTransaction:
@@ -92,13 +118,18 @@ class DriverTransaction:
         return self._cursor
 
     def rows(self, statement: sa.Executable, parameters: Mapping[str, Any]) -> list[Any]:
-        return list(self.execute(statement, parameters).fetchall())
+        rows = self.execute(statement, parameters).fetchall()
+        # sqlite3 and psycopg hand a list already; PyMySQL a tuple.
+        return rows if isinstance(rows, list) else list(rows)
 
     def rowcount(self, statement: sa.Executable, parameters: Mapping[str, Any]) -> int:
         count: int = self.execute(statement, parameters).rowcount
         return count
 
     def executemany(self, statement: sa.Executable, rows: Sequence[Mapping[str, Any]]) -> None:
+        if len(rows) == 1:  # admit(1)'s case; a driver's executemany costs more than execute
+            self.execute(statement, rows[0])
+            return
         compiled = _compile(self.dialect, statement)
         self._statement = compiled.sql
         self._parameters = [compiled.parameters(row) for row in rows]
@@ -114,13 +145,72 @@ class DriverTransaction:
         return wrapped
 
 
+class KeptConnection:
+    """One pooled connection its owner (a Ledger) keeps checked out between transactions.
+
+    A checkout and a checkin through SQLAlchemy's pool cost about 20 µs of
+    Python together, a tenth of an ``admit(1)`` on SQLite (docs/performance.md).
+    Where the dialect allows it (:func:`quotagate.store.dialect.keeps_idle_connections`:
+    SQLite) the connection that committed is kept for the next transaction
+    instead; elsewhere every transaction checks out from the pool as before.
+
+    At most one is kept: a second thread meanwhile uses the pool. Only a
+    connection whose transaction committed is kept (a failed one goes back to
+    the pool, which resets or drops it). A kept connection goes back to the
+    pool when its owner is collected, and is not used after the engine's pool
+    was replaced (``Engine.dispose``) or in a child process.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._enabled = keeps_idle_connections(engine)
+        # (process id, the pool it came from, the pooled connection); a list so
+        # that the finalizer can hand it back without holding this object.
+        self._slot: list[tuple[int, Any, Any]] = []
+        weakref.finalize(self, _give_back, self._slot)
+
+    def take(self) -> Any | None:
+        """The kept connection, or None: check one out of the pool."""
+        try:
+            pid, pool, pooled = self._slot.pop()
+        except IndexError:
+            return None
+        if pid != os.getpid():
+            return None  # the parent's connection: never used, nor closed, here
+        if pool is not self._engine.pool:
+            pooled.close()  # the engine was disposed: back to the pool it came from
+            return None
+        return pooled
+
+    def close(self) -> None:
+        """Hand the kept connection back to the pool (before ``Engine.dispose`` closes it)."""
+        _give_back(self._slot)
+
+    def keep(self, pooled: Any) -> bool:
+        """Keep a connection whose transaction committed; False: hand it back as usual."""
+        if not self._enabled or self._slot or pooled.dbapi_connection is None:
+            return False
+        self._slot.append((os.getpid(), self._engine.pool, pooled))
+        return True
+
+
+def _give_back(slot: list[tuple[int, Any, Any]]) -> None:
+    while slot:
+        pid, _pool, pooled = slot.pop()
+        if pid == os.getpid():
+            pooled.close()
+
+
 def run_driver_transaction(
     engine: Engine, work: Callable[[DriverTransaction], T], *, attempts: int = 20,
     on_retry: Callable[[DBAPIError], None] | None = None, autocommit: bool = False,
+    kept: KeptConnection | None = None,
 ) -> T:
     """Like :func:`quotagate.store.dialect.run_transaction`, on the driver connection.
 
     ``on_retry`` hears of each rerun (admission counts them by cause).
+    ``kept``: run on that kept connection when it has one, and keep the
+    connection that committed (:class:`KeptConnection`).
 
     ``autocommit``: each statement of ``work`` is its own transaction, with no
     BEGIN and COMMIT round trips, where the driver switches for free (psycopg,
@@ -135,13 +225,14 @@ def run_driver_transaction(
     switch = autocommit and engine.dialect.name == "postgresql"
     begin = None if autocommit and engine.dialect.name == "sqlite" else begin_statement(engine)
     return rerun_on_conflict(
-        lambda: _attempt(engine, work, begin, switch), attempts=attempts, on_retry=on_retry
+        lambda: _attempt(engine, work, begin, switch, kept), attempts=attempts,
+        on_retry=on_retry,
     )
 
 
 def _attempt(
     engine: Engine, work: Callable[[DriverTransaction], T], begin: str | None,
-    autocommit: bool = False,
+    autocommit: bool = False, kept: KeptConnection | None = None,
 ) -> T:
     """One try of the transaction; driver errors come out as SQLAlchemy's.
 
@@ -149,14 +240,16 @@ def _attempt(
     """
     dialect = engine.dialect
     driver_error = dialect.loaded_dbapi.Error
-    # The pool hands connect errors up unwrapped (Engine.connect wraps them).
-    try:
-        pooled = engine.raw_connection()
-    except driver_error as exc:
-        raise DBAPIError.instance(
-            None, None, exc, driver_error, dialect=dialect,
-            connection_invalidated=dialect.is_disconnect(exc, None, None),
-        ) from exc
+    pooled = kept.take() if kept is not None else None
+    if pooled is None:
+        # The pool hands connect errors up unwrapped (Engine.connect wraps them).
+        try:
+            pooled = engine.raw_connection()
+        except driver_error as exc:
+            raise DBAPIError.instance(
+                None, None, exc, driver_error, dialect=dialect,
+                connection_invalidated=dialect.is_disconnect(exc, None, None),
+            ) from exc
     committed = False
     try:
         driver_connection: Any = pooled.driver_connection
@@ -189,7 +282,8 @@ def _attempt(
             except driver_error as exc:  # a broken connection: it leaves the pool
                 pooled.invalidate(exc)
                 committed = False
-        _hand_back(pooled, committed)
+        if not (committed and kept is not None and kept.keep(pooled)):
+            _hand_back(pooled, committed)
 
 
 def _hand_back(pooled: Any, committed: bool) -> None:

@@ -5,9 +5,11 @@ row; the Python side only *chooses* (domain.placement) from a snapshot, the
 database decides. A stale snapshot makes a conditional UPDATE miss, which rolls
 the whole transaction back and runs it again on fresh numbers.
 
-Lock order, to keep concurrent transactions from deadlocking: request rows,
-then tenant quota rows (by tenant, resource), then pool rows (by pool, resource),
-then budget rows (quotagate.store.budgets).
+Lock order, one for every transaction (docs/decisions/041-one-lock-order.md):
+a worker's lease, request rows (id order) and their outbox rows, the decision
+lock, plain tenants' quota rows, members' quota rows (both by tenant, resource),
+cohort rooms, pool rows (by pool, slice, resource), budget rows. A transaction
+waits only for a lock later than all it holds; SKIP LOCKED takes never wait.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from quotagate.store.dialect import (
     supports_dml_cte,
     supports_skip_locked,
 )
-from quotagate.store.driver import DriverTransaction, run_driver_transaction
+from quotagate.store.driver import DriverTransaction, KeptConnection, run_driver_transaction
 from quotagate.store.rate_gate import RateGate
 from quotagate.store.release import End, ReleaseResult, lock_decisions, release_batch
 from quotagate.store.rows import (
@@ -115,6 +117,14 @@ def _cost_items(text: str) -> tuple[tuple[str, int], ...]:
     return tuple(decode_cost(text).items())
 
 
+@lru_cache(maxsize=4096)
+def _candidate(request_id: str, tenant: str, cost: str, runtime: int | None) -> Candidate:
+    """The candidate of a head row, built once per request: consecutive admissions read
+    the same heads of the queues again (all but what they admitted). A Candidate is
+    frozen and nothing changes its cost, so one instance serves every read."""
+    return Candidate(request_id, tenant, dict(_cost_items(cost)), runtime)
+
+
 class Ledger:
     """Write side of the ledger. Safe to share between threads of one process."""
 
@@ -154,6 +164,12 @@ class Ledger:
         self._lock_row_ready = False
         # Whether another admitter was seen lately: then claim tenants one by one.
         self._contention = tenant_claims.Contention(narrow_seconds)
+        # Admission's connection, kept between admissions where the dialect allows.
+        self._admission_connection = KeptConnection(engine)
+
+    def close(self) -> None:
+        """Hand back the connection admission keeps between calls (quotagate.store.driver)."""
+        self._admission_connection.close()
 
     # -- submit ----------------------------------------------------------------
 
@@ -290,6 +306,7 @@ class Ledger:
                 admitted = run_driver_transaction(
                     self.engine, partial(self._admit, limit=limit, actor=actor, claim=claim),
                     on_retry=admission_stats.count_database_rerun,
+                    kept=self._admission_connection,
                 )
             except tenant_claims.ClaimsTooNarrow:
                 # The tenants this admitter could claim had nothing to admit. Waiting on
@@ -390,6 +407,8 @@ class Ledger:
             holders=holds.holders(connection, now))
         if chosen is None:
             return None
+        if not preemption_reads.lock_victims(connection, [v.id for v in chosen.victims]):
+            raise CapacityChanged("victim")  # being ended right now: choose again next pass
         preemptor_tenant = next(head.tenant for head in heads if head.id == chosen.preemptor)
         holds.hold(connection, chosen.preemptor, preemptor_tenant, now, self.hold_seconds)
         # The preemptor's own story names its victims (theirs name it).
@@ -658,8 +677,7 @@ class Ledger:
             statements.head_query(len(tenants), window), statements.head_parameters(tenants)
         )
         rows.sort(key=lambda row: (row[3], row[4], row[0]))
-        candidates = [Candidate(row[0], row[1], dict(_cost_items(row[2])), row[6])
-                      for row in rows]
+        candidates = [_candidate(row[0], row[1], row[2], row[6]) for row in rows]
         return (candidates, {row[0]: row[5] for row in rows},
                 {row[0]: int(row[7]) for row in rows if row[7]})
 

@@ -3,16 +3,19 @@
 A pool's cap per resource is split over S slices, rows ``(pool, slice,
 resource)`` of ``qg_pool_capacity``; its cap and use are the sums
 (docs/decisions/029-capacity-slices.md). Best fit chooses the *pool* from
-the sums; this module chooses the *slice*: the one with the most room among
-those no other admitter is charging right now (``FOR UPDATE SKIP LOCKED``),
-so concurrent admitters charge different rows instead of queueing on one.
+the sums; this module chooses the *slice*, by best fit too (the one with the
+least room that fits, docs/decisions/042-best-fit-slices.md) among those no
+other admitter is charging right now (``FOR UPDATE SKIP LOCKED``), so
+concurrent admitters charge different rows instead of queueing on one.
 A pool with one slice is charged exactly as before slices existed, slice 0.
 
 Each slice is claimed through the row of the pool's first resource (by name):
 only its claimer charges a slice's other rows in an admission, so two
-admitters never wait on each other inside one slice. Every lock in an
-admission is then taken in (pool, slice, resource) order, the order release
-and configuration use, and skipped locks never wait: no deadlock.
+admitters never wait on each other inside one slice. A claim holds that one
+row (InnoDB: locked by its key, :func:`_claim_by_key`). Every wait in an
+admission is then in (pool, slice, resource) order, the order release and
+configuration use, and skipped locks never wait: no deadlock
+(docs/decisions/041-one-lock-order.md).
 
 A batch whose cost fits the pool but no single slice raises
 :class:`SliceFragmented`; the ledger rolls back, :func:`rebalance` moves room
@@ -33,7 +36,12 @@ from quotagate.domain.placement import Placement
 from quotagate.domain.slices import MAX_SLICES, concentrate, spread
 from quotagate.errors import Conflict, InvalidInput
 from quotagate.store import schema, statements
-from quotagate.store.dialect import locks_named_tables, reserves_with_lock, supports_skip_locked
+from quotagate.store.dialect import (
+    locks_named_tables,
+    locks_only_rows_returned,
+    reserves_with_lock,
+    supports_skip_locked,
+)
 from quotagate.store.driver import DriverTransaction
 
 __all__ = ["SliceFragmented", "charge", "check", "configure", "rebalance", "validate_slices"]
@@ -55,13 +63,14 @@ def validate_slices(count: object) -> int:
     return count
 
 
-@lru_cache(maxsize=64)
-def _claim_query(skip_locked: bool, others: int, lock_of: bool) -> sa.Select[Any]:
-    """The slice of ``pool`` with the most room on its ``claim`` resource that fits the batch.
+def _fitting(others: int) -> sa.Select[Any]:
+    """The slices of ``pool`` whose claim row and ``others`` more rows fit the batch,
+    the one with the least room on the ``claim`` resource first (best fit).
 
     ``amount`` on the claim resource, ``amount_i`` on each of ``others`` more
-    resources ``resource_i``. Only the claim row is locked; the others are
-    read as they are, and the conditional charge after decides.
+    resources ``resource_i``. Best fit keeps the slice with the most room for
+    the request that needs it: after a rebalance, the slice it filled is the
+    one small batches go to last (docs/decisions/042-best-fit-slices.md).
     """
     capacity = schema.pool_capacity
     other = capacity.alias("other")
@@ -78,10 +87,39 @@ def _claim_query(skip_locked: bool, others: int, lock_of: bool) -> sa.Select[Any
                capacity.c.resource == sa.bindparam("claim"),
                capacity.c.used + sa.bindparam("amount", type_=sa.BigInteger) <= capacity.c.cap,
                *fits)
-        .order_by((capacity.c.cap - capacity.c.used).desc(), capacity.c.slice)
+    )
+
+
+@lru_cache(maxsize=64)
+def _claim_query(skip_locked: bool, others: int, lock_of: bool) -> sa.Select[Any]:
+    """The best-fit slice of ``pool`` (:func:`_fitting`), its claim row locked.
+
+    Only the claim row is locked; the others are read as they are, and the
+    conditional charge after decides. Used where the engine locks only the row
+    the LIMIT keeps (PostgreSQL; SQLite takes no row locks at all).
+    """
+    capacity = schema.pool_capacity
+    return (
+        _fitting(others)
+        .order_by((capacity.c.cap - capacity.c.used), capacity.c.slice)
         .limit(1)
         .with_for_update(skip_locked=skip_locked, of=capacity if lock_of else None)
     )
+
+
+@lru_cache(maxsize=64)
+def _candidates_query(others: int) -> sa.Select[Any]:
+    """:func:`_fitting` in best-fit order, read without a lock (InnoDB: see :func:`_claim`)."""
+    capacity = schema.pool_capacity
+    return _fitting(others).order_by((capacity.c.cap - capacity.c.used), capacity.c.slice)
+
+
+@lru_cache(maxsize=64)
+def _slice_claim_query(skip_locked: bool, others: int) -> sa.Select[Any]:
+    """Lock slice ``slice``'s claim row by its key, if it still fits (InnoDB)."""
+    capacity = schema.pool_capacity
+    return (_fitting(others).where(capacity.c.slice == sa.bindparam("slice"))
+            .with_for_update(skip_locked=skip_locked))
 
 
 @lru_cache(maxsize=64)
@@ -111,12 +149,35 @@ def _claim(
 ) -> int | None:
     others, parameters = _claim_parameters(pool, claim, amounts)
     skip, lock_of = supports_skip_locked(transaction), locks_named_tables(transaction)
+    if skip and not locks_only_rows_returned(transaction):
+        return _claim_by_key(transaction, len(others), parameters)
     found = transaction.rows(_claim_query(skip, len(others), lock_of), parameters)
     if not found and skip:
         # Every slice with room is being charged by another admitter: wait for
         # one (in order, as nothing of a later pool is held yet).
         found = transaction.rows(_claim_query(False, len(others), lock_of), parameters)
     return int(found[0][0]) if found else None
+
+
+def _claim_by_key(
+    transaction: DriverTransaction, others: int, parameters: dict[str, Any]
+) -> int | None:
+    """InnoDB: choose from an unlocked read, then lock the one claim row by its key.
+
+    InnoDB's locking read keeps every row its sort read locked, so the sorted
+    claim held the claim row of every slice that fitted: an admitter charging
+    one of them then waited on another slice's rows while holding later ones,
+    against the (pool, slice, resource) order a release locks in. Here it holds
+    one claim row. Skipping held slices first, then waiting for one in slice
+    order, holding nothing else of the pool (a slice that no longer fits when
+    its lock is granted does not stay locked: READ COMMITTED).
+    """
+    candidates = [int(row[0]) for row in transaction.rows(_candidates_query(others), parameters)]
+    for skip, order in ((True, candidates), (False, sorted(candidates))):
+        for number in order:
+            if transaction.rows(_slice_claim_query(skip, others), {**parameters, "slice": number}):
+                return number
+    return None
 
 
 @lru_cache(maxsize=64)

@@ -1,7 +1,12 @@
-"""What a preemption decision reads: the running work that could make room.
+"""What a preemption decision reads (the running work that could make room) and locks.
 
 Shared by the ledger (which marks the victims) and the dry run (which names them
 in ``would_preempt``), so both choose from the same rows.
+
+A decision holds the ledger-wide decision lock, which comes after request rows
+in the lock order (docs/decisions/041-one-lock-order.md): a release holding a
+victim's row may be waiting for it. So the victims' rows are taken with SKIP
+LOCKED, never waited for (:func:`lock_victims`).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import sqlalchemy as sa
 from quotagate.domain.model import RequestState
 from quotagate.domain.preemption import Running
 from quotagate.store import schema
+from quotagate.store.dialect import supports_skip_locked
 
 _CANDIDATE_STATES = (RequestState.RESERVED.value, RequestState.DELIVERED.value,
                      RequestState.PREEMPTING.value)
@@ -41,3 +47,21 @@ def running_work(connection: sa.Connection, tenants: set[str]) -> list[Running]:
     return [Running(row.id, row.tenant, row.pool, json.loads(row.cost), int(row.priority),
                     float(row.admitted), stopping=row.state == RequestState.PREEMPTING.value)
             for row in rows]
+
+
+def lock_victims(connection: sa.Connection, victims: list[str]) -> bool:
+    """Lock the chosen victims' request rows unless another transaction holds one.
+
+    False: some victim is being ended (or stopped) right now; the decision is
+    dropped and the next pass chooses again. Waiting for it instead, while
+    holding the decision lock, closes a cycle with a release whose batch also
+    confirms a stop (it holds the victim's row and waits for the decision lock).
+    SQLite's one writer needs no row lock.
+    """
+    if not supports_skip_locked(connection):
+        return True
+    request = schema.request
+    got = set(connection.execute(
+        sa.select(request.c.id).where(request.c.id.in_(sorted(victims)))
+        .order_by(request.c.id).with_for_update(skip_locked=True)).scalars())
+    return got == set(victims)

@@ -15,12 +15,11 @@ commit (docs/decisions/218). Here a batch of ends is one transaction:
 4. the state moves, one conditional UPDATE per (from, to, reason) group; on
    PostgreSQL it returns the rows it moved (``UPDATE … RETURNING``) and only
    those count toward the sum, elsewhere the locked rows' count is checked;
-5. the summed cost of the rows that moved given back: one conditional UPDATE of
-   the pool rows, rows locked in (pool, slice, resource) order, each request's
-   cost to the slice it was charged to, and per tenant one
-   return through :func:`quotagate.store.cohorts.adjust_tenant` (a cohort
-   member's return goes back to its cohort's room too); the outbox rows deleted
-   and the audit rows inserted in one statement each;
+5. the summed cost of the rows that moved given back in admission's lock
+   order (:mod:`quotagate.store.returns`): plain tenants' rows, members' rows,
+   their cohorts' rooms, then the pool rows, each request's cost to the slice
+   it was charged to; the outbox rows deleted and the audit rows inserted in
+   one statement each;
 6. a budgeted tenant's usage accrued: cost * seconds since admission, into its
    hour buckets, its reservation taken back (:func:`quotagate.store.budgets.accrue`);
    with a fair-share half-life, the held time into the tenant's decayed past use
@@ -29,9 +28,10 @@ commit (docs/decisions/218). Here a batch of ends is one transaction:
 A request's cost therefore comes back once however many callers end it at the
 same time: only the transaction that moved its state counts it.
 
-Lock order, as in :mod:`quotagate.store.ledger`: request rows, tenant usage
-rows, pool usage rows, budget rows (outbox rows of the batch's requests come after the
-request rows).
+Lock order, as in :mod:`quotagate.store.ledger` (docs/decisions/041): request
+rows, the decision lock (a confirmed stop), plain tenants', members' quota rows,
+rooms, pool rows, budget rows (outbox rows of the batch's requests come after the
+request rows, and are locked under them by everyone else).
 """
 
 from __future__ import annotations
@@ -54,11 +54,10 @@ from quotagate.domain.model import (
 from quotagate.errors import Conflict, InvalidInput, NotFound
 from quotagate.store import (
     budgets,
-    cohorts,
     fair_history,
     identity,
-    pool_slices,
     requeue,
+    returns,
     schema,
 )
 from quotagate.store.audit import AuditEntry, record
@@ -326,30 +325,15 @@ def _move_states(
 
 
 def _return_cost(connection: sa.Connection, charges: Iterable[_Charge]) -> None:
-    """Give the summed cost back, tenants first, then pools, rows in key order.
-
-    Pools: one conditional UPDATE for the batch. Tenants: one return per tenant
-    of its summed cost, through the cohorts' bookkeeping, which gives a member's
-    return back to its cohort's room as well (quotagate.store.cohorts).
-    """
-    per_tenant: dict[str, Counter[str]] = {}
+    """Give the summed cost back in the lock order (:mod:`quotagate.store.returns`)."""
+    tenant_amounts: Counter[tuple[str, str]] = Counter()
     pool_amounts: Counter[tuple[str, int, str]] = Counter()
     for charge in charges:
         for resource, amount in charge.cost.items():
-            per_tenant.setdefault(charge.tenant, Counter())[resource] += amount
+            tenant_amounts[charge.tenant, resource] += amount
+            # Each request's cost goes back to the slice it was charged to.
             pool_amounts[charge.pool, charge.pool_slice or 0, resource] += amount
-    for tenant, returned in sorted(per_tenant.items()):
-        if not cohorts.adjust_tenant(connection, tenant, dict(returned), charge=False):
-            raise RuntimeError(
-                f"ledger inconsistent: cannot return {dict(returned)} to tenant {tenant}")
-    if not pool_amounts:
-        return
-    # Each request's cost goes back to the slice it was charged to.
-    statement, parameters = pool_slices.return_statement_parameters(
-        dict(pool_amounts), reserves_with_lock(connection))
-    count = connection.execute(statement, parameters).rowcount
-    if count != len(pool_amounts):
-        raise RuntimeError(f"ledger inconsistent: cannot return {dict(pool_amounts)} to pools")
+    returns.return_cost(connection, tenant_amounts, pool_amounts)
 
 
 def _begin_stop(

@@ -56,8 +56,13 @@ def head_query(tenant_count: int, window: int) -> sa.Select[Any] | sa.CompoundSe
     """The first ``window`` waiting requests of each of ``tenant_count`` tenants.
 
     One bounded index range scan per tenant; parameters ``tenant_0`` … ``tenant_N``.
+    The window is written into the SQL, not bound: PostgreSQL judges a prepared
+    statement's generic plan with a bound LIMIT as reading a tenth of each queue,
+    and with long queues planned all N scans again at every admission instead
+    (docs/decisions/035-head-read-window-literal.md).
     """
     request = schema.request
+    limit: sa.ColumnElement[int] = sa.literal_column(str(int(window)))
     heads = [
         sa.select(
             request.c.id, request.c.tenant, request.c.cost, request.c.queue_key,
@@ -66,7 +71,7 @@ def head_query(tenant_count: int, window: int) -> sa.Select[Any] | sa.CompoundSe
         )
         .where(request.c.tenant == sa.bindparam(f"tenant_{index}"), request.c.state == _WAITING)
         .order_by(request.c.queue_key, request.c.created, request.c.id)
-        .limit(window)
+        .limit(limit)
         .subquery(f"head_{index}")
         for index in range(tenant_count)
     ]
@@ -77,7 +82,13 @@ def head_query(tenant_count: int, window: int) -> sa.Select[Any] | sa.CompoundSe
 
 def head_parameters(tenants: Sequence[str]) -> dict[str, str]:
     """The values of :func:`head_query`'s ``tenant_i`` parameters."""
-    return {f"tenant_{index}": tenant for index, tenant in enumerate(tenants)}
+    return dict(zip(_names("tenant", len(tenants)), tenants, strict=True))
+
+
+@lru_cache(maxsize=512)
+def _names(prefix: str, count: int) -> tuple[str, ...]:
+    """``prefix_0`` … ``prefix_{count-1}``: formatted once, not at every admission."""
+    return tuple(f"{prefix}_{index}" for index in range(count))
 
 
 @lru_cache(maxsize=64)
@@ -138,9 +149,10 @@ def reserve_statement(count: int, *, lock: bool = False) -> sa.Update:
 def reserve_parameters(plan: Sequence[Placement], now: float) -> dict[str, Any]:
     """The parameters of :func:`reserve_statement` for planned placements."""
     parameters: dict[str, Any] = {"now": now}
-    for index, placement in enumerate(plan):
-        parameters[f"id_{index}"] = placement.id
-        parameters[f"pool_{index}"] = placement.pool
+    count = len(plan)
+    parameters.update(zip(_names("id", count), [placement.id for placement in plan], strict=True))
+    parameters.update(zip(_names("pool", count), [placement.pool for placement in plan],
+                          strict=True))
     return parameters
 
 
@@ -178,21 +190,27 @@ def charge_statement(
 def charge_parameters(amounts: dict[tuple[str, str], int]) -> dict[str, Any]:
     """The parameters of :func:`charge_statement` for ``{(holder, resource): amount}``."""
     parameters: dict[str, Any] = {}
+    count = len(amounts)
+    holders, resources, charges = _names("holder", count), _names("resource", count), \
+        _names("amount", count)
     for index, ((holder, resource), amount) in enumerate(sorted(amounts.items())):
-        parameters[f"holder_{index}"] = holder
-        parameters[f"resource_{index}"] = resource
-        parameters[f"amount_{index}"] = amount
+        parameters[holders[index]] = holder
+        parameters[resources[index]] = resource
+        parameters[charges[index]] = amount
     return parameters
 
 
 def sliced_charge_parameters(amounts: dict[tuple[str, int, str], int]) -> dict[str, Any]:
     """The parameters of a ``sliced`` :func:`charge_statement`: ``{(pool, slice, resource): amount}``."""
     parameters: dict[str, Any] = {}
+    count = len(amounts)
+    holders, slices, resources, charges = (_names("holder", count), _names("slice", count),
+                                           _names("resource", count), _names("amount", count))
     for index, ((holder, slice_number, resource), amount) in enumerate(sorted(amounts.items())):
-        parameters[f"holder_{index}"] = holder
-        parameters[f"slice_{index}"] = slice_number
-        parameters[f"resource_{index}"] = resource
-        parameters[f"amount_{index}"] = amount
+        parameters[holders[index]] = holder
+        parameters[slices[index]] = slice_number
+        parameters[resources[index]] = resource
+        parameters[charges[index]] = amount
     return parameters
 
 
@@ -339,8 +357,9 @@ def admission_snapshot_query() -> sa.CompoundSelect[Any]:
 
     Rows ``(kind, holder, resource, used, cap, borrowing_limit, lending_limit,
     cohort_root, decayed, decayed_at)``: ``t`` tenant quota rows (with their
-    limits, root cohort and decayed past use), ``p`` pool rows (summed over
-    their slices, the slice count in ``borrowing_limit``), ``c`` the shared
+    limits, root cohort and decayed past use), ``p`` pool rows (one per
+    capacity slice, its number in ``borrowing_limit``; :func:`quotagate.store.cohorts.snapshot_from_rows`
+    sums them), ``c`` the shared
     room of each root cohort, ``w`` the weight (in ``used``) of each tenant
     whose weight is not 1, ``x`` the preemption policies (reclaim in
     ``resource``, within-tenant in ``cohort_root``) of each tenant that has
@@ -360,8 +379,11 @@ def admission_snapshot_query() -> sa.CompoundSelect[Any]:
         sa.select(sa.literal("t").label("kind"), quota.c.tenant.label("holder"), quota.c.resource,
                   quota.c.used, quota.c.cap, quota.c.borrowing_limit, quota.c.lending_limit,
                   quota.c.cohort_root, quota.c.decayed, quota.c.decayed_at),
-        sa.select(sa.literal("p"), *summed_pool_columns(), none, no_root, no_time, no_time)
-        .group_by(capacity.c.pool, capacity.c.resource),
+        # One row per slice, summed by the reader: SQLite's GROUP BY sorted in a
+        # temporary b-tree and cost a fifth of this whole read.
+        sa.select(sa.literal("p"), capacity.c.pool, capacity.c.resource, capacity.c.used,
+                  capacity.c.cap, sa.cast(capacity.c.slice, sa.BigInteger), none, no_root,
+                  no_time, no_time),
         sa.select(sa.literal("c"), shared.c.cohort, shared.c.resource, shared.c.used,
                   shared.c.cap, none, none, no_root, no_time, no_time),
         sa.select(sa.literal("w"), tenant.c.name, no_resource,

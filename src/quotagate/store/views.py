@@ -287,7 +287,7 @@ class LedgerViews:
                                     tenant_position, rate_tokens=None)
         why = explain_waiting(cost, tenants.get(row["tenant"], {}), pools, tenant_position,
                               self.admission_window)
-        reason = waiting_reason(verdict, why.reason, self.admission_window)
+        reason = waiting_reason(verdict, why, self.admission_window)
         now = self.clock.now()
         return Explanation(
             id=request_id,

@@ -30,8 +30,8 @@ class StreamRedis:
         self.description = description
         self._redis = import_redis("streams")
         self.scripts = {name: client.register_script(getattr(scripts, name)) for name in (
-            "ACQUIRE", "RENEW", "RELEASE", "READ", "SETTLE", "CLAIM", "MEMBERS", "IN_FLIGHT",
-            "PRODUCE")}
+            "ACQUIRE", "RETIRE", "RENEW", "RELEASE", "READ", "SETTLE", "CLAIM", "MEMBERS",
+            "IN_FLIGHT", "PRODUCE")}
 
     @classmethod
     def from_url(cls, url: str) -> StreamRedis:

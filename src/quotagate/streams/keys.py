@@ -111,6 +111,11 @@ class StreamKeys:
         return self._topic_key(
             topic, f"{self.control_prefix}:lease:{topic}:{group}:{_index(partition)}")
 
+    def lease_floor(self, topic: str) -> str:
+        """The highest generation any deleted lease of the topic reached (docs/decisions/412):
+        a lease made again starts above it."""
+        return self._topic_key(topic, f"{self.control_prefix}:leasefloor:{topic}")
+
     def retry(self, topic: str, group: str) -> str:
         validate_part(group, "group")
         return self._topic_key(topic, f"{self.control_prefix}:retry:{topic}:{group}")

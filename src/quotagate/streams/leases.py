@@ -6,6 +6,10 @@ the scripts in ``streams.scripts``. Acquisition succeeds only when the lease
 is free or expired and always moves the generation on, so a consumer
 restarted under the same name never inherits its predecessor's fencing token.
 The hash is never deleted while the topic lives: the generation only grows.
+Deleting the topic deletes its leases and keeps one number, the topic's lease
+floor (their highest generation); a lease of a topic of the same name created
+later starts above it, so a consumer of the deleted topic stays fenced
+(docs/decisions/412).
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ class PartitionLeases:
         validate_owner(owner)
         ttl_ms = int(validate_ttl(ttl) * 1000)
         name = self.key(ref)
-        acquired, generation, expires, _holder = self.redis.run("ACQUIRE", [name], [owner, ttl_ms])
+        acquired, generation, expires, _holder = self.redis.run(
+            "ACQUIRE", [name, self.keys.lease_floor(ref.topic)], [owner, ttl_ms])
         if not int(acquired):
             return None
         return Lease(name, owner, int(generation), int(expires) / 1000)

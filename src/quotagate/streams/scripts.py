@@ -40,7 +40,9 @@ local function id_less(a, b)
 end
 """
 
-# KEYS: lease. ARGV: owner, ttl_ms. → {acquired, generation, expires_ms, owner}
+# KEYS: lease, the topic's lease floor. ARGV: owner, ttl_ms.
+# → {acquired, generation, expires_ms, owner}. A lease made again after its topic
+# was deleted starts above the floor the delete left (RETIRE): no generation repeats.
 ACQUIRE = _PRELUDE + """
 local now = now_ms()
 local held = redis.call('HMGET', KEYS[1], 'owner', 'generation', 'expires')
@@ -48,10 +50,23 @@ local owner, generation, expires = held[1], tonumber(held[2] or '0'), tonumber(h
 if owner and owner ~= '' and expires >= now then
   return {0, generation, expires, owner}
 end
-generation = generation + 1
+generation = math.max(generation, tonumber(redis.call('GET', KEYS[2]) or '0')) + 1
 expires = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'generation', generation, 'expires', expires)
 return {1, generation, expires, ARGV[1]}
+"""
+
+# KEYS: lease, the topic's lease floor. Deletes the lease (its topic is deleted) and keeps
+# its generation in the floor, the highest of them. → the floor.
+RETIRE = """
+local floor = tonumber(redis.call('GET', KEYS[2]) or '0')
+local generation = tonumber(redis.call('HGET', KEYS[1], 'generation') or '0')
+if generation > floor then
+  floor = generation
+  redis.call('SET', KEYS[2], floor)
+end
+redis.call('DEL', KEYS[1])
+return floor
 """
 
 # KEYS: lease. ARGV: owner, generation, ttl_ms. → expires_ms, or STALE.

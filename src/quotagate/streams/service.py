@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 
 from quotagate.domain.bucket import BucketConfig
 from quotagate.domain.clock import Clock, SystemClock
-from quotagate.errors import QuotagateError
+from quotagate.errors import QuotagateError, StoreUnavailable
 from quotagate.rate.quotas import RateQuotas
 from quotagate.streams.connection import DEFAULT_URL, StreamRedis
 from quotagate.streams.consumer import Consumer
@@ -126,14 +126,23 @@ class Streams:
             for group in sorted(groups):
                 names += [keys.retry(topic, group), keys.members(topic, group)]
                 names += [keys.frontier(topic, group, p) for p in range(spec.partitions)]
-            # The leases stay: generations only grow, so a topic created again under the
-            # same name never hands a consumer of the old one a generation it still holds.
             # One key per call: on a cluster a multi-key DEL must stay in one slot.
             pipeline = connection.client.pipeline(transaction=False)
             for name in names:
                 pipeline.delete(name)
             pipeline.srem(keys.topics(), topic)
             pipeline.execute()
+        # The leases go too, each keeping its generation in the topic's one lease floor,
+        # atomically: a topic created again under the same name starts its leases above
+        # every generation a consumer of this one may still hold (docs/decisions/412).
+        floor = keys.lease_floor(topic)
+        for reply in connection.run_many([
+            ("RETIRE", [keys.lease(topic, group, partition), floor], [])
+            for group in sorted(groups) for partition in range(spec.partitions)
+        ]):
+            if isinstance(reply, Exception):
+                raise StoreUnavailable(f"the stream Redis refused to remove a lease of topic "
+                                       f"{topic!r}: {reply}", code="stream_store_unavailable")
 
     # -- producing and consuming ----------------------------------------------------------
 

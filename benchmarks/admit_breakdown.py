@@ -1,0 +1,181 @@
+"""Where one SQLite ``admit(1)`` spends its time, next to the raw transaction, in one process.
+
+    .venv/bin/python benchmarks/admit_breakdown.py [--admissions 400] [--chunks 7]
+
+SQLite has no network: what ``Ledger.admit`` costs beyond the raw transaction
+(``_raw_admission.py``) is Python and the extra work of its statements. This
+prints, on one throwaway ledger:
+
+1. CPU time per admission (``time.process_time``: the machine's other load
+   inflates wall times by a factor of several, CPU time much less) of the raw
+   transaction, the raw transaction with the audit row ``Ledger.admit`` writes
+   too (docs/decisions/032), and ``Ledger.admit(1)``, interleaved chunk by
+   chunk; the median of the chunks and the ratios;
+2. the same admissions statement by statement: CPU time inside sqlite3's
+   ``execute``/``fetchall``/``commit`` per admission, the rest being Python.
+
+The per-statement timing adds about a microsecond per call to both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from _databases import throwaway_database
+from _raw_admission import RawAdmission
+from admit import ROOMY, TENANTS, bulk_insert, configure, reset, waiting_rows
+from quotagate.store.engine import create_engine
+from quotagate.store.ledger import Ledger
+
+_SPENT: Counter[str] = Counter()
+
+
+def _label(sql: str) -> str:
+    """A statement's first words: enough to tell the admission's statements apart."""
+    return " ".join(sql.split()[:3])[:40]
+
+
+class _TimedCursor(sqlite3.Cursor):
+    """A cursor that adds the CPU time of each call to ``_SPENT``, by statement."""
+
+    last = ""
+
+    def execute(self, sql: str, parameters: Any = (), /) -> _TimedCursor:
+        started = time.process_time()
+        super().execute(sql, parameters)
+        self.last = _label(sql)
+        _SPENT[self.last] += time.process_time() - started
+        return self
+
+    def executemany(self, sql: str, parameters: Any, /) -> _TimedCursor:
+        started = time.process_time()
+        super().executemany(sql, parameters)
+        _SPENT[_label(sql)] += time.process_time() - started
+        return self
+
+    def fetchall(self) -> list[Any]:
+        started = time.process_time()
+        rows = super().fetchall()
+        _SPENT[f"{self.last} (fetch)"] += time.process_time() - started
+        return rows
+
+    def fetchone(self) -> Any:
+        started = time.process_time()
+        row = super().fetchone()
+        _SPENT[f"{self.last} (fetch)"] += time.process_time() - started
+        return row
+
+
+class _TimedConnection(sqlite3.Connection):
+    def cursor(self, factory: Any = _TimedCursor) -> Any:
+        return super().cursor(factory)
+
+    def commit(self) -> None:
+        started = time.process_time()
+        super().commit()
+        _SPENT["COMMIT"] += time.process_time() - started
+
+
+def _timed_connect(path: str) -> sqlite3.Connection:
+    return sqlite3.connect(path, timeout=30, check_same_thread=False, isolation_level=None,
+                           factory=_TimedConnection)
+
+
+def _admitters(url: str, timed: bool) -> tuple[dict[str, Callable[[], int]], Ledger]:
+    path = url.removeprefix("sqlite:///")
+    engine = create_engine(url, creator=lambda: _timed_connect(path)) if timed else \
+        create_engine(url)
+    ledger = Ledger(engine)
+    raw, audited = RawAdmission(url, TENANTS), RawAdmission(url, TENANTS, audit=True)
+    if timed:
+        for baseline in (raw, audited):
+            baseline.connection.close()
+            baseline.connection = _timed_connect(path)
+            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "busy_timeout=30000"):
+                baseline.connection.execute(f"PRAGMA {pragma}")
+    return ({"raw": raw.admit_one, "raw + audit row": audited.admit_one,
+             "admit(1)": lambda: len(ledger.admit(1))}, ledger)
+
+
+def _cpu_per_admission(admit: Callable[[], int], count: int) -> float:
+    started, admitted = time.process_time(), 0
+    for _ in range(count):
+        admitted += admit()
+    return (time.process_time() - started) / max(admitted, 1) * 1e6
+
+
+def compare(url: str, admissions: int, chunks: int) -> list[list[str]]:
+    admitters, ledger = _admitters(url, timed=False)
+    for admit in admitters.values():
+        for _ in range(10):  # warm up: connections, statement caches, the first expiry pass
+            admit()
+    spent: dict[str, list[float]] = {kind: [] for kind in admitters}
+    for _ in range(chunks):
+        for kind, admit in admitters.items():
+            spent[kind].append(_cpu_per_admission(admit, admissions))
+    ledger.close()
+    ledger.engine.dispose()
+    ours = statistics.median(spent["admit(1)"])
+    return [[kind, f"{statistics.median(values):.0f}", f"{statistics.median(values) / ours:.2f}x"]
+            for kind, values in spent.items()]
+
+
+def breakdown(url: str, admissions: int) -> tuple[list[str], list[list[str]]]:
+    admitters, ledger = _admitters(url, timed=True)
+    columns: list[str] = []
+    cells: dict[str, dict[str, float]] = {}
+    totals: dict[str, float] = {}
+    for kind in ("raw", "admit(1)"):
+        admit = admitters[kind]
+        for _ in range(10):
+            admit()
+        _SPENT.clear()
+        started = time.process_time()
+        admitted = sum(admit() for _ in range(admissions))
+        totals[kind] = (time.process_time() - started) / admitted * 1e6
+        cells[kind] = {name: seconds / admitted * 1e6 for name, seconds in _SPENT.items()}
+        columns.append(kind)
+    ledger.close()
+    ledger.engine.dispose()
+    rows: list[list[str]] = []
+    for kind in columns:
+        for name, micros in sorted(cells[kind].items(), key=lambda item: -item[1]):
+            rows.append([kind, name, f"{micros:.1f}"])
+        native = sum(cells[kind].values())
+        rows.append([kind, "Python (the rest)", f"{totals[kind] - native:.1f}"])
+        rows.append([kind, "total", f"{totals[kind]:.1f}"])
+    return columns, rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from quotagate.cli.common import render_table
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--admissions", type=int, default=400, help="admissions per chunk")
+    parser.add_argument("--chunks", type=int, default=7, help="interleaved chunks per kind")
+    parser.add_argument("--queue", type=int, default=30_000, help="waiting requests")
+    arguments = parser.parse_args(argv)
+    with throwaway_database("sqlite") as url:
+        engine = create_engine(url)
+        configure(engine, {tenant: {"gpu": ROOMY, "cpu": ROOMY} for tenant in TENANTS})
+        bulk_insert(engine, waiting_rows(arguments.queue, TENANTS, prefix="bd",
+                                         start=time.time() - 600, span=300, priority=0))
+        rows = compare(url, arguments.admissions, arguments.chunks)
+        print("CPU µs per admission (median of chunks), and as a multiple of admit(1)'s")
+        print(render_table(["kind", "µs", "of admit(1)"], rows))
+        reset(engine)
+        _columns, detail = breakdown(url, arguments.admissions * 3)
+        print("\nCPU µs per admission, statement by statement (inside sqlite3)")
+        print(render_table(["kind", "call", "µs"], detail))
+        engine.dispose()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
