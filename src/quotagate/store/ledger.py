@@ -487,13 +487,11 @@ class Ledger:
             raise tenant_claims.ClaimsTooNarrow
         if not admitted:
             return []
-        # The outbox and audit rows first: they wait on no other admitter, and the
-        # quota and pool rows charged next are then held only to the commit.
-        self._record_admissions(transaction, admitted, targets, now, actor)
         with admission_stats.lock_wait():
             self._charge(transaction, admitted, snapshot)
             if snapshot.budgets and not budgets.charge(transaction, admitted, snapshot.budgets):
                 raise CapacityChanged("budget")
+        self._record_admissions(transaction, admitted, targets, now, actor)
         carried = [{"request_id": placement.id, "token": floors[placement.id]}
                    for placement in admitted if placement.id in floors]
         if carried:  # requeued requests: their tokens go on above the stopped attempt's
