@@ -51,7 +51,7 @@ from quotagate.cli.common import render_table
 from quotagate.domain.budget import BudgetLimit
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL, queue_key
 from quotagate.domain.sharing import TenantSharing
-from quotagate.store import schema
+from quotagate.store import admission_stats, schema
 from quotagate.store.budgets import BudgetChange
 from quotagate.store.config import Configuration
 from quotagate.store.engine import create_engine
@@ -231,6 +231,9 @@ class WorkerResult:
     error: str | None = None
     # (monotonic time, admissions so far) after every call that admitted: a drain's course.
     progress: tuple[tuple[float, int], ...] = ()
+    # CPU seconds of the admitting process during the run, and its admission reruns by cause.
+    cpu: float = 0.0
+    reruns: tuple[tuple[str, int], ...] = ()
 
 
 def _admitter(run: Run) -> tuple[Callable[[], int], Callable[[], None]]:
@@ -283,7 +286,13 @@ def _worker(commands: Any, replies: Any) -> None:
                 admit()
             replies.put("ready")
             start_at = commands.get()
-            replies.put(_admit_until(admit, start_at, run.seconds, track=run.drain))
+            cpu_before, reruns_before = time.process_time(), admission_stats.snapshot().reruns
+            outcome = _admit_until(admit, start_at, run.seconds, track=run.drain)
+            reruns = admission_stats.snapshot().reruns
+            replies.put(dataclasses.replace(
+                outcome, cpu=time.process_time() - cpu_before,
+                reruns=tuple((cause, reruns[cause] - reruns_before.get(cause, 0))
+                             for cause in reruns)))
         except Exception as error:
             replies.put(WorkerResult(0, 0.0, 0.0, f"{type(error).__name__}: {error}"))
         finally:

@@ -13,6 +13,14 @@ Per slice: admissions/s, dead versions in ``qg_request``
 (``EXPLAIN (ANALYZE, BUFFERS)`` of the admission's head query, just before the
 slice), and the outbox and audit rows so far. If the dead versions explain
 the slowdown, the vacuumed drain stays flat and its head read stays small.
+
+``--admitters 1,4 [--backend postgresql|mysql] [--pool-slices 1,4]``: where
+several admitters lose instead. The same drain by 1 and by 4 admitting
+processes (benchmarks/admit.py's workers), once per slice count, while
+benchmarks/_activity.py samples what the database's sessions wait on; per
+drain the CPU seconds per admission of the admitters and of the database
+backends (what bounds 4 processes on 2 cores), reruns by cause, rollbacks and
+deadlocks, and the share of session samples per wait.
 """
 
 from __future__ import annotations
@@ -27,10 +35,24 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from _activity import ActivitySampler
 from _databases import throwaway_database
-from admit import BATCH, ROOMY, TENANTS, bulk_insert, configure, waiting_rows
+from admit import (
+    BATCH,
+    POOLS,
+    ROOMY,
+    TENANTS,
+    Run,
+    WorkerPool,
+    bulk_insert,
+    check_balanced,
+    configure,
+    reset,
+    waiting_rows,
+)
 from quotagate.cli.common import render_table
 from quotagate.store import schema, statements
+from quotagate.store.config import Configuration
 from quotagate.store.engine import create_engine
 from quotagate.store.ledger import DEFAULT_ADMISSION_WINDOW, Ledger
 
@@ -101,11 +123,96 @@ def drain(requests: int, vacuum_between: bool, slices: int) -> list[list[str]]:
     return rows
 
 
+def admitters(
+    backend: str, requests: int, processes: Sequence[int], slice_counts: Sequence[int],
+    rounds: int,
+) -> tuple[list[list[str]], list[list[str]]]:
+    """Drains by each number of ``processes``, per slice count and round: a summary row
+    per drain, and the wait samples (share of session samples) per drain."""
+    summary: list[list[str]] = []
+    waits: list[list[str]] = []
+    pool = WorkerPool(max(processes))
+    try:
+        with throwaway_database(backend) as url:
+            engine = create_engine(url)
+            try:
+                configure(engine, {tenant: {"gpu": ROOMY, "cpu": ROOMY} for tenant in TENANTS})
+                bulk_insert(engine, waiting_rows(requests, TENANTS, prefix="dd",
+                                                 start=time.time() - 600, span=300, priority=0))
+                for round_number in range(1, rounds + 1):
+                    for slices in slice_counts:
+                        for name in POOLS:
+                            Configuration(engine).set_pool(name, {}, slices=slices)
+                        for count in processes:
+                            label = f"S={slices} P={count} r{round_number}"
+                            row, shares = _diagnosed_drain(engine, url, pool, count, label)
+                            summary.append(row)
+                            waits += [[label, wait, share] for wait, share in shares]
+                            print("  " + "  ".join(row), file=sys.stderr, flush=True)
+            finally:
+                engine.dispose()
+    finally:
+        pool.close()
+    return summary, waits
+
+
+def _diagnosed_drain(
+    engine: Engine, url: str, pool: WorkerPool, processes: int, label: str
+) -> tuple[list[str], list[tuple[str, str]]]:
+    reset(engine)
+    sampler = ActivitySampler(url).start()
+    with open("/proc/loadavg") as loadavg:
+        load = loadavg.read().split()[0]
+    outcomes = pool.run(Run(url, False, BATCH, 3600.0, drain=True), processes)
+    activity = sampler.stop()
+    check_balanced(engine)
+    admitted = sum(outcome.admitted for outcome in outcomes)
+    elapsed = max(o.finished for o in outcomes) - min(o.started for o in outcomes)
+    client = sum(outcome.cpu for outcome in outcomes)
+    reruns: dict[str, int] = {}
+    for outcome in outcomes:
+        for cause, number in outcome.reruns:
+            reruns[cause] = reruns.get(cause, 0) + number
+    per = 1e6 / max(admitted, 1)
+    row = [
+        label, load, f"{admitted:,}", f"{admitted / elapsed:,.0f}", f"{client * per:.0f}",
+        f"{activity.server_cpu * per:.0f}", f"{(client + activity.server_cpu) / elapsed:.2f}",
+        " ".join(f"{cause}={number}" for cause, number in reruns.items() if number) or "-",
+        f"{activity.commits:,}/{activity.rollbacks:,}/{activity.deadlocks}",
+        # The sampler's own statements are autocommit transactions: one per sample.
+        f"{admitted / max(activity.commits - activity.ticks, 1):.1f}"
+        if activity.commits else "-",
+    ]
+    total = sum(activity.samples.values()) or 1
+    shares = [(wait, f"{100 * number / total:.1f}%")
+              for wait, number in activity.samples.most_common(8)]
+    return row, shares
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--slices", type=int, default=10)
+    parser.add_argument("--admitters", default=None,
+                        help="comma-separated process counts (e.g. 1,4): diagnose several "
+                             "admitters instead of the vacuum question")
+    parser.add_argument("--backend", default="postgresql", choices=("postgresql", "mysql"))
+    parser.add_argument("--pool-slices", default="1,4",
+                        help="with --admitters: capacity slices per pool, one drain each")
+    parser.add_argument("--rounds", type=int, default=1)
     settings = parser.parse_args(argv)
+    if settings.admitters:
+        summary, waits = admitters(
+            settings.backend, settings.requests,
+            [int(part) for part in settings.admitters.split(",")],
+            [int(part) for part in settings.pool_slices.split(",")], settings.rounds)
+        print(render_table(["drain", "load", "admitted", "admissions/s", "client CPU µs/adm",
+                            "db CPU µs/adm", "cores busy", "reruns", "commit/rollback/deadlock",
+                            "adm/commit"],
+                           summary))
+        print()
+        print(render_table(["drain", "session state", "share of samples"], waits))
+        return 0
     rows: list[Any] = []
     for vacuum_between in (False, True):
         rows += drain(settings.requests, vacuum_between, settings.slices)

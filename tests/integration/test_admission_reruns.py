@@ -64,7 +64,8 @@ def test_a_charge_that_waited_on_a_lock_and_then_missed_is_a_stale_snapshot_reru
     assert admitted == []
     assert gate.show("job-1").state.value == "waiting"
     stats = admission_stats.snapshot()
-    assert stats.reruns == {"stale_snapshot": 1, "lock_timeout": 0, "deadlock": 0}
+    assert stats.reruns == {"stale_snapshot": 1, "lock_timeout": 0, "deadlock": 0,
+                            "claims_too_narrow": 0}
     assert stats.lock_wait_sum >= held
     value = Metrics(gate.engine).registry.get_sample_value
     assert value("quotagate_admission_reruns_total", {"cause": "stale_snapshot"}) == 1

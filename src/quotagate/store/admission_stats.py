@@ -20,8 +20,10 @@ from quotagate.store.dialect import retry_cause
 # stale_snapshot: a conditional charge missed because another admitter charged first
 # (or a sliced pool had the room but no slice did, and it was rebalanced);
 # lock_timeout: a lock was not granted in time (or SQLite was busy);
-# deadlock: a deadlock or serialization failure rolled the transaction back.
-RERUN_CAUSES = ("stale_snapshot", "lock_timeout", "deadlock")
+# deadlock: a deadlock or serialization failure rolled the transaction back;
+# claims_too_narrow: the tenants this admitter could claim admitted nothing while
+# others were held by other admitters, so it ran once more without claims.
+RERUN_CAUSES = ("stale_snapshot", "lock_timeout", "deadlock", "claims_too_narrow")
 # Seconds, from an uncontended lock (well under a millisecond) to a stuck one.
 LOCK_WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 

@@ -139,6 +139,7 @@ class Ledger:
         expiry_every: float = 1.0,
         rate_gate: RateGate | None = None,
         hold_seconds: float = holds.DEFAULT_HOLD_SECONDS,
+        narrow_seconds: float = tenant_claims.NARROW_SECONDS,
     ) -> None:
         if aging_interval <= 0:
             raise InvalidInput("aging interval must be positive", code="invalid_aging_interval")
@@ -161,6 +162,8 @@ class Ledger:
         # Set by each admission from its snapshot: does any tenant have a preemption policy?
         self._policies_seen = False
         self._lock_row_ready = False
+        # Whether another admitter was seen lately: then claim tenants one by one.
+        self._contention = tenant_claims.Contention(narrow_seconds)
         # Admission's connection, kept between admissions where the dialect allows.
         self._admission_connection = KeptConnection(engine)
 
@@ -308,11 +311,14 @@ class Ledger:
             except tenant_claims.ClaimsTooNarrow:
                 # The tenants this admitter could claim had nothing to admit. Waiting on
                 # the others' tenant rows while holding its claims could deadlock
-                # another admitter doing the same: roll back, run once unclaimed.
+                # another admitter doing the same: roll back and run once more holding
+                # nothing, waiting for each tenant in name order (Ledger._fill_narrow).
+                admission_stats.count_rerun("claims_too_narrow")
                 claim = False
                 continue
             except CapacityChanged:
                 admission_stats.count_rerun("stale_snapshot")
+                self._contention.seen()
                 continue
             except pool_slices.SliceFragmented as fragmented:
                 # The pool had room, no slice of it did: move room, in a transaction
@@ -462,12 +468,21 @@ class Ledger:
             cap > used for usage in pools.values() for used, cap in usage.values()
         ):
             return []
-        # With sliced pools, several admitters run: plan for the tenants no other
-        # admitter is charging (quotagate.store.tenant_claims); if those had nothing
-        # that fits, roll back and run once for all of them (Ledger.admit).
-        admitted, targets, floors, narrowed = self._fill(
-            transaction, open_tenants, snapshot, limit, now, guard,
-            claim=claim and bool(snapshot.slices))
+        # Several admitters: plan for the tenants no other admitter is charging
+        # (quotagate.store.tenant_claims) — one by one in fair order once another
+        # admitter was seen, all the waiting ones at once with sliced pools; if
+        # those had nothing that fits, roll back and run once for all of them
+        # (Ledger.admit).
+        narrow = supports_skip_locked(transaction) and (not claim or self._contention.recent())
+        if narrow:
+            admitted, targets, floors, narrowed = self._fill_narrow(
+                transaction, open_tenants, snapshot, limit, now, guard, wait=not claim)
+        else:
+            admitted, targets, floors, narrowed = self._fill(
+                transaction, open_tenants, snapshot, limit, now, guard,
+                claim=claim and bool(snapshot.slices))
+        if narrowed:
+            self._contention.seen()
         if not admitted and narrowed:
             raise tenant_claims.ClaimsTooNarrow
         if not admitted:
@@ -534,6 +549,73 @@ class Ledger:
             window = self.admission_window
         return admitted, targets, floors, narrowed
 
+    def _fill_narrow(
+        self, transaction: DriverTransaction, open_tenants: Sequence[str],
+        snapshot: cohorts.Snapshot, limit: int, now: float, guard: HeldRoom | None,
+        *, wait: bool = False,
+    ) -> tuple[list[Placement], dict[str, str | None], dict[str, int], bool]:
+        """:meth:`_fill` for an admitter that saw others: claim plain tenants one by one.
+
+        In fair order (lowest dominant share first), a tenant another admitter
+        holds is skipped; each tenant claimed has its heads read and planned
+        for, with the cohort members' (never claimed) on the first round,
+        until the batch is full or no tenant is left. If every tenant was held
+        by others and this transaction holds no tenant row, it waits for the
+        first of them: holding nothing, the wait closes no cycle, and it saves
+        the rollback and rerun of :class:`~quotagate.store.tenant_claims.ClaimsTooNarrow`
+        when there are as many admitters as tenants. Returns as :meth:`_fill`:
+        the flag says some tenant was skipped.
+
+        With ``wait`` (the rerun after :class:`~quotagate.store.tenant_claims.ClaimsTooNarrow`,
+        holding nothing) the tenants are taken in name order, each waited for:
+        every tenant is looked at, so an empty batch means nothing fits, and
+        only as many tenants are held as the batch needs.
+        """
+        sharing = snapshot.sharing
+        members = [tenant for tenant in open_tenants if sharing.is_member(tenant)]
+        plain = [tenant for tenant in open_tenants if not sharing.is_member(tenant)]
+        pending = iter(sorted(plain) if wait else tenant_claims.fair_order(
+            plain, snapshot.tenants, snapshot.weights, fair_history.history(snapshot, now)))
+        admitted: list[Placement] = []
+        targets: dict[str, str | None] = {}
+        floors: dict[str, int] = {}
+        skipped = False
+        first_held: str | None = None  # the first tenant skipped, none of its rows got
+        holding = False  # some tenant rows are locked by this transaction
+        reading = members
+        while len(admitted) < limit:
+            claimed = None
+            for tenant in pending:
+                got = tenant_claims.claim_tenant(transaction, tenant, snapshot.tenants[tenant],
+                                                 wait=wait)
+                if got is tenant_claims.Claim.CLAIMED:
+                    claimed = tenant
+                    holding = True
+                    break
+                skipped = True
+                holding = holding or got is tenant_claims.Claim.PARTLY
+                first_held = first_held or tenant
+            if claimed is None and not holding and first_held is not None:
+                got = tenant_claims.claim_tenant(
+                    transaction, first_held, snapshot.tenants[first_held], wait=True)
+                holding = True
+                if got is tenant_claims.Claim.CLAIMED:
+                    claimed = first_held
+            if claimed is not None:
+                reading = [*reading, claimed]
+            if not reading:
+                break
+            candidates, window_targets, window_floors = self._candidates(
+                transaction, reading, self.admission_window)
+            targets.update(window_targets)
+            floors.update(window_floors)
+            admitted += self._plan_and_reserve(
+                transaction, candidates, snapshot, limit - len(admitted), now, guard)
+            if claimed is None:
+                break
+            reading = []
+        return admitted, targets, floors, skipped
+
     def _plan_and_reserve(
         self,
         transaction: DriverTransaction,
@@ -565,6 +647,8 @@ class Ledger:
                 return []
             with admission_stats.lock_wait():
                 got = self._reserve(transaction, plan, now)
+            if len(got) < len(plan):
+                self._contention.seen()  # another admitter holds some of these requests
             if got:
                 reserved = [placement for placement in plan if placement.id in got]
                 for placement in reserved:

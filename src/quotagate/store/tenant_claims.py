@@ -11,37 +11,54 @@ for the tenants whose rows it got, leaving the others to the admitters
 charging them right now (docs/decisions/030-admitters-claim-tenants.md).
 
 Without a sliced pool nothing here runs: one admitter, today's statements.
+
+That claim takes *every* free waiting tenant, and a fair batch spans every
+tenant: the first of several admitters took them all and the others rolled
+back and queued behind it. So once an admitter sees another one at work — a
+request it planned was held by someone else (SKIP LOCKED skipped it), a
+claim skipped a tenant, a charge missed — it *narrows* for a while
+(:class:`Contention`): it claims plain tenants one at a time in fair-share
+order (lowest dominant share first), skipping those another admitter holds,
+reads only the claimed tenants' heads and stops claiming once its batch is
+full. Admitters then work on disjoint tenants, whatever the pools' slices
+(docs/decisions/044-admitters-narrow-to-disjoint-tenants.md).
 """
 
 from __future__ import annotations
 
+import enum
+import threading
+import time
 from collections.abc import Collection, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
 import sqlalchemy as sa
 
+from quotagate.domain.fairness import dominant_share
 from quotagate.store import schema
 from quotagate.store.dialect import supports_skip_locked
 from quotagate.store.driver import DriverTransaction
 
-__all__ = ["ClaimsTooNarrow", "claim_tenants"]
+__all__ = ["Claim", "ClaimsTooNarrow", "Contention", "claim_tenant", "claim_tenants",
+           "fair_order"]
 
 
 class ClaimsTooNarrow(Exception):
     """The claimed tenants had nothing to admit while others were left out: roll back and
-    run the admission once without claims, taking tenant rows in order like before."""
+    run the admission once more, waiting for each tenant's rows in name order."""
 
 
 @lru_cache(maxsize=64)
-def _claim_query(count: int) -> sa.Select[Any]:
-    """Lock the quota rows of ``count`` tenants (``tenant_0`` …) that nobody holds."""
+def _claim_query(count: int, skip_locked: bool = True) -> sa.Select[Any]:
+    """Lock the quota rows of ``count`` tenants (``tenant_0`` …) that nobody holds
+    (or, without ``skip_locked``, wait for them)."""
     quota = schema.tenant_quota
     return (
         sa.select(quota.c.tenant, quota.c.resource)
         .where(quota.c.tenant.in_([sa.bindparam(f"tenant_{index}") for index in range(count)]))
         .order_by(quota.c.tenant, quota.c.resource)
-        .with_for_update(skip_locked=True)
+        .with_for_update(skip_locked=skip_locked)
     )
 
 
@@ -58,9 +75,10 @@ def claim_tenants(
     A plain tenant is kept if every one of its quota rows was free to lock.
     If those kept admit nothing while some were left out, the ledger raises
     :class:`ClaimsTooNarrow`, rolls back (giving up every claim, also the
-    rows of a tenant only partly had) and runs once without claims, waiting
-    in the usual order: an admission must not answer "nothing fits" only
-    because other admitters were busy, nor wait while holding claims.
+    rows of a tenant only partly had) and runs once more holding nothing,
+    waiting for each tenant in name order: an admission must not answer
+    "nothing fits" only because other admitters were busy, nor wait while
+    holding claims.
     """
     plain = [tenant for tenant in tenants if tenant not in members]
     if not plain or not supports_skip_locked(transaction):
@@ -71,3 +89,77 @@ def claim_tenants(
         locked.setdefault(tenant, set()).add(resource)
     got = {tenant for tenant in plain if locked.get(tenant, set()) >= set(usage.get(tenant, {}))}
     return [tenant for tenant in tenants if tenant in got or tenant in members]
+
+
+# How long an admitter stays narrow after it last saw another admitter. Long
+# enough to span many admissions (a few milliseconds each), short enough that
+# an admitter left alone soon plans fair batches over every tenant again.
+NARROW_SECONDS = 1.0
+
+
+class Contention:
+    """When this admitter last saw another one at work; narrow while that is recent.
+
+    One per :class:`~quotagate.store.ledger.Ledger` (shared by its threads,
+    which are admitters to each other too).
+    """
+
+    def __init__(self, seconds: float = NARROW_SECONDS) -> None:
+        self.seconds = seconds
+        self._lock = threading.Lock()
+        self._last = float("-inf")
+
+    def seen(self) -> None:
+        with self._lock:
+            self._last = time.monotonic()
+
+    def recent(self) -> bool:
+        with self._lock:
+            return time.monotonic() - self._last < self.seconds
+
+
+def fair_order(
+    tenants: Sequence[str],
+    usage: Mapping[str, Mapping[str, tuple[int, int]]],
+    weights: Mapping[str, int],
+    history: Mapping[str, float] | None = None,
+) -> list[str]:
+    """``tenants`` lowest weighted dominant share first, as the planner serves them
+    (quotagate.domain.fairness.FairOrder; its past shares blended in), ties by name."""
+    past = history or {}
+
+    def share(tenant: str) -> float:
+        weight = weights.get(tenant, 1)
+        return dominant_share(usage.get(tenant, {}), weight) + past.get(tenant, 0.0) / max(
+            weight, 1)
+
+    return sorted(tenants, key=lambda tenant: (share(tenant), tenant))
+
+
+class Claim(enum.Enum):
+    """What :func:`claim_tenant` got of one tenant's quota rows."""
+
+    CLAIMED = "claimed"  # every row: plan for the tenant
+    SKIPPED = "skipped"  # none: another transaction holds them
+    PARTLY = "partly"  # some, held until the transaction ends but not planned for
+
+
+def claim_tenant(
+    transaction: DriverTransaction, tenant: str, resources: Collection[str], *,
+    wait: bool = False,
+) -> Claim:
+    """Lock every quota row of one plain tenant unless another transaction holds one.
+
+    ``CLAIMED`` when all of ``resources`` (its rows in the snapshot) were got. A
+    tenant only partly got is not planned for; the rows got stay locked until
+    the transaction ends, never waited for (as :func:`claim_tenants`). With
+    ``wait`` the rows are waited for: only where the transaction holds no
+    tenant row that a waiter in the lock order could want after these.
+    """
+    if not supports_skip_locked(transaction):
+        return Claim.CLAIMED
+    got = {resource for _tenant, resource in transaction.rows(
+        _claim_query(1, skip_locked=not wait), {"tenant_0": tenant})}
+    if got >= set(resources):
+        return Claim.CLAIMED
+    return Claim.PARTLY if got else Claim.SKIPPED

@@ -1,0 +1,119 @@
+"""Admitters claiming tenants (docs/decisions/030, 044): the rerun when the claimed tenants
+admit nothing, on every backend."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from quotagate import Quotagate
+from quotagate.domain.placement import Placement
+from quotagate.store import admission_stats, schema
+from quotagate.store.ledger import Ledger
+from support.waiting import LOCK_POLL_SECONDS, lock_waiters, wait_for
+
+
+@pytest.fixture(autouse=True)
+def fresh_counters() -> Iterator[None]:
+    admission_stats.reset()
+    yield
+    admission_stats.reset()
+
+
+def _claimed_set_admits_nothing(gate: Quotagate) -> None:
+    """team-a has work that fits; team-b (the only other) has only work that does not."""
+    gate.set_tenant("team-a", {"gpu": 8})
+    gate.set_tenant("team-b", {"gpu": 1})
+    # A sliced pool: the ledger expects several admitters and claims tenants.
+    gate.set_pool("pool-1", {"gpu": 8}, slices=2)
+    gate.submit("a-0", "team-a", {"gpu": 1})
+    gate.submit("b-0", "team-b", {"gpu": 2})  # above team-b's cap: never fits
+
+
+def test_claimed_tenants_that_admit_nothing_roll_back_and_wait_for_the_held_tenant(
+    gate: Quotagate, backend: str,
+) -> None:
+    if backend == "sqlite":
+        pytest.skip("SQLite has no row locks; its case is the test below")
+    _claimed_set_admits_nothing(gate)
+    quota = schema.tenant_quota
+    admitted: list[Placement] = []
+    with gate.engine.connect() as other_admitter:
+        transaction = other_admitter.begin()
+        # Another transaction holds team-a's quota rows, as an admitter charging it would:
+        # the claim gets only team-b, whose work does not fit.
+        other_admitter.execute(sa.select(quota.c.tenant).where(quota.c.tenant == "team-a")
+                               .with_for_update()).all()
+        admitter = threading.Thread(target=lambda: admitted.extend(gate.admit(4)))
+        admitter.start()
+        # The claimed set admitted nothing: rolled back, the rerun waits for team-a's rows.
+        wait_for(lambda: lock_waiters(gate.engine) > 0, "the rerun to wait for team-a's rows",
+                 interval=LOCK_POLL_SECONDS)
+        assert admitted == []
+        assert admission_stats.snapshot().reruns["claims_too_narrow"] == 1
+        transaction.commit()
+        admitter.join(30)
+    assert not admitter.is_alive()
+    assert [placement.id for placement in admitted] == ["a-0"]
+    stats = admission_stats.snapshot().reruns
+    assert stats == {"stale_snapshot": 0, "lock_timeout": 0, "deadlock": 0,
+                     "claims_too_narrow": 1}
+    assert gate.show("b-0").state.value == "waiting"
+    assert gate.check_invariants() == []
+
+
+def test_without_skip_locked_sqlite_claims_every_tenant_and_never_reruns(
+    gate: Quotagate, backend: str,
+) -> None:
+    if backend != "sqlite":
+        pytest.skip("the servers skip held rows: the test above")
+    _claimed_set_admits_nothing(gate)
+    # One writer: the claim is a plain read that gets every tenant, so the work that
+    # fits is admitted in the first run.
+    assert [placement.id for placement in gate.admit(4)] == ["a-0"]
+    assert admission_stats.snapshot().reruns["claims_too_narrow"] == 0
+    assert gate.show("b-0").state.value == "waiting"
+    assert gate.check_invariants() == []
+
+
+SERVERS = [pytest.param("postgresql", marks=pytest.mark.postgresql),
+           pytest.param("mysql", marks=pytest.mark.mysql)]
+
+
+@pytest.mark.parametrize("backend", SERVERS, indirect=True)
+def test_an_admitter_that_saw_another_claims_free_tenants_in_fair_order_and_never_waits(
+    gate: Quotagate,
+) -> None:
+    gate.set_pool("pool-1", {"gpu": 100})  # one slice: no claims until another admitter shows
+    for tenant in ("team-a", "team-b", "team-c"):
+        gate.set_tenant(tenant, {"gpu": 100})
+        for index in range(4):
+            gate.submit(f"{tenant[-1]}-{index}", tenant, {"gpu": 1})
+    # Long enough that this test never depends on how fast the machine is.
+    ledger = Ledger(gate.engine, clock=gate.ledger.clock, narrow_seconds=3600)
+    request, quota = schema.request, schema.tenant_quota
+    with gate.engine.connect() as other_admitter, other_admitter.begin():
+        # Another admitter holds a-0, the head of the fair batch: SKIP LOCKED steps
+        # around it, and this admitter now knows it is not alone.
+        other_admitter.execute(sa.select(request.c.id).where(request.c.id == "a-0")
+                               .with_for_update()).all()
+        assert [placement.id for placement in ledger.admit(1)] == ["a-1"]
+    admitted: list[Placement] = []
+    with gate.engine.connect() as other_admitter, other_admitter.begin():
+        # Another admitter is charging team-b (it holds team-b's quota rows).
+        other_admitter.execute(sa.select(quota.c.tenant).where(quota.c.tenant == "team-b")
+                               .with_for_update()).all()
+        admitter = threading.Thread(target=lambda: admitted.extend(ledger.admit(8)))
+        admitter.start()
+        # A fair batch over every tenant would charge team-b and wait for it here.
+        admitter.join(60)
+        assert not admitter.is_alive(), "the admission waited for the held tenant"
+    # Lowest dominant share first: team-c (nothing used), then team-a; team-b untouched.
+    assert [placement.tenant for placement in admitted] == ["team-c"] * 4 + ["team-a"] * 3
+    assert {placement.id for placement in admitted} == {
+        "c-0", "c-1", "c-2", "c-3", "a-0", "a-2", "a-3"}
+    assert all(gate.show(f"b-{index}").state.value == "waiting" for index in range(4))
+    assert gate.check_invariants() == []
