@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.exc import DBAPIError
 
 from quotagate.store.dialect import begin_statement, keeps_idle_connections, rerun_on_conflict
+from quotagate.store.engine import PING_AFTER_IDLE
 
 T = TypeVar("T")
 
@@ -149,10 +151,16 @@ class KeptConnection:
     """One pooled connection its owner (a Ledger) keeps checked out between transactions.
 
     A checkout and a checkin through SQLAlchemy's pool cost about 20 µs of
-    Python together, a tenth of an ``admit(1)`` on SQLite (docs/performance.md).
-    Where the dialect allows it (:func:`quotagate.store.dialect.keeps_idle_connections`:
-    SQLite) the connection that committed is kept for the next transaction
-    instead; elsewhere every transaction checks out from the pool as before.
+    Python together: a tenth of an ``admit(1)`` on SQLite, and a tenth of the
+    Python of one on PostgreSQL (docs/performance.md). Where the dialect allows
+    it (:func:`quotagate.store.dialect.keeps_idle_connections`) the connection
+    that committed is kept for the next transaction instead; elsewhere every
+    transaction checks out from the pool as before.
+
+    A server's connection is checked as the pool's checkout would
+    (docs/decisions/025-ping-after-idle.md): one kept for :data:`PING_AFTER_IDLE`
+    seconds or more (at every take if the engine pings at every checkout) is
+    pinged first, and dropped from the pool if the ping fails.
 
     At most one is kept: a second thread meanwhile uses the pool. Only a
     connection whose transaction committed is kept (a failed one goes back to
@@ -164,15 +172,16 @@ class KeptConnection:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._enabled = keeps_idle_connections(engine)
-        # (process id, the pool it came from, the pooled connection); a list so
-        # that the finalizer can hand it back without holding this object.
-        self._slot: list[tuple[int, Any, Any]] = []
+        self._pings = engine.dialect.name != "sqlite"  # no server can drop a SQLite file
+        # (process id, the pool it came from, the pooled connection, when kept);
+        # a list so that the finalizer can hand it back without holding this object.
+        self._slot: list[tuple[int, Any, Any, float]] = []
         weakref.finalize(self, _give_back, self._slot)
 
     def take(self) -> Any | None:
         """The kept connection, or None: check one out of the pool."""
         try:
-            pid, pool, pooled = self._slot.pop()
+            pid, pool, pooled, kept_at = self._slot.pop()
         except IndexError:
             return None
         if pid != os.getpid():
@@ -180,6 +189,13 @@ class KeptConnection:
         if pool is not self._engine.pool:
             pooled.close()  # the engine was disposed: back to the pool it came from
             return None
+        if self._pings and (getattr(pool, "_pre_ping", False)
+                            or time.monotonic() - kept_at >= PING_AFTER_IDLE):
+            try:
+                self._engine.dialect.do_ping(pooled.dbapi_connection)
+            except Exception as exc:  # the server restarted or dropped it: a fresh one
+                pooled.invalidate(exc)  # which checks it in, as dropped
+                return None
         return pooled
 
     def close(self) -> None:
@@ -190,13 +206,13 @@ class KeptConnection:
         """Keep a connection whose transaction committed; False: hand it back as usual."""
         if not self._enabled or self._slot or pooled.dbapi_connection is None:
             return False
-        self._slot.append((os.getpid(), self._engine.pool, pooled))
+        self._slot.append((os.getpid(), self._engine.pool, pooled, time.monotonic()))
         return True
 
 
-def _give_back(slot: list[tuple[int, Any, Any]]) -> None:
+def _give_back(slot: list[tuple[int, Any, Any, float]]) -> None:
     while slot:
-        pid, _pool, pooled = slot.pop()
+        pid, _pool, pooled, _kept_at = slot.pop()
         if pid == os.getpid():
             pooled.close()
 
