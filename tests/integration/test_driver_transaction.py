@@ -158,6 +158,18 @@ def test_after_dispose_the_kept_connection_is_not_used(db_url: str) -> None:
         engine.dispose()
 
 
+def test_literals_written_into_the_statement_keep_their_value(db_url: str) -> None:
+    """Quotes, percent signs and backslashes survive; a named parameter is still bound."""
+    tricky = "it's 100% \\1 %(name)s"
+    statement = sa.select(sa.literal(tricky), sa.literal(4), sa.bindparam("name", type_=sa.String))
+    engine = create_engine(db_url)
+    try:
+        row = run_driver_transaction(engine, lambda t: t.rows(statement, {"name": "given"})[0])
+        assert tuple(row) == (tricky, 4, "given")
+    finally:
+        engine.dispose()
+
+
 _PID = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
 _KILL = {"postgresql": "SELECT pg_terminate_backend({pid})", "mysql": "KILL {pid}"}
 
