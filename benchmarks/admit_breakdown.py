@@ -1,7 +1,7 @@
 """Where one ``admit(1)`` spends its CPU time, next to the raw transaction, in one process.
 
     .venv/bin/python benchmarks/admit_breakdown.py [--backend sqlite|postgresql]
-        [--admissions 400] [--chunks 7]
+        [--admissions 400] [--chunks 7]        (mysql: step 1 only)
 
 On SQLite (no network) what ``Ledger.admit`` costs beyond the raw transaction
 (``_raw_admission.py``) is Python and the extra work of its statements; on
@@ -217,7 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from quotagate.cli.common import render_table
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=("sqlite", "postgresql"), default="sqlite")
+    parser.add_argument("--backend", choices=("sqlite", "postgresql", "mysql"), default="sqlite",
+                        help="mysql: the CPU comparison only (no timed PyMySQL cursor)")
     parser.add_argument("--admissions", type=int, default=400, help="admissions per chunk")
     parser.add_argument("--chunks", type=int, default=7, help="interleaved chunks per kind")
     parser.add_argument("--queue", type=int, default=30_000, help="waiting requests")
@@ -230,6 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = compare(url, arguments.admissions, arguments.chunks)
         print("CPU µs per admission (median of chunks), and as a multiple of admit(1)'s")
         print(render_table(["kind", "µs", "of admit(1)"], rows))
+        if arguments.backend == "mysql":
+            engine.dispose()
+            return 0
         reset(engine)
         _columns, detail = breakdown(url, arguments.admissions * 3)
         print("\nCPU µs per admission, statement by statement (inside the driver)")
