@@ -79,6 +79,14 @@ def keeps_idle_connections(engine: HasDialect) -> bool:
     return engine.dialect.name in ("sqlite", "postgresql", "mysql", "mariadb")
 
 
+def drops_idle_connections(engine: HasDialect) -> bool:
+    """Can the database end a connection while it idles (so one must be pinged after idle)?
+
+    A server can (a restart, an idle timeout, an administrator); an SQLite file cannot.
+    """
+    return engine.dialect.name != "sqlite"
+
+
 def begin_statement(engine: HasDialect) -> str | None:
     """What a driver-level transaction must send first (quotagate.store.engine's SQLite BEGIN).
 

@@ -35,7 +35,12 @@ from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.exc import CompileError, DBAPIError
 from sqlalchemy.sql.elements import _anonymous_label
 
-from quotagate.store.dialect import begin_statement, keeps_idle_connections, rerun_on_conflict
+from quotagate.store.dialect import (
+    begin_statement,
+    drops_idle_connections,
+    keeps_idle_connections,
+    rerun_on_conflict,
+)
 from quotagate.store.engine import PING_AFTER_IDLE
 
 T = TypeVar("T")
@@ -205,7 +210,7 @@ class KeptConnection:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._enabled = keeps_idle_connections(engine)
-        self._pings = engine.dialect.name != "sqlite"  # no server can drop a SQLite file
+        self._pings = drops_idle_connections(engine)
         # (process id, the pool it came from, the pooled connection, when kept);
         # a list so that the finalizer can hand it back without holding this object.
         self._slot: list[tuple[int, Any, Any, float]] = []
