@@ -1,18 +1,21 @@
-"""Where one SQLite ``admit(1)`` spends its time, next to the raw transaction, in one process.
+"""Where one ``admit(1)`` spends its CPU time, next to the raw transaction, in one process.
 
-    .venv/bin/python benchmarks/admit_breakdown.py [--admissions 400] [--chunks 7]
+    .venv/bin/python benchmarks/admit_breakdown.py [--backend sqlite|postgresql]
+        [--admissions 400] [--chunks 7]        (mysql: step 1 only)
 
-SQLite has no network: what ``Ledger.admit`` costs beyond the raw transaction
-(``_raw_admission.py``) is Python and the extra work of its statements. This
-prints, on one throwaway ledger:
+On SQLite (no network) what ``Ledger.admit`` costs beyond the raw transaction
+(``_raw_admission.py``) is Python and the extra work of its statements; on
+PostgreSQL CPU time leaves out the waits on the server, so it shows the same
+thing. This prints, on one throwaway ledger:
 
 1. CPU time per admission (``time.process_time``: the machine's other load
    inflates wall times by a factor of several, CPU time much less) of the raw
    transaction, the raw transaction with the audit row ``Ledger.admit`` writes
    too (docs/decisions/032), and ``Ledger.admit(1)``, interleaved chunk by
    chunk; the median of the chunks and the ratios;
-2. the same admissions statement by statement: CPU time inside sqlite3's
-   ``execute``/``fetchall``/``commit`` per admission, the rest being Python.
+2. the same admissions statement by statement: CPU time inside the driver's
+   (sqlite3's, psycopg's) ``execute``/``fetchall``/``commit`` per admission, the
+   rest being Python; psycopg's ``BEGIN`` is sent inside the first ``execute``.
 
 The per-statement timing adds about a microsecond per call to both sides.
 """
@@ -87,18 +90,75 @@ def _timed_connect(path: str) -> sqlite3.Connection:
                            factory=_TimedConnection)
 
 
+def _timed_pg_classes() -> tuple[type[Any], type[Any]]:
+    """psycopg's cursor and connection, timed like ``_TimedCursor``/``_TimedConnection``."""
+    import psycopg
+
+    class TimedPgCursor(psycopg.Cursor[Any]):
+        last = ""
+
+        def execute(self, query: Any, params: Any = None, **options: Any) -> Any:
+            started = time.process_time()
+            super().execute(query, params, **options)
+            self.last = _label(str(query))
+            _SPENT[self.last] += time.process_time() - started
+            return self
+
+        def fetchall(self) -> list[Any]:
+            started = time.process_time()
+            rows = super().fetchall()
+            _SPENT[f"{self.last} (fetch)"] += time.process_time() - started
+            return rows
+
+        def fetchone(self) -> Any:
+            started = time.process_time()
+            row = super().fetchone()
+            _SPENT[f"{self.last} (fetch)"] += time.process_time() - started
+            return row
+
+    class TimedPgConnection(psycopg.Connection[Any]):
+        def commit(self) -> None:
+            started = time.process_time()
+            super().commit()
+            _SPENT["COMMIT"] += time.process_time() - started
+
+    return TimedPgCursor, TimedPgConnection
+
+
+def _timed_pg_connect(url: str) -> Any:
+    from sqlalchemy.engine import make_url
+
+    cursor, connection = _timed_pg_classes()
+    parsed = make_url(url)
+    timed = connection.connect(host=parsed.host, port=parsed.port or 5432, user=parsed.username,
+                               password=parsed.password, dbname=parsed.database)
+    timed.cursor_factory = cursor
+    return timed
+
+
 def _admitters(url: str, timed: bool) -> tuple[dict[str, Callable[[], int]], Ledger]:
-    path = url.removeprefix("sqlite:///")
-    engine = create_engine(url, creator=lambda: _timed_connect(path)) if timed else \
-        create_engine(url)
-    ledger = Ledger(engine)
     raw, audited = RawAdmission(url, TENANTS), RawAdmission(url, TENANTS, audit=True)
-    if timed:
+    if url.startswith("postgresql"):
+        engine = create_engine(url, creator=lambda: _timed_pg_connect(url)) if timed else \
+            create_engine(url)
+        if timed:
+            for baseline in (raw, audited):
+                baseline.connection.close()
+                baseline.connection = _timed_pg_connect(url)
+    else:
+        path = url.removeprefix("sqlite:///")
+        engine = create_engine(url, creator=lambda: _timed_connect(path)) if timed else \
+            create_engine(url)
+    ledger = Ledger(engine)
+    if timed and not url.startswith("postgresql"):
         for baseline in (raw, audited):
             baseline.connection.close()
             baseline.connection = _timed_connect(path)
             for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "busy_timeout=30000"):
                 baseline.connection.execute(f"PRAGMA {pragma}")
+    elif timed:
+        for baseline in (raw, audited):
+            baseline.connection.isolation_level = 1  # psycopg.IsolationLevel.READ_COMMITTED
     return ({"raw": raw.admit_one, "raw + audit row": audited.admit_one,
              "admit(1)": lambda: len(ledger.admit(1))}, ledger)
 
@@ -157,11 +217,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from quotagate.cli.common import render_table
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("sqlite", "postgresql", "mysql"), default="sqlite",
+                        help="mysql: the CPU comparison only (no timed PyMySQL cursor)")
     parser.add_argument("--admissions", type=int, default=400, help="admissions per chunk")
     parser.add_argument("--chunks", type=int, default=7, help="interleaved chunks per kind")
     parser.add_argument("--queue", type=int, default=30_000, help="waiting requests")
     arguments = parser.parse_args(argv)
-    with throwaway_database("sqlite") as url:
+    with throwaway_database(arguments.backend) as url:
         engine = create_engine(url)
         configure(engine, {tenant: {"gpu": ROOMY, "cpu": ROOMY} for tenant in TENANTS})
         bulk_insert(engine, waiting_rows(arguments.queue, TENANTS, prefix="bd",
@@ -169,9 +231,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = compare(url, arguments.admissions, arguments.chunks)
         print("CPU µs per admission (median of chunks), and as a multiple of admit(1)'s")
         print(render_table(["kind", "µs", "of admit(1)"], rows))
+        if arguments.backend == "mysql":
+            engine.dispose()
+            return 0
         reset(engine)
         _columns, detail = breakdown(url, arguments.admissions * 3)
-        print("\nCPU µs per admission, statement by statement (inside sqlite3)")
+        print("\nCPU µs per admission, statement by statement (inside the driver)")
         print(render_table(["kind", "call", "µs"], detail))
         engine.dispose()
     return 0

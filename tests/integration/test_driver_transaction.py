@@ -13,6 +13,7 @@ from sqlalchemy.exc import IntegrityError
 
 from quotagate import Quotagate
 from quotagate.errors import StoreUnavailable
+from quotagate.store import driver as driver_module
 from quotagate.store import engine as engine_module
 from quotagate.store import schema
 from quotagate.store.driver import DriverTransaction, KeptConnection, run_driver_transaction
@@ -157,13 +158,89 @@ def test_after_dispose_the_kept_connection_is_not_used(db_url: str) -> None:
         engine.dispose()
 
 
+def test_literals_written_into_the_statement_keep_their_value(db_url: str) -> None:
+    """Quotes, percent signs and backslashes survive; a named parameter is still bound."""
+    tricky = "it's 100% \\1 %(name)s"
+    statement = sa.select(sa.literal(tricky), sa.literal(4), sa.bindparam("name", type_=sa.String))
+    engine = create_engine(db_url)
+    try:
+        row = run_driver_transaction(engine, lambda t: t.rows(statement, {"name": "given"})[0])
+        assert tuple(row) == (tricky, 4, "given")
+    finally:
+        engine.dispose()
+
+
+_PID = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
+_KILL = {"postgresql": "SELECT pg_terminate_backend({pid})", "mysql": "KILL {pid}"}
+
+
+def _server_pid(transaction: DriverTransaction) -> int:
+    """The server session the transaction runs in."""
+    return int(transaction.rows(sa.text(_PID[transaction.dialect.name]), {})[0][0])
+
+
+def _kill_session(url: str, backend: str, pid: int) -> None:
+    killer = create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with killer.connect() as connection:
+            connection.exec_driver_sql(_KILL[backend].format(pid=pid))
+            connection.commit()
+    finally:
+        killer.dispose()
+
+
 @pytest.mark.parametrize("backend", ["postgresql", "mysql"], indirect=True)
-def test_servers_keep_no_connection_between_transactions(db_url: str) -> None:
-    """Their connections are pinged after idle at checkout (docs/decisions/025-ping-after-idle.md)."""
+def test_servers_keep_the_committed_connection_for_the_next_transaction(
+    db_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(driver_module, "PING_AFTER_IDLE", 3600.0)
     engine = create_engine(db_url)
     kept = KeptConnection(engine)
     try:
-        run_driver_transaction(engine, _driver_connection, kept=kept)
+        first = run_driver_transaction(engine, _server_pid, kept=kept)
+        assert engine.pool.checkedout() == 1  # kept, not checked in
+        assert run_driver_transaction(engine, _server_pid, kept=kept) == first
+        kept.close()
         assert engine.pool.checkedout() == 0
     finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mysql"], indirect=True)
+def test_a_kept_connection_the_server_dropped_while_idle_is_replaced_before_use(
+    db_url: str, backend: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pinged after idle, as the pool's checkout would (docs/decisions/025-ping-after-idle.md)."""
+    monkeypatch.setattr(driver_module, "PING_AFTER_IDLE", 0.0)  # every take counts as idle
+    engine = create_engine(db_url)
+    kept = KeptConnection(engine)
+    try:
+        killed = run_driver_transaction(engine, _server_pid, kept=kept)
+        _kill_session(db_url, backend, killed)
+        # No error reaches the work: the dead session is dropped before it is used.
+        fresh = run_driver_transaction(engine, _server_pid, kept=kept, attempts=1)
+        assert fresh != killed
+        assert engine.pool.checkedout() == 1
+    finally:
+        kept.close()
+        engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mysql"], indirect=True)
+def test_a_kept_connection_back_in_use_at_once_is_not_pinged(
+    db_url: str, backend: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Like the pool's: a drop inside the idle window fails one transaction, and only one."""
+    monkeypatch.setattr(driver_module, "PING_AFTER_IDLE", 3600.0)
+    engine = create_engine(db_url)
+    kept = KeptConnection(engine)
+    try:
+        killed = run_driver_transaction(engine, _server_pid, kept=kept)
+        _kill_session(db_url, backend, killed)
+        with pytest.raises(StoreUnavailable):
+            run_driver_transaction(engine, _server_pid, kept=kept)
+        assert engine.pool.checkedout() == 0  # the dead one was dropped, not kept
+        assert run_driver_transaction(engine, _server_pid, kept=kept) != killed
+    finally:
+        kept.close()
         engine.dispose()

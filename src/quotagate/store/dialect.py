@@ -82,11 +82,19 @@ def supports_dml_cte(engine: HasDialect) -> bool:
 def keeps_idle_connections(engine: HasDialect) -> bool:
     """May a connection stay checked out between transactions (quotagate.store.driver.KeptConnection)?
 
-    SQLite: no server can drop it while it idles, so it needs none of the
-    checks a checkout makes (the ping after idle, docs/decisions/025-ping-after-idle.md).
-    The servers' connections go back to the pool after every transaction.
+    Every backend: SQLite's needs none of the checks a checkout makes; a
+    server's is pinged after idle by the keeper itself, as the pool's checkout
+    would (docs/decisions/025-ping-after-idle.md, 048-servers-keep-admissions-connection.md).
     """
-    return engine.dialect.name == "sqlite"
+    return engine.dialect.name in ("sqlite", "postgresql", "mysql", "mariadb")
+
+
+def drops_idle_connections(engine: HasDialect) -> bool:
+    """Can the database end a connection while it idles (so one must be pinged after idle)?
+
+    A server can (a restart, an idle timeout, an administrator); an SQLite file cannot.
+    """
+    return engine.dialect.name != "sqlite"
 
 
 def begin_statement(engine: HasDialect) -> str | None:

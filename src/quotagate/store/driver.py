@@ -21,18 +21,27 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from operator import itemgetter
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect, Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import CompileError, DBAPIError
+from sqlalchemy.sql.elements import _anonymous_label
 
-from quotagate.store.dialect import begin_statement, keeps_idle_connections, rerun_on_conflict
+from quotagate.store.dialect import (
+    begin_statement,
+    drops_idle_connections,
+    keeps_idle_connections,
+    rerun_on_conflict,
+)
+from quotagate.store.engine import PING_AFTER_IDLE
 
 T = TypeVar("T")
 
@@ -72,6 +81,36 @@ def _picker(positions: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[A
     return itemgetter(*positions)
 
 
+def _inline_literals(compiled: Any, fixed: dict[str, Any]) -> str:
+    """The SQL with the anonymous literals of a named paramstyle written in; removed from ``fixed``.
+
+    ``state = 'waiting'``, ``LIMIT 4``, a snapshot's ``'tenant' AS kind``: a
+    dozen per admission statement, which psycopg would adapt and send at every
+    execution. Written into the statement they cost nothing per execution (and
+    the server plans with the value, as for a literal in raw SQL). Only
+    anonymous binds (no caller can pass their value by name), only ``str`` and
+    ``int`` values, rendered by SQLAlchemy's own literal rendering (quotes and
+    the paramstyle's ``%`` escaped).
+    """
+    sql: str = compiled.string
+    for bind, name in compiled.bind_names.items():
+        if name not in fixed or type(bind.value) not in (str, int) \
+                or not isinstance(bind.key, _anonymous_label):
+            continue
+        try:
+            literal = compiled.render_literal_value(bind.value, bind.type)
+        except (CompileError, NotImplementedError):
+            continue
+        # A function as the replacement: the literal's backslashes stay as they are.
+        sql = re.sub(rf"(?<!%)%\({re.escape(name)}\)s", partial(_same, literal), sql)
+        del fixed[name]
+    return sql
+
+
+def _same(text: str, _match: re.Match[str]) -> str:
+    return text
+
+
 @lru_cache(maxsize=1024)
 def _compile(dialect: Dialect, statement: sa.Executable) -> _Compiled:
     compiled: Any = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
@@ -82,8 +121,9 @@ def _compile(dialect: Dialect, statement: sa.Executable) -> _Compiled:
     }
     positions = tuple(compiled.positiontup) if compiled.positional else None
     pick = None if positions is None else _picker(positions)
+    sql = compiled.string if positions is not None else _inline_literals(compiled, fixed)
     result = _Compiled(
-        sql=compiled.string, positions=positions, fixed=fixed,
+        sql=sql, positions=positions, fixed=fixed,
         processors=dict(compiled._bind_processors), pick=pick,
     )
     needed = set(positions) if positions is not None else set(compiled.bind_names.values())
@@ -149,10 +189,16 @@ class KeptConnection:
     """One pooled connection its owner (a Ledger) keeps checked out between transactions.
 
     A checkout and a checkin through SQLAlchemy's pool cost about 20 µs of
-    Python together, a tenth of an ``admit(1)`` on SQLite (docs/performance.md).
-    Where the dialect allows it (:func:`quotagate.store.dialect.keeps_idle_connections`:
-    SQLite) the connection that committed is kept for the next transaction
-    instead; elsewhere every transaction checks out from the pool as before.
+    Python together: a tenth of an ``admit(1)`` on SQLite, and a tenth of the
+    Python of one on PostgreSQL (docs/performance.md). Where the dialect allows
+    it (:func:`quotagate.store.dialect.keeps_idle_connections`) the connection
+    that committed is kept for the next transaction instead; elsewhere every
+    transaction checks out from the pool as before.
+
+    A server's connection is checked as the pool's checkout would
+    (docs/decisions/025-ping-after-idle.md): one kept for :data:`PING_AFTER_IDLE`
+    seconds or more (at every take if the engine pings at every checkout) is
+    pinged first, and dropped from the pool if the ping fails.
 
     At most one is kept: a second thread meanwhile uses the pool. Only a
     connection whose transaction committed is kept (a failed one goes back to
@@ -164,15 +210,16 @@ class KeptConnection:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._enabled = keeps_idle_connections(engine)
-        # (process id, the pool it came from, the pooled connection); a list so
-        # that the finalizer can hand it back without holding this object.
-        self._slot: list[tuple[int, Any, Any]] = []
+        self._pings = drops_idle_connections(engine)
+        # (process id, the pool it came from, the pooled connection, when kept);
+        # a list so that the finalizer can hand it back without holding this object.
+        self._slot: list[tuple[int, Any, Any, float]] = []
         weakref.finalize(self, _give_back, self._slot)
 
     def take(self) -> Any | None:
         """The kept connection, or None: check one out of the pool."""
         try:
-            pid, pool, pooled = self._slot.pop()
+            pid, pool, pooled, kept_at = self._slot.pop()
         except IndexError:
             return None
         if pid != os.getpid():
@@ -180,6 +227,13 @@ class KeptConnection:
         if pool is not self._engine.pool:
             pooled.close()  # the engine was disposed: back to the pool it came from
             return None
+        if self._pings and (getattr(pool, "_pre_ping", False)
+                            or time.monotonic() - kept_at >= PING_AFTER_IDLE):
+            try:
+                self._engine.dialect.do_ping(pooled.dbapi_connection)
+            except Exception as exc:  # the server restarted or dropped it: a fresh one
+                pooled.invalidate(exc)  # which checks it in, as dropped
+                return None
         return pooled
 
     def close(self) -> None:
@@ -190,13 +244,13 @@ class KeptConnection:
         """Keep a connection whose transaction committed; False: hand it back as usual."""
         if not self._enabled or self._slot or pooled.dbapi_connection is None:
             return False
-        self._slot.append((os.getpid(), self._engine.pool, pooled))
+        self._slot.append((os.getpid(), self._engine.pool, pooled, time.monotonic()))
         return True
 
 
-def _give_back(slot: list[tuple[int, Any, Any]]) -> None:
+def _give_back(slot: list[tuple[int, Any, Any, float]]) -> None:
     while slot:
-        pid, _pool, pooled = slot.pop()
+        pid, _pool, pooled, _kept_at = slot.pop()
         if pid == os.getpid():
             pooled.close()
 
