@@ -780,14 +780,8 @@ class Ledger:
     ) -> None:
         """The outbox row and the audit entry of every admission (docs/invariants.md, 2)."""
         if supports_dml_cte(transaction):
-            transaction.execute(statements.admission_records_statement(), {
-                "now": now,
-                "actor": actor,
-                "requests": [placement.id for placement in placements],
-                "tenants": [placement.tenant for placement in placements],
-                "targets": [targets.get(placement.id) for placement in placements],
-                "reasons": [f"pool={placement.pool}" for placement in placements],
-            })
+            transaction.execute(*statements.admission_records_parameters(
+                placements, targets, now, actor))
             return
         transaction.executemany(statements.outbox_insert(), [
             {"request_id": placement.id, "tenant": placement.tenant,
