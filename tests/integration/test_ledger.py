@@ -295,3 +295,28 @@ def test_sqlite_readers_do_not_wait_for_a_writer(tmp_path: Path) -> None:
             writer.execute(schema.tenant_quota.update().values(used=1))
             # A write transaction is open: a reader sees the last committed state.
             assert gate.usage()["tenants"][0]["used"] == 0
+
+
+@pytest.mark.parametrize("batch", [1, 3, 20])
+def test_every_admission_of_a_batch_has_its_outbox_row_and_audit_entry(
+    gate: Quotagate, batch: int, tmp_path: Path
+) -> None:
+    """Small batches and those past statements.RECORDS_AS_VALUES write the same records."""
+    gate.set_target("other", "process", {"command": ["true"], "run_dir": str(tmp_path / "other")})
+    gate.set_tenant("team-a", {"gpu": 64})
+    gate.set_pool("pool-1", {"gpu": 64})
+    for index in range(batch):
+        gate.submit(f"job-{index}", "team-a", {"gpu": 1},
+                    target="other" if index % 2 else None)
+    admitted = gate.admit(batch)
+    assert len(admitted) == batch
+    with gate.engine.connect() as connection:
+        outbox = {row.request_id: (row.tenant, row.target) for row in connection.execute(
+            sa.select(schema.outbox.c.request_id, schema.outbox.c.tenant, schema.outbox.c.target))}
+        audit = {row.target: (row.tenant, row.reason) for row in connection.execute(
+            sa.select(schema.audit.c.target, schema.audit.c.tenant, schema.audit.c.reason)
+            .where(schema.audit.c.operation == "admit", schema.audit.c.outcome == "reserved"))}
+    assert outbox == {f"job-{index}": ("team-a", "other" if index % 2 else None)
+                      for index in range(batch)}
+    assert audit == {f"job-{index}": ("team-a", "pool=pool-1") for index in range(batch)}
+    assert gate.check_invariants() == []

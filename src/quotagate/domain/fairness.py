@@ -102,34 +102,49 @@ class FairOrder(Generic[T]):
         self, candidates: Iterable[T], usage: Mapping[str, Usage], weights: Mapping[str, int],
         history: Mapping[str, float] | None = None,
     ) -> None:
-        # One pass, no per-candidate allocation but the pair: admission hands in
-        # a few hundred candidates per call and uses a few of them.
-        queues: dict[str, list[tuple[int, T]]] = {}
-        get = queues.get
-        for index, candidate in enumerate(candidates):
-            queue = get(candidate.tenant)
-            if queue is None:
-                queue = queues[candidate.tenant] = []
-            queue.append((index, candidate))
-        self._queues = queues
-        self._next = dict.fromkeys(queues, 0)
+        # Only each tenant's first place is looked up here: admission hands in a
+        # few candidates per tenant and often places the first one it is handed,
+        # so the tenants' queues are linked up (:meth:`_following`) only when a
+        # tenant goes back in line.
+        self._candidates = candidates if isinstance(candidates, list) else list(candidates)
+        self._first: dict[str, int] = {}
+        for index, candidate in enumerate(self._candidates):
+            if candidate.tenant not in self._first:
+                self._first[candidate.tenant] = index
+        self._after: list[int] | None = None
         self._weights = weights
         # Past shares (a half-life is set), added to the current share before the weight.
         self._history = history or {}
         self._heap: list[tuple[float, int, str]] = []
         self._current = ""
-        for tenant in queues:
-            self._push(tenant, usage.get(tenant, {}))
+        self._position = 0
+        empty: Usage = {}
+        for tenant, position in self._first.items():
+            self._push(tenant, position, usage.get(tenant, empty))
 
-    def _push(self, tenant: str, usage: Usage) -> None:
-        queue, position = self._queues[tenant], self._next[tenant]
-        if position < len(queue):
+    def _push(self, tenant: str, position: int, usage: Usage) -> None:
+        if position < len(self._candidates):
             weight = self._weights.get(tenant, 1)
             share = dominant_share(usage, weight)
             past = self._history.get(tenant)
             if past:
                 share += past / max(weight, 1)
-            heapq.heappush(self._heap, (share, queue[position][0], tenant))
+            heapq.heappush(self._heap, (share, position, tenant))
+
+    def _following(self) -> list[int]:
+        """Per place in the global order, the place of the same tenant's next candidate
+        (past the end: none), linked in one pass the first time it is needed."""
+        if self._after is None:
+            count = len(self._candidates)
+            after = [count] * count
+            last: dict[str, int] = {}
+            for index, candidate in enumerate(self._candidates):
+                previous = last.get(candidate.tenant)
+                if previous is not None:
+                    after[previous] = index
+                last[candidate.tenant] = index
+            self._after = after
+        return self._after
 
     def __iter__(self) -> Iterator[T]:
         return self
@@ -137,12 +152,9 @@ class FairOrder(Generic[T]):
     def __next__(self) -> T:
         if not self._heap:
             raise StopIteration
-        _share, _order, tenant = heapq.heappop(self._heap)
-        self._current = tenant
-        position = self._next[tenant]
-        self._next[tenant] = position + 1
-        return self._queues[tenant][position][1]
+        _share, self._position, self._current = heapq.heappop(self._heap)
+        return self._candidates[self._position]
 
     def considered(self, usage: Usage) -> None:
         """The tenant of the candidate just handed out goes back in line with this usage."""
-        self._push(self._current, usage)
+        self._push(self._current, self._following()[self._position], usage)

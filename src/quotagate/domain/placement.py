@@ -23,8 +23,16 @@ def remaining(usage: Mapping[str, tuple[int, int]], resource: str) -> int:
     return cap - used
 
 
+_UNLISTED = (0, 0)
+
+
 def fits(cost: Cost, usage: Mapping[str, tuple[int, int]]) -> bool:
-    return all(remaining(usage, resource) >= amount for resource, amount in cost.items())
+    # A loop, not all() over a generator: admission asks this of every pool and candidate.
+    for resource, amount in cost.items():
+        used, cap = usage.get(resource, _UNLISTED)
+        if cap - used < amount:
+            return False
+    return True
 
 
 def blocking_resources(cost: Cost, usage: Mapping[str, tuple[int, int]]) -> list[str]:
@@ -38,18 +46,24 @@ def best_fit_pool(cost: Cost, pools: Mapping[str, Mapping[str, tuple[int, int]]]
     holes whole on the dimensions that matter is what best fit is for.
     """
     best: tuple[int, str] | None = None
+    items = cost.items()
     for name, usage in pools.items():
-        if not fits(cost, usage):
-            continue
-        leftover = sum(remaining(usage, resource) - amount for resource, amount in cost.items())
-        if best is None or (leftover, name) < best:
-            best = (leftover, name)
+        leftover = 0
+        for resource, amount in items:  # fits and the room left over, in one pass
+            used, cap = usage.get(resource, _UNLISTED)
+            room = cap - used - amount
+            if room < 0:
+                break
+            leftover += room
+        else:
+            if best is None or (leftover, name) < best:
+                best = (leftover, name)
     return None if best is None else best[1]
 
 
 def charge(usage: dict[str, tuple[int, int]], cost: Cost) -> None:
     for resource, amount in cost.items():
-        used, cap = usage.get(resource, (0, 0))
+        used, cap = usage.get(resource, _UNLISTED)
         usage[resource] = (used + amount, cap)
 
 
@@ -124,13 +138,17 @@ def plan_admissions(
         order = iter(fair)
     else:
         order = iter(candidates)
+    if limit < 1:
+        return placements
     for candidate in order:
-        if len(placements) >= limit or candidate.id == stop_before:
+        if candidate.id == stop_before:
             break
         usage = tenant_usage.get(candidate.tenant)
         if usage is not None:
             _place(candidate, usage, pool_usage, sharing, placements, budgets,
                    None if guard is None else (guard, tenant_usage))
+        if len(placements) >= limit:
+            break  # before the tenant goes back in line: nothing more is taken
         if fair is not None:
             fair.considered(usage or {})
     return placements

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
+from operator import itemgetter
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -123,6 +124,10 @@ def _candidate(request_id: str, tenant: str, cost: str, runtime: int | None) -> 
     the same heads of the queues again (all but what they admitted). A Candidate is
     frozen and nothing changes its cost, so one instance serves every read."""
     return Candidate(request_id, tenant, dict(_cost_items(cost)), runtime)
+
+
+# A head row's place in queue order (queue key, created, id: quotagate.domain.ordering).
+_QUEUE_ORDER = itemgetter(3, 4, 0)
 
 
 class Ledger:
@@ -674,10 +679,19 @@ class Ledger:
         rows = transaction.rows(
             statements.head_query(len(tenants), window), statements.head_parameters(tenants)
         )
-        rows.sort(key=lambda row: (row[3], row[4], row[0]))
-        candidates = [_candidate(row[0], row[1], row[2], row[6]) for row in rows]
-        return (candidates, {row[0]: row[5] for row in rows},
-                {row[0]: int(row[7]) for row in rows if row[7]})
+        rows.sort(key=_QUEUE_ORDER)
+        # One pass over the rows for all three: a head read is a few rows per tenant,
+        # at every admission.
+        candidates: list[Candidate] = []
+        targets: dict[str, str | None] = {}
+        floors: dict[str, int] = {}
+        add = candidates.append
+        for request_id, tenant, cost, _key, _created, target, runtime, floor in rows:
+            add(_candidate(request_id, tenant, cost, runtime))
+            targets[request_id] = target
+            if floor:
+                floors[request_id] = int(floor)
+        return candidates, targets, floors
 
     @staticmethod
     def _reserve(
@@ -721,7 +735,8 @@ class Ledger:
         Pools are charged on their capacity slices (quotagate.store.pool_slices).
         """
         sharing = snapshot.sharing
-        tenant_amounts: Counter[tuple[str, str]] = Counter()
+        # A plain dict: a Counter's missing key costs a Python call (its __missing__).
+        tenant_amounts: dict[tuple[str, str], int] = {}
         members: list[Placement] = []
         for placement in placements:
             member = sharing.is_member(placement.tenant)
@@ -729,7 +744,8 @@ class Ledger:
                 members.append(placement)
                 continue
             for resource, amount in placement.cost.items():
-                tenant_amounts[placement.tenant, resource] += amount
+                key = (placement.tenant, resource)
+                tenant_amounts[key] = tenant_amounts.get(key, 0) + amount
         lock_in_order = reserves_with_lock(transaction)
         if tenant_amounts:
             Ledger._charge_rows(transaction, schema.tenant_quota, "tenant", tenant_amounts,
@@ -744,13 +760,13 @@ class Ledger:
     @staticmethod
     def _charge_rows(
         transaction: DriverTransaction, table: sa.Table, holder: str,
-        amounts: Counter[tuple[str, str]], lock_in_order: bool,
+        amounts: dict[tuple[str, str], int], lock_in_order: bool,
     ) -> None:
         if amounts:
             statement = statements.charge_statement(
                 table, holder, len(amounts), lock_in_order=lock_in_order
             )
-            count = transaction.rowcount(statement, statements.charge_parameters(dict(amounts)))
+            count = transaction.rowcount(statement, statements.charge_parameters(amounts))
             if count != len(amounts):
                 raise CapacityChanged(holder)
 
@@ -764,14 +780,8 @@ class Ledger:
     ) -> None:
         """The outbox row and the audit entry of every admission (docs/invariants.md, 2)."""
         if supports_dml_cte(transaction):
-            transaction.execute(statements.admission_records_statement(), {
-                "now": now,
-                "actor": actor,
-                "requests": [placement.id for placement in placements],
-                "tenants": [placement.tenant for placement in placements],
-                "targets": [targets.get(placement.id) for placement in placements],
-                "reasons": [f"pool={placement.pool}" for placement in placements],
-            })
+            transaction.execute(*statements.admission_records_parameters(
+                placements, targets, now, actor))
             return
         transaction.executemany(statements.outbox_insert(), [
             {"request_id": placement.id, "tenant": placement.tenant,

@@ -9,7 +9,7 @@ by that shape and filled in with parameters.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -214,23 +214,42 @@ def sliced_charge_parameters(amounts: dict[tuple[str, int, str], int]) -> dict[s
     return parameters
 
 
-@lru_cache(maxsize=1)
-def admission_records_statement() -> sa.TextClause:
+# Up to this many admissions, one statement per batch size with a parameter per value
+# (admission_records_statement); larger batches share the one with arrays.
+RECORDS_AS_VALUES = 16
+
+
+@lru_cache(maxsize=RECORDS_AS_VALUES + 1)
+def admission_records_statement(count: int | None = None) -> sa.TextClause:
     """PostgreSQL: the outbox rows and audit entries of a batch of admissions, one statement.
 
     The outbox INSERT rides in a data-modifying CTE of the audit INSERT, so the
-    two writes that end every admission cost one round trip; the batch comes as
-    arrays (``requests``, ``tenants``, ``targets``, ``reasons``, one entry per
-    admission, plus ``now`` and ``actor``), so one statement serves every batch
-    size. It is text because SQLAlchemy does not cache a multi-row VALUES
-    INSERT and compiling one costs more than the round trip it saves.
+    two writes that end every admission cost one round trip. A batch of
+    ``count`` (up to :data:`RECORDS_AS_VALUES`) comes as a VALUES list of
+    ``request_i``, ``tenant_i``, ``target_i``, ``reason_i``; with ``count``
+    None, as arrays (``requests``, ``tenants``, ``targets``, ``reasons``), so
+    one statement serves every larger size: psycopg finds an array's element
+    type and dumps it in Python, four arrays costing more of admit(1)'s CPU
+    than the statement's other work. Plus ``now`` and ``actor``
+    (:func:`admission_records_parameters`). It is text because SQLAlchemy does
+    not cache a multi-row VALUES INSERT and compiling one costs more than the
+    round trip it saves.
     """
+    if count is None:
+        admitted = (
+            "admitted AS ("
+            " SELECT * FROM unnest(CAST(:requests AS varchar[]), CAST(:tenants AS varchar[]),"
+            " CAST(:targets AS varchar[]), CAST(:reasons AS varchar[]))"
+            " AS batch(request_id, tenant, target, reason))"
+        )
+    else:
+        admitted = "admitted(request_id, tenant, target, reason) AS (VALUES " + ", ".join(
+            f"(CAST(:request_{index} AS varchar), CAST(:tenant_{index} AS varchar),"
+            f" CAST(:target_{index} AS varchar), CAST(:reason_{index} AS varchar))"
+            for index in range(count)
+        ) + ")"
     return sa.text(
-        "WITH admitted AS ("
-        " SELECT * FROM unnest(CAST(:requests AS varchar[]), CAST(:tenants AS varchar[]),"
-        " CAST(:targets AS varchar[]), CAST(:reasons AS varchar[]))"
-        " AS batch(request_id, tenant, target, reason)"
-        "), outbox_rows AS ("
+        f"WITH {admitted}, outbox_rows AS ("
         f" INSERT INTO {schema.outbox.name} (request_id, tenant, target, created, attempts,"
         " next_attempt_at, delivered)"
         " SELECT request_id, tenant, target, :now, 0, :now, false FROM admitted"
@@ -238,6 +257,28 @@ def admission_records_statement() -> sa.TextClause:
         f" INSERT INTO {schema.audit.name} (at, actor, tenant, operation, target, outcome, reason)"
         " SELECT :now, :actor, tenant, 'admit', request_id, 'reserved', reason FROM admitted"
     ).bindparams(sa.bindparam("now", type_=sa.Double))
+
+
+def admission_records_parameters(
+    placements: Sequence[Placement], targets: Mapping[str, str | None], now: float, actor: str
+) -> tuple[sa.TextClause, dict[str, Any]]:
+    """:func:`admission_records_statement` for ``placements`` and its parameters."""
+    parameters: dict[str, Any] = {"now": now, "actor": actor}
+    count = len(placements)
+    if count > RECORDS_AS_VALUES:
+        parameters["requests"] = [placement.id for placement in placements]
+        parameters["tenants"] = [placement.tenant for placement in placements]
+        parameters["targets"] = [targets.get(placement.id) for placement in placements]
+        parameters["reasons"] = [f"pool={placement.pool}" for placement in placements]
+        return admission_records_statement(), parameters
+    requests, tenants = _names("request", count), _names("tenant", count)
+    target_names, reasons = _names("target", count), _names("reason", count)
+    for index, placement in enumerate(placements):
+        parameters[requests[index]] = placement.id
+        parameters[tenants[index]] = placement.tenant
+        parameters[target_names[index]] = targets.get(placement.id)
+        parameters[reasons[index]] = f"pool={placement.pool}"
+    return admission_records_statement(count), parameters
 
 
 @lru_cache(maxsize=1)
