@@ -592,15 +592,21 @@ class Ledger:
                     claimed = tenant
                     holding = True
                     break
+                if got is tenant_claims.Claim.EMPTY:
+                    # Its queue ran dry: nothing locked, nothing to read. Not counted
+                    # as skipped, so the drain's tail, where admitters outnumber the
+                    # tenants left, waits for a held tenant instead of rolling back.
+                    continue
                 skipped = True
                 holding = holding or got is tenant_claims.Claim.PARTLY
                 first_held = first_held or tenant
             if claimed is None and not holding and first_held is not None:
                 got = tenant_claims.claim_tenant(
                     transaction, first_held, snapshot.tenants[first_held], wait=True)
-                holding = True
+                holding = got is not tenant_claims.Claim.EMPTY
                 if got is tenant_claims.Claim.CLAIMED:
                     claimed = first_held
+                first_held = None  # waited for once: not again in a later round
             if claimed is not None:
                 reading = [*reading, claimed]
             if not reading:
