@@ -136,12 +136,15 @@ def test_a_narrow_admitter_skips_dry_tenants_and_waits_for_the_held_one_without_
         other_admitter.execute(sa.select(request.c.id).where(request.c.id == "a-0")
                                .with_for_update()).all()
         assert [placement.id for placement in ledger.admit(1)] == ["a-1"]
+    # Narrow now: team-b (lowest share) is claimed first and read empty, then team-a.
+    assert [placement.id for placement in ledger.admit(1)] == ["a-0"]
     admitted: list[Placement] = []
     with gate.engine.connect() as other_admitter:
         transaction = other_admitter.begin()
         # Another admitter is charging team-a, the only tenant with work; team-b (lowest
         # share, claimed first) is dry. Locking team-b would leave this admitter holding a
         # claim, unable to wait: it would roll back and run again (claims_too_narrow).
+        # This admitter read team-b empty before: now it only asks whether team-b waits.
         other_admitter.execute(sa.select(quota.c.tenant).where(quota.c.tenant == "team-a")
                                .with_for_update()).all()
         admitter = threading.Thread(target=lambda: admitted.extend(ledger.admit(8)))
@@ -156,7 +159,7 @@ def test_a_narrow_admitter_skips_dry_tenants_and_waits_for_the_held_one_without_
         transaction.commit()
         admitter.join(30)
     assert not admitter.is_alive()
-    assert sorted(placement.id for placement in admitted) == ["a-0", "a-2", "a-3"]
+    assert sorted(placement.id for placement in admitted) == ["a-2", "a-3"]
     assert admission_stats.snapshot().reruns == {
         "stale_snapshot": 0, "lock_timeout": 0, "deadlock": 0, "claims_too_narrow": 0}
     assert gate.check_invariants() == []

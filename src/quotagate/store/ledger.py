@@ -164,6 +164,7 @@ class Ledger:
         self._lock_row_ready = False
         # Whether another admitter was seen lately: then claim tenants one by one.
         self._contention = tenant_claims.Contention(narrow_seconds)
+        self._dry_queues = tenant_claims.DryQueues()
         # Admission's connection, kept between admissions where the dialect allows.
         self._admission_connection = KeptConnection(engine)
 
@@ -587,22 +588,24 @@ class Ledger:
             claimed = None
             for tenant in pending:
                 got = tenant_claims.claim_tenant(transaction, tenant, snapshot.tenants[tenant],
-                                                 wait=wait)
+                                                 wait=wait, dry=tenant in self._dry_queues)
                 if got is tenant_claims.Claim.CLAIMED:
                     claimed = tenant
                     holding = True
                     break
                 if got is tenant_claims.Claim.EMPTY:
-                    # Its queue ran dry: nothing locked, nothing to read. Not counted
-                    # as skipped, so the drain's tail, where admitters outnumber the
-                    # tenants left, waits for a held tenant instead of rolling back.
+                    # Its queue is still dry (tenant_claims.DryQueues): nothing locked,
+                    # nothing to read. Not counted as skipped, so at the drain's tail,
+                    # admitters outnumbering the tenants left wait for a held tenant
+                    # instead of rolling back.
                     continue
                 skipped = True
                 holding = holding or got is tenant_claims.Claim.PARTLY
                 first_held = first_held or tenant
             if claimed is None and not holding and first_held is not None:
                 got = tenant_claims.claim_tenant(
-                    transaction, first_held, snapshot.tenants[first_held], wait=True)
+                    transaction, first_held, snapshot.tenants[first_held], wait=True,
+                    dry=first_held in self._dry_queues)
                 holding = got is not tenant_claims.Claim.EMPTY
                 if got is tenant_claims.Claim.CLAIMED:
                     claimed = first_held
@@ -613,6 +616,9 @@ class Ledger:
                 break
             candidates, window_targets, window_floors = self._candidates(
                 transaction, reading, self.admission_window)
+            if claimed is not None:
+                self._dry_queues.read(
+                    claimed, empty=not any(c.tenant == claimed for c in candidates))
             targets.update(window_targets)
             floors.update(window_floors)
             admitted += self._plan_and_reserve(

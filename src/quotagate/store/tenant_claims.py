@@ -41,8 +41,8 @@ from quotagate.store import schema
 from quotagate.store.dialect import locks_in_lateral_join, supports_skip_locked
 from quotagate.store.driver import DriverTransaction
 
-__all__ = ["Claim", "ClaimsTooNarrow", "Contention", "claim_tenant", "claim_tenants",
-           "fair_order"]
+__all__ = ["Claim", "ClaimsTooNarrow", "Contention", "DryQueues", "claim_tenant",
+           "claim_tenants", "fair_order"]
 
 
 class ClaimsTooNarrow(Exception):
@@ -137,6 +137,36 @@ def fair_order(
     return sorted(tenants, key=lambda tenant: (share(tenant), tenant))
 
 
+class DryQueues:
+    """The tenants whose queue this admitter last read empty (one per Ledger, shared by
+    its threads).
+
+    A tenant with room but nothing waiting is still an open tenant of the snapshot.
+    Claimed as any other, its rows are locked for nothing, and an admitter holding
+    them may no longer wait for a held tenant (the lock order): at the tail of a
+    drain, with fewer tenants left than admitters, that rolled back and ran again
+    (``claims_too_narrow``) at most admissions. A tenant read empty is claimed
+    with :func:`claim_tenant`'s ``dry`` from then on until it has work again. The
+    others keep the plain claim: asking every tenant whether it waits would walk
+    its queue's index once more at each claim.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tenants: set[str] = set()
+
+    def read(self, tenant: str, empty: bool) -> None:
+        with self._lock:
+            if empty:
+                self._tenants.add(tenant)
+            else:
+                self._tenants.discard(tenant)
+
+    def __contains__(self, tenant: object) -> bool:
+        with self._lock:
+            return tenant in self._tenants
+
+
 class Claim(enum.Enum):
     """What :func:`claim_tenant` got of one tenant's quota rows."""
 
@@ -165,13 +195,14 @@ def _claim_waiting_query(skip_locked: bool) -> sa.TextClause:
 
 def claim_tenant(
     transaction: DriverTransaction, tenant: str, resources: Collection[str], *,
-    wait: bool = False,
+    wait: bool = False, dry: bool = False,
 ) -> Claim:
     """Lock every quota row of one plain tenant unless another transaction holds one.
 
-    ``CLAIMED`` when all of ``resources`` (its rows in the snapshot) were got;
-    where the database can ask in the same statement (PostgreSQL), ``EMPTY``
-    when nothing of the tenant waits, its rows then left alone. A
+    ``CLAIMED`` when all of ``resources`` (its rows in the snapshot) were got.
+    With ``dry`` (its queue was last read empty, :class:`DryQueues`), where the
+    database can ask in the same statement (PostgreSQL), ``EMPTY`` when still
+    nothing of the tenant waits, its rows then left alone. A
     tenant only partly got is not planned for; the rows got stay locked until
     the transaction ends, never waited for (as :func:`claim_tenants`). With
     ``wait`` the rows are waited for: only where the transaction holds no
@@ -179,7 +210,7 @@ def claim_tenant(
     """
     if not supports_skip_locked(transaction):
         return Claim.CLAIMED
-    if locks_in_lateral_join(transaction):
+    if dry and locks_in_lateral_join(transaction):
         rows = transaction.rows(_claim_waiting_query(not wait),
                                 {"tenant_0": tenant, "waiting": RequestState.WAITING.value})
         if not rows:
