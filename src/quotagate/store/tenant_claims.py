@@ -186,8 +186,11 @@ def _claim_waiting_query(skip_locked: bool) -> sa.TextClause:
     """
     lock = "FOR UPDATE SKIP LOCKED" if skip_locked else "FOR UPDATE"
     return sa.text(
-        f"SELECT claimed.resource FROM (SELECT 1 AS present WHERE EXISTS ("
-        f"SELECT 1 FROM {schema.request.name} WHERE tenant = :tenant_0 AND state = :waiting)"
+        f"SELECT claimed.resource FROM (SELECT 1 AS present WHERE (SELECT id FROM "
+        f"{schema.request.name} WHERE tenant = :tenant_0 AND state = :waiting"
+        # The head read's order and a scalar subquery (EXISTS would drop both): the
+        # head read's index, not a scan of every tenant's requests.
+        " ORDER BY queue_key, created, id LIMIT 1) IS NOT NULL"
         f") AS waiting LEFT JOIN LATERAL (SELECT resource FROM {schema.tenant_quota.name} "
         f"WHERE tenant = :tenant_0 ORDER BY resource {lock}) AS claimed ON true"
     )
