@@ -564,8 +564,11 @@ class Ledger:
         by others and this transaction holds no tenant row, it waits for the
         first of them: holding nothing, the wait closes no cycle, and it saves
         the rollback and rerun of :class:`~quotagate.store.tenant_claims.ClaimsTooNarrow`
-        when there are as many admitters as tenants. Returns as :meth:`_fill`:
-        the flag says some tenant was skipped.
+        when there are as many admitters as tenants. A tenant this admitter last
+        read empty is claimed only if it has work again (``Claim.EMPTY``,
+        docs/decisions/045-dry-tenants-are-not-claimed.md): a dry tenant's rows
+        held would forbid that wait. Returns as :meth:`_fill`: the flag says some
+        tenant was skipped.
 
         With ``wait`` (the rerun after :class:`~quotagate.store.tenant_claims.ClaimsTooNarrow`,
         holding nothing) the tenants are taken in name order, each waited for:
