@@ -119,8 +119,7 @@ def test_an_admitter_that_saw_another_claims_free_tenants_in_fair_order_and_neve
     assert gate.check_invariants() == []
 
 
-@pytest.mark.postgresql
-@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("backend", SERVERS, indirect=True)
 def test_a_narrow_admitter_skips_dry_tenants_and_waits_for_the_held_one_without_a_rerun(
     gate: Quotagate,
 ) -> None:
