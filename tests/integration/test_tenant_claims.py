@@ -117,3 +117,48 @@ def test_an_admitter_that_saw_another_claims_free_tenants_in_fair_order_and_neve
         "c-0", "c-1", "c-2", "c-3", "a-0", "a-2", "a-3"}
     assert all(gate.show(f"b-{index}").state.value == "waiting" for index in range(4))
     assert gate.check_invariants() == []
+
+
+@pytest.mark.parametrize("backend", SERVERS, indirect=True)
+def test_a_narrow_admitter_skips_dry_tenants_and_waits_for_the_held_one_without_a_rerun(
+    gate: Quotagate,
+) -> None:
+    gate.set_pool("pool-1", {"gpu": 100})
+    gate.set_tenant("team-a", {"gpu": 100})
+    gate.set_tenant("team-b", {"gpu": 100})  # its queue is dry: nothing of it waits
+    for index in range(4):
+        gate.submit(f"a-{index}", "team-a", {"gpu": 1})
+    ledger = Ledger(gate.engine, clock=gate.ledger.clock, narrow_seconds=3600)
+    request, quota = schema.request, schema.tenant_quota
+    with gate.engine.connect() as other_admitter, other_admitter.begin():
+        # Another admitter holds a-0: this admitter now knows it is not alone.
+        other_admitter.execute(sa.select(request.c.id).where(request.c.id == "a-0")
+                               .with_for_update()).all()
+        assert [placement.id for placement in ledger.admit(1)] == ["a-1"]
+    # Narrow now: team-b (lowest share) is claimed first and read empty, then team-a.
+    assert [placement.id for placement in ledger.admit(1)] == ["a-0"]
+    admitted: list[Placement] = []
+    with gate.engine.connect() as other_admitter:
+        transaction = other_admitter.begin()
+        # Another admitter is charging team-a, the only tenant with work; team-b (lowest
+        # share, claimed first) is dry. Locking team-b would leave this admitter holding a
+        # claim, unable to wait: it would roll back and run again (claims_too_narrow).
+        # This admitter read team-b empty before: now it only asks whether team-b waits.
+        other_admitter.execute(sa.select(quota.c.tenant).where(quota.c.tenant == "team-a")
+                               .with_for_update()).all()
+        admitter = threading.Thread(target=lambda: admitted.extend(ledger.admit(8)))
+        admitter.start()
+        wait_for(lambda: lock_waiters(gate.engine) > 0, "the admission to wait for team-a",
+                 interval=LOCK_POLL_SECONDS)
+        assert admission_stats.snapshot().reruns["claims_too_narrow"] == 0
+        with gate.engine.connect() as observer:
+            # team-b's rows were left alone: nobody holds them.
+            assert observer.execute(sa.select(quota.c.tenant).where(quota.c.tenant == "team-b")
+                                    .with_for_update(nowait=True)).all()
+        transaction.commit()
+        admitter.join(30)
+    assert not admitter.is_alive()
+    assert sorted(placement.id for placement in admitted) == ["a-2", "a-3"]
+    assert admission_stats.snapshot().reruns == {
+        "stale_snapshot": 0, "lock_timeout": 0, "deadlock": 0, "claims_too_narrow": 0}
+    assert gate.check_invariants() == []

@@ -34,7 +34,12 @@ def lock_waiters(engine: Any) -> int:
         query = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                  "AND datname = current_database()")
     else:
-        query = "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+        # innodb_trx is server-wide: only this database's sessions, as on PostgreSQL
+        # (other suites' waits on the same server must not count).
+        query = ("SELECT count(*) FROM information_schema.innodb_trx AS trx "
+                 "JOIN information_schema.processlist AS session "
+                 "ON session.id = trx.trx_mysql_thread_id "
+                 "WHERE trx.trx_state = 'LOCK WAIT' AND session.db = DATABASE()")
     # A connection of its own each time: PostgreSQL keeps one activity snapshot per transaction.
     with engine.connect() as connection:
         return int(connection.exec_driver_sql(query).scalar_one())

@@ -54,6 +54,14 @@ def reserves_with_lock(engine: HasDialect) -> bool:
     return engine.dialect.name == "postgresql"
 
 
+def locks_in_lateral_join(engine: HasDialect) -> bool:
+    """Can one SELECT lock rows (SKIP LOCKED) in a LATERAL subquery of another row set?
+
+    PostgreSQL can; MariaDB has no LATERAL, so it asks in separate statements.
+    """
+    return engine.dialect.name == "postgresql"
+
+
 def locks_named_tables(engine: HasDialect) -> bool:
     """Can ``FOR UPDATE OF table`` lock one table of a query only? PostgreSQL; not MariaDB."""
     return engine.dialect.name == "postgresql"

@@ -169,6 +169,7 @@ class Ledger:
         self._lock_row_ready = False
         # Whether another admitter was seen lately: then claim tenants one by one.
         self._contention = tenant_claims.Contention(narrow_seconds)
+        self._dry_queues = tenant_claims.DryQueues()
         # Admission's connection, kept between admissions where the dialect allows.
         self._admission_connection = KeptConnection(engine)
 
@@ -568,8 +569,11 @@ class Ledger:
         by others and this transaction holds no tenant row, it waits for the
         first of them: holding nothing, the wait closes no cycle, and it saves
         the rollback and rerun of :class:`~quotagate.store.tenant_claims.ClaimsTooNarrow`
-        when there are as many admitters as tenants. Returns as :meth:`_fill`:
-        the flag says some tenant was skipped.
+        when there are as many admitters as tenants. A tenant this admitter last
+        read empty is claimed only if it has work again (``Claim.EMPTY``,
+        docs/decisions/045-dry-tenants-are-not-claimed.md): a dry tenant's rows
+        held would forbid that wait. Returns as :meth:`_fill`: the flag says some
+        tenant was skipped.
 
         With ``wait`` (the rerun after :class:`~quotagate.store.tenant_claims.ClaimsTooNarrow`,
         holding nothing) the tenants are taken in name order, each waited for:
@@ -592,26 +596,37 @@ class Ledger:
             claimed = None
             for tenant in pending:
                 got = tenant_claims.claim_tenant(transaction, tenant, snapshot.tenants[tenant],
-                                                 wait=wait)
+                                                 wait=wait, dry=tenant in self._dry_queues)
                 if got is tenant_claims.Claim.CLAIMED:
                     claimed = tenant
                     holding = True
                     break
+                if got is tenant_claims.Claim.EMPTY:
+                    # Its queue is still dry (tenant_claims.DryQueues): nothing locked,
+                    # nothing to read. Not counted as skipped, so at the drain's tail,
+                    # admitters outnumbering the tenants left wait for a held tenant
+                    # instead of rolling back.
+                    continue
                 skipped = True
                 holding = holding or got is tenant_claims.Claim.PARTLY
                 first_held = first_held or tenant
             if claimed is None and not holding and first_held is not None:
                 got = tenant_claims.claim_tenant(
-                    transaction, first_held, snapshot.tenants[first_held], wait=True)
-                holding = True
+                    transaction, first_held, snapshot.tenants[first_held], wait=True,
+                    dry=first_held in self._dry_queues)
+                holding = got is not tenant_claims.Claim.EMPTY
                 if got is tenant_claims.Claim.CLAIMED:
                     claimed = first_held
+                first_held = None  # waited for once: not again in a later round
             if claimed is not None:
                 reading = [*reading, claimed]
             if not reading:
                 break
             candidates, window_targets, window_floors = self._candidates(
                 transaction, reading, self.admission_window)
+            if claimed is not None:
+                self._dry_queues.read(
+                    claimed, empty=not any(c.tenant == claimed for c in candidates))
             targets.update(window_targets)
             floors.update(window_floors)
             admitted += self._plan_and_reserve(

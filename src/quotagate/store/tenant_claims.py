@@ -36,12 +36,13 @@ from typing import Any
 import sqlalchemy as sa
 
 from quotagate.domain.fairness import dominant_share
+from quotagate.domain.model import RequestState
 from quotagate.store import schema
-from quotagate.store.dialect import supports_skip_locked
+from quotagate.store.dialect import locks_in_lateral_join, supports_skip_locked
 from quotagate.store.driver import DriverTransaction
 
-__all__ = ["Claim", "ClaimsTooNarrow", "Contention", "claim_tenant", "claim_tenants",
-           "fair_order"]
+__all__ = ["Claim", "ClaimsTooNarrow", "Contention", "DryQueues", "claim_tenant",
+           "claim_tenants", "fair_order"]
 
 
 class ClaimsTooNarrow(Exception):
@@ -136,21 +137,89 @@ def fair_order(
     return sorted(tenants, key=lambda tenant: (share(tenant), tenant))
 
 
+class DryQueues:
+    """The tenants whose queue this admitter last read empty (one per Ledger, shared by
+    its threads).
+
+    A tenant with room but nothing waiting is still an open tenant of the snapshot.
+    Claimed as any other, its rows are locked for nothing, and an admitter holding
+    them may no longer wait for a held tenant (the lock order): at the tail of a
+    drain, with fewer tenants left than admitters, that rolled back and ran again
+    (``claims_too_narrow``) at most admissions. A tenant read empty is claimed
+    with :func:`claim_tenant`'s ``dry`` from then on until it has work again. The
+    others keep the plain claim: asking every tenant whether it waits would walk
+    its queue's index once more at each claim.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tenants: set[str] = set()
+
+    def read(self, tenant: str, empty: bool) -> None:
+        with self._lock:
+            if empty:
+                self._tenants.add(tenant)
+            else:
+                self._tenants.discard(tenant)
+
+    def __contains__(self, tenant: object) -> bool:
+        with self._lock:
+            return tenant in self._tenants
+
+
 class Claim(enum.Enum):
     """What :func:`claim_tenant` got of one tenant's quota rows."""
 
     CLAIMED = "claimed"  # every row: plan for the tenant
     SKIPPED = "skipped"  # none: another transaction holds them
     PARTLY = "partly"  # some, held until the transaction ends but not planned for
+    EMPTY = "empty"  # nothing waits in its queue: no row locked, nothing to read
+
+
+@lru_cache(maxsize=4)
+def _claim_waiting_query(skip_locked: bool) -> sa.TextClause:
+    """Lock one tenant's quota rows only if some request of it waits (PostgreSQL).
+
+    No row: nothing waits. One row with a NULL resource: another transaction holds
+    every quota row. Otherwise the rows got. One round trip, as the plain claim,
+    and a tenant whose queue ran dry is neither locked nor read.
+    """
+    lock = "FOR UPDATE SKIP LOCKED" if skip_locked else "FOR UPDATE"
+    return sa.text(
+        f"SELECT claimed.resource FROM (SELECT 1 AS present WHERE (SELECT id FROM "
+        f"{schema.request.name} WHERE tenant = :tenant_0 AND state = :waiting"
+        # The head read's order and a scalar subquery (EXISTS would drop both): the
+        # head read's index, not a scan of every tenant's requests.
+        " ORDER BY queue_key, created, id LIMIT 1) IS NOT NULL"
+        f") AS waiting LEFT JOIN LATERAL (SELECT resource FROM {schema.tenant_quota.name} "
+        f"WHERE tenant = :tenant_0 ORDER BY resource {lock}) AS claimed ON true"
+    )
+
+
+@lru_cache(maxsize=1)
+def _waits_query() -> sa.Select[Any]:
+    """The first waiting request of one tenant, by the head read's index (MySQL, MariaDB)."""
+    request = schema.request
+    return (
+        sa.select(request.c.id)
+        .where(request.c.tenant == sa.bindparam("tenant_0"),
+               request.c.state == RequestState.WAITING.value)
+        .order_by(request.c.queue_key, request.c.created, request.c.id)
+        .limit(1)
+    )
 
 
 def claim_tenant(
     transaction: DriverTransaction, tenant: str, resources: Collection[str], *,
-    wait: bool = False,
+    wait: bool = False, dry: bool = False,
 ) -> Claim:
     """Lock every quota row of one plain tenant unless another transaction holds one.
 
-    ``CLAIMED`` when all of ``resources`` (its rows in the snapshot) were got. A
+    ``CLAIMED`` when all of ``resources`` (its rows in the snapshot) were got.
+    With ``dry`` (its queue was last read empty, :class:`DryQueues`), ``EMPTY``
+    when still nothing of the tenant waits, its rows then left alone: asked in
+    the claim's statement on PostgreSQL, in one statement before it on MySQL and
+    MariaDB (no ``LATERAL``). A
     tenant only partly got is not planned for; the rows got stay locked until
     the transaction ends, never waited for (as :func:`claim_tenants`). With
     ``wait`` the rows are waited for: only where the transaction holds no
@@ -158,8 +227,17 @@ def claim_tenant(
     """
     if not supports_skip_locked(transaction):
         return Claim.CLAIMED
-    got = {resource for _tenant, resource in transaction.rows(
-        _claim_query(1, skip_locked=not wait), {"tenant_0": tenant})}
+    if dry and locks_in_lateral_join(transaction):
+        rows = transaction.rows(_claim_waiting_query(not wait),
+                                {"tenant_0": tenant, "waiting": RequestState.WAITING.value})
+        if not rows:
+            return Claim.EMPTY
+        got = {resource for (resource,) in rows if resource is not None}
+    else:
+        if dry and not transaction.rows(_waits_query(), {"tenant_0": tenant}):
+            return Claim.EMPTY  # asked apart, before any lock: one round trip more
+        got = {resource for _tenant, resource in transaction.rows(
+            _claim_query(1, skip_locked=not wait), {"tenant_0": tenant})}
     if got >= set(resources):
         return Claim.CLAIMED
     return Claim.PARTLY if got else Claim.SKIPPED
