@@ -25,7 +25,6 @@ as for every other transaction; a connection that broke is dropped.
 from __future__ import annotations
 
 import contextlib
-import operator
 import os
 import threading
 import time
@@ -69,17 +68,12 @@ class Prepared:
             name: compiled.processors[name](value) if name in compiled.processors else value
             for name, value in compiled.fixed.items()
         }
-        positions = compiled.positions
-        self._positional = positions is not None
-        if positions is not None:
-            # itemgetter with one name returns the value, not a 1-tuple.
-            getter = operator.itemgetter(*positions)
-            self._pick: Callable[[dict[str, Any]], Any] = (
-                getter if len(positions) > 1 else lambda values: (getter(values),))
+        # The driver's own picker of the positional tuple (None: a named paramstyle).
+        self._pick = compiled.pick
 
     def parameters(self, given: Mapping[str, Any]) -> Any:
         values = {**self._fixed, **given}
-        return self._pick(values) if self._positional else values
+        return values if self._pick is None else self._pick(values)
 
 
 class HeldConnection:
