@@ -104,6 +104,7 @@ class Dispatcher:
         stop_poll: float = DEFAULT_STOP_POLL,
         admit: bool = False,
         observe_limit: int = 500,
+        overrun_interval: float = OVERRUN_INTERVAL,
     ) -> None:
         self.gate = gate
         self.worker_name = validate_owner(worker_name)
@@ -121,6 +122,8 @@ class Dispatcher:
         self.stop_poll = stop_poll
         self.admit = admit
         self.observe_limit = observe_limit
+        # Seconds between looks for work past its max-runtime (0: every pass).
+        self.overrun_interval = overrun_interval
         self.retry = RetryPolicy(max_attempts, retry_base, retry_max)
         self.counters = gate.delivery_counters
         self.leases = LeaseStore(gate.engine, counters=self.counters)
@@ -136,7 +139,7 @@ class Dispatcher:
         self._refreshed_at = -TARGET_REFRESH_INTERVAL
         self._observed_up_to = ""
         self._observed_at = -OBSERVE_INTERVAL
-        self._overruns_at = -OVERRUN_INTERVAL
+        self._overruns_at = -overrun_interval
         self._waiting_logged = False
         # What the last pass did, by kind (``quotagate worker --once`` prints it).
         self.last_pass: PassReport | None = None
@@ -221,7 +224,7 @@ class Dispatcher:
         lease = self._lease
         if lease is None:  # pragma: no cover - _hold_lease just set it
             return moved
-        if time.monotonic() - self._overruns_at >= OVERRUN_INTERVAL:
+        if time.monotonic() - self._overruns_at >= self.overrun_interval:
             # Before claiming: the stops begun here are claimed in this very pass.
             self._overruns_at = time.monotonic()
             moved += self._stop_overruns()
