@@ -129,7 +129,7 @@ def test_stop_at_max_runtime_over_http(db_url: str, tmp_path: Path) -> None:
         kept = admin.put("/v1/tenants/team-a", json={"default_max_runtime": 60})
         assert kept.json()["stop_at_max_runtime"] is True  # absent: kept
         refused = admin.put("/v1/tenants/team-a", json={"stop_at_max_runtime": "yes"})
-        assert refused.status_code == 400, refused.text
+        assert refused.status_code == 422 and refused.json()["code"] == "invalid_input"
         assert admin.get("/v1/tenants/team-a").json()["stop_at_max_runtime"] is True
         off = admin.put("/v1/tenants/team-a", json={"stop_at_max_runtime": False})
         assert off.json()["stop_at_max_runtime"] is False
