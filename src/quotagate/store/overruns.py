@@ -51,7 +51,8 @@ def overruns_query() -> sa.Select[Any]:
                request.c.reserved_runtime.is_not(None),
                request.c.admitted + request.c.reserved_runtime
                <= sa.bindparam("now", type_=sa.Double()))
-        .order_by(request.c.id)
+        # No ORDER BY: SQLite would then walk the whole table in id order. The
+        # moves are put in id order in Python (_begin).
         .limit(sa.bindparam("limit", type_=sa.Integer()))
     )
 
@@ -79,7 +80,7 @@ def _begin(connection: sa.Connection, found: list[Overrun], now: float,
     request = schema.request
     moved: list[str] = []
     # One row at a time, in id order (the order every batch locks request rows in).
-    for request_id, tenant, runtime, admitted in found:
+    for request_id, tenant, runtime, admitted in sorted(found):
         reason = overrun_reason(runtime)
         changed = connection.execute(
             request.update()
