@@ -256,3 +256,33 @@ def test_tenant_setting_is_validated_and_audited(ledger: Quotagate) -> None:
     changes = [row["reason"] for row in table(ledger, schema.audit)
                if row["operation"] == "tenant.set"]
     assert any("stop_at_max_runtime=on" in (reason or "") for reason in changes)
+
+
+def test_two_workers_passing_in_turn_stop_and_release_each_overrun_once(
+    ledger: Quotagate, clock: ManualClock, receiver: Receiver
+) -> None:
+    TargetStore(ledger.engine).set("hook", "webhook", {"url": receiver.url}, default=True)
+    ids = [f"job-{index}" for index in range(8)]
+    for request_id in ids:
+        ledger.submit(request_id, "team-a", {"gpu": 1}, max_runtime=1)
+    ledger.admit(8)
+    workers = [Dispatcher(ledger, worker_name=name, stop_poll=0.05, overrun_interval=0)
+               for name in ("w1", "w2")]
+    workers[0].run_once()
+    clock.advance(2)
+
+    def all_ended() -> bool:
+        for worker in workers:
+            worker.run_once()
+        return all(ledger.show(request_id).state == RequestState.TIMED_OUT for request_id in ids)
+
+    wait_for(all_ended, "every stop confirmed")
+    for request_id in ids:
+        assert len(_audit(ledger, request_id, "timeout")) == 1
+        assert len(_audit(ledger, request_id, "timed_out")) == 1
+    # Both workers count into the app's counters: 8 stops begun in all, none twice.
+    assert ledger.delivery_counters.snapshot()["overruns"] == 8
+    assert _used(ledger) == 0 and _accrued(ledger) == 8 * 2
+    assert ledger.check_invariants() == []
+    for worker in workers:
+        worker.release()
