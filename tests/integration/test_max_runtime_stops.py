@@ -20,7 +20,7 @@ from support import overrun_workers
 from support.racing import race
 from support.receiver import Receiver, running_receiver
 from support.waiting import wait_for
-from support.worker_processes import table
+from support.worker_processes import start_worker, stop_all, table
 
 REASON = "max_runtime 1s exceeded"
 
@@ -286,3 +286,28 @@ def test_two_workers_passing_in_turn_stop_and_release_each_overrun_once(
     assert ledger.check_invariants() == []
     for worker in workers:
         worker.release()
+
+
+def test_two_worker_processes_stop_each_overrun_once(db_url: str, tmp_path: Path) -> None:
+    """Real ``quotagate worker`` processes on the real clock: 1 s max-runtimes pass.
+
+    A worker that starts slowly may find a request past its limit before delivering
+    it: its stop is then confirmed at once ("never delivered"), which is also right."""
+    with Quotagate.connect(db_url) as gate:
+        gate.set_pool("pool-1", {"gpu": 8})
+        gate.set_tenant("team-a", {"gpu": 8}, stop_at_max_runtime=True)
+        _process_target(gate, tmp_path)
+        ids = [f"job-{index}" for index in range(6)]
+        for request_id in ids:
+            gate.submit(request_id, "team-a", {"gpu": 1}, max_runtime=1)
+        assert gate.admit_until_idle() == 6
+        workers = [start_worker(db_url, name) for name in ("w1", "w2")]
+        try:
+            wait_for(lambda: all(gate.show(request_id).state == RequestState.TIMED_OUT
+                                 for request_id in ids), "every stop confirmed", timeout=120)
+        finally:
+            stop_all(workers)
+        for request_id in ids:
+            assert len(_audit(gate, request_id, "timeout")) == 1
+            assert len(_audit(gate, request_id, "timed_out")) == 1
+        assert _used(gate) == 0 and gate.check_invariants() == []
