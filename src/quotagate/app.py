@@ -252,13 +252,15 @@ class Quotagate:
         clear_budgets: bool = False,
         default_max_runtime: object = KEEP,
         on_preempt: str | None = None,
+        stop_at_max_runtime: bool | None = None,
     ) -> dict[str, dict[str, int]]:
         """Create or change a tenant. ``cohort`` (None: leave it), limits per resource
         (a None amount removes a limit), ``weight`` and ``max_priority`` (None: no cap):
         docs/fair-sharing.md. ``budget``: per resource ``"100h/30d"`` or None (removed);
         ``clear_budgets`` removes every budget first; ``default_max_runtime``: ``"1h"``,
-        seconds, or None (removed)."""
-        change = budget_change(budget, clear_budgets, default_max_runtime)
+        seconds, or None (removed); ``stop_at_max_runtime``: stop its running work at its
+        max-runtime (True), let it overrun (False), None: unchanged (docs/decisions/714)."""
+        change = budget_change(budget, clear_budgets, default_max_runtime, stop_at_max_runtime)
         sharing = TenantSharing(
             cohort=cohort,
             borrowing_limit=validate_limits(borrowing_limit, what="borrowing_limit")

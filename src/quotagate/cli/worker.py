@@ -101,7 +101,10 @@ def _run_until_idle(dispatcher: Dispatcher, gate: Quotagate, stop: threading.Eve
 
 def _idle(gate: Quotagate) -> bool:
     counts = gate.state_counts()
-    return not any(counts.get(state) for state in ("reserved", "delivered", "cancelling"))
+    from quotagate.domain.model import CHARGED_STATES
+
+    # Stopping work too: its stop is this worker's to carry out (it is charged).
+    return not any(counts.get(state.value) for state in CHARGED_STATES)
 
 
 @click.group()
