@@ -349,6 +349,21 @@ def all_members(connection: sa.Connection) -> dict[str, list[ResourceMember]]:
 # -- admin changes ------------------------------------------------------------------
 
 
+def lock_quota_rows(connection: sa.Connection, tenants: Sequence[str]) -> None:
+    """Lock every quota row of ``tenants`` in (tenant, resource) order (docs/decisions/041).
+
+    An UPDATE of several rows alone locks them in the order it scans them, on
+    PostgreSQL the order they are stored in: holding team-b's row it would wait for
+    team-a's, which an admission or release charging both holds while it waits for
+    team-b's. Taken first in key order, the later UPDATEs only rewrite held rows.
+    """
+    quota = schema.tenant_quota
+    connection.execute(
+        sa.select(quota.c.tenant, quota.c.resource).where(quota.c.tenant.in_(tenants))
+        .order_by(quota.c.tenant, quota.c.resource).with_for_update()
+    ).all()
+
+
 def set_cohort(
     connection: sa.Connection, name: str, parent: str | Keep | None, now: float
 ) -> tuple[str | None, bool]:
@@ -391,6 +406,7 @@ def set_cohort(
         # Rewriting the quota rows locks them: an admission or release of a moved
         # tenant either finished before (and is in the rebuilt rooms) or reads the
         # new root from the row it charges.
+        lock_quota_rows(connection, moved)
         connection.execute(quota.update().where(quota.c.tenant.in_(moved))
                            .values(cohort_root=new_root))
     rebuild(connection, [old_root, new_root])
