@@ -46,6 +46,7 @@ from quotagate.store.config import Configuration
 from quotagate.store.counters import Counters, delivery_counters
 from quotagate.store.diagnosis import DeliveryTrail, delivery_trail
 from quotagate.store.engine import create_engine, database_url
+from quotagate.store.holds import DEFAULT_HOLD_SECONDS
 from quotagate.store.ledger import (
     DEFAULT_ADMISSION_WINDOW,
     DEFAULT_TTL,
@@ -86,7 +87,11 @@ class Quotagate:
         rate_store: RateStore | None = None,
         redis: str | None = None,
         token_cache_ttl: float = 0.0,
+        hold_seconds: float = DEFAULT_HOLD_SECONDS,
     ) -> None:
+        if hold_seconds < 0:
+            raise InvalidInput("hold seconds must be 0 (no hold) or more",
+                               code="invalid_hold_seconds")
         self.engine = engine
         self.clock: Clock = clock or SystemClock()
         # What this app's workers did, exported by its metrics (observability.metrics).
@@ -96,7 +101,7 @@ class Quotagate:
         self.rates = RateQuotas(engine, self.rate_store, clock=self.clock)
         self.ledger = Ledger(
             engine, clock=self.clock, aging_interval=aging_interval, ttl=ttl,
-            admission_window=admission_window, rate_gate=self.rates,
+            admission_window=admission_window, rate_gate=self.rates, hold_seconds=hold_seconds,
         )
         self.views = LedgerViews(
             engine, clock=self.clock, aging_interval=aging_interval,
