@@ -146,7 +146,7 @@ def tenant_show(name: str, as_json: bool, db_url: str | None, rate_store: str | 
     with open_gate(db_url, rate_store=rate_store) as gate:
         described = gate.tenant(name)
         described["rate"] = gate.rate_status(name)
-        settings = gate.streams.settings(name)
+        settings = gate.stream_settings(name)
     described["streams"] = {"max_len": settings.max_len, "max_in_flight": settings.max_in_flight,
                             "redis": redact(settings.redis_url) if settings.redis_url else None}
     if as_json:

@@ -21,7 +21,7 @@ from quotagate.domain.model import (
 from quotagate.domain.ordering import effective_priority, queue_key
 from quotagate.domain.placement import Candidate, total_cost
 from quotagate.domain.preemption import choose_preemption
-from quotagate.errors import Conflict, NotFound
+from quotagate.errors import Conflict
 from quotagate.store import (
     budget_views,
     budgets,
@@ -34,7 +34,7 @@ from quotagate.store import (
 )
 from quotagate.store.dialect import reading
 from quotagate.store.preemption import running_work
-from quotagate.store.rows import all_usage, decode_cost, request_from_row
+from quotagate.store.rows import all_usage, decode_cost, request_from_row, visible_request_row
 from quotagate.store.submission import reserved_runtime
 from quotagate.store.submission_facts import require_submittable
 
@@ -183,11 +183,7 @@ class LedgerViews:
 
     def show(self, request_id: str, *, tenant: str | None = None) -> Request:
         with reading(self.engine) as connection:
-            row = connection.execute(
-                sa.select(schema.request).where(schema.request.c.id == request_id)
-            ).mappings().first()
-        if row is None or (tenant is not None and row["tenant"] != tenant):
-            raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
+            row = visible_request_row(connection, request_id, tenant)
         return request_from_row(row)
 
     def usage(self) -> Usage:
@@ -280,11 +276,7 @@ class LedgerViews:
     def explain(self, request_id: str, *, tenant: str | None = None) -> Explanation:
         """Why a waiting request is not admitted yet."""
         with reading(self.engine) as connection:
-            row = connection.execute(
-                sa.select(schema.request).where(schema.request.c.id == request_id)
-            ).mappings().first()
-            if row is None or (tenant is not None and row["tenant"] != tenant):
-                raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
+            row = visible_request_row(connection, request_id, tenant)
             if RequestState(row["state"]) in STOPPING_STATES:
                 return self._explain_stop(connection, row, admin=tenant is None)
             if row["state"] != RequestState.WAITING.value:
