@@ -161,15 +161,21 @@ class DriverTransaction:
     it was given then, and the whole transaction rolls back as before.
     """
 
-    def __init__(self, dialect: Dialect, cursor: Any) -> None:
+    def __init__(self, dialect: Dialect, cursor: Any, *, hide_parameters: bool = False) -> None:
         self.dialect = dialect
         self._cursor = cursor
+        # The engine's hide_parameters: an error's message leaves the values out.
+        self._hide_parameters = hide_parameters
         self._statement: str | None = None
         self._parameters: Any = None
         self._batching = batches_writes(self) and hasattr(cursor, "mogrify")
-        # The batched writes (and their checks) not sent yet, and each check's failure.
+        # The batched writes (and their checks) not sent yet, and each check's failure;
+        # the same writes with their placeholders, for an error's message: the values
+        # are escaped into the statement sent, and an error must not carry them
+        # (the engine's hide_parameters).
         self._pending: list[str] = []
         self._failures: list[Exception] = []
+        self._templates: list[str] = []
 
     def execute(self, statement: sa.Executable, parameters: Mapping[str, Any]) -> Any:
         """Run one statement; the cursor, for ``fetchall``/``rowcount``."""
@@ -212,10 +218,10 @@ class DriverTransaction:
             return
         self._pending.append(self._mogrified(statement, parameters))
         # The failure's index, not its text, goes to the server: it only has to come back.
-        self._pending.append(
-            f"IF ROW_COUNT() <> {int(rows)} THEN SIGNAL SQLSTATE '45000'"
-            f" SET MESSAGE_TEXT = '{_SIGNAL_PREFIX}{len(self._failures)}'; END IF"
-        )
+        check = (f"IF ROW_COUNT() <> {int(rows)} THEN SIGNAL SQLSTATE '45000'"
+                 f" SET MESSAGE_TEXT = '{_SIGNAL_PREFIX}{len(self._failures)}'; END IF")
+        self._pending.append(check)
+        self._templates.append(check)
         self._failures.append(failure)
 
     def write(self, statement: sa.Executable, parameters: Mapping[str, Any]) -> None:
@@ -232,6 +238,7 @@ class DriverTransaction:
             return
         compiled = _compile(self.dialect, statement)
         head, values = compiled.sql.split(" VALUES ")  # a single-row INSERT has one
+        self._templates.append(f"{compiled.sql} (rows: {len(rows)})")
         self._pending.append(f"{head} VALUES " + ", ".join(
             self._cursor.mogrify(values, compiled.parameters(row) or {}) for row in rows))
 
@@ -250,8 +257,9 @@ class DriverTransaction:
             return
         block = "BEGIN NOT ATOMIC " + "; ".join(self._pending) + "; END"
         failures = self._failures
-        self._pending, self._failures = [], []
-        self._statement, self._parameters = block, None
+        self._statement = "BEGIN NOT ATOMIC " + "; ".join(self._templates) + "; END"
+        self._parameters = None
+        self._pending, self._failures, self._templates = [], [], []
         try:
             self._cursor.execute(block)
         except self.dialect.loaded_dbapi.Error as exc:
@@ -263,6 +271,7 @@ class DriverTransaction:
     def _mogrified(self, statement: sa.Executable, parameters: Mapping[str, Any]) -> str:
         """The statement with its parameters escaped in, as the driver would send it."""
         compiled = _compile(self.dialect, statement)
+        self._templates.append(compiled.sql)
         # An empty dict rather than None: the driver then unescapes the SQL's ``%%``.
         text: str = self._cursor.mogrify(compiled.sql, compiled.parameters(parameters) or {})
         return text
@@ -271,7 +280,8 @@ class DriverTransaction:
         """The SQLAlchemy error for a driver error raised by the last statement."""
         wrapped = DBAPIError.instance(
             self._statement, self._parameters, error, self.dialect.loaded_dbapi.Error,
-            connection_invalidated=invalidated, dialect=self.dialect,
+            hide_parameters=self._hide_parameters, connection_invalidated=invalidated,
+            dialect=self.dialect,
         )
         assert isinstance(wrapped, DBAPIError)  # error is a driver error, never a plain one
         return wrapped
@@ -412,7 +422,7 @@ def _attempt(
         if autocommit:
             driver_connection.autocommit = True
         cursor = pooled.cursor()
-        transaction = DriverTransaction(dialect, cursor)
+        transaction = DriverTransaction(dialect, cursor, hide_parameters=engine.hide_parameters)
         try:
             if begin is not None:
                 cursor.execute(begin)
