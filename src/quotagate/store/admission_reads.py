@@ -75,6 +75,32 @@ class _Reads:
     total_changes: int = -1
     snapshot: cohorts.Snapshot | None = None
     heads: dict[str, _Heads] = field(default_factory=dict)
+    # Head reads not sorted into ``heads`` yet, and requests reserved since (id, tenant):
+    # settled only when reads are reused, so that an admission whose reads will not
+    # be (another process commits in between, a batch takes more than a window
+    # leaves) pays nothing for keeping them.
+    unsettled: list[tuple[Sequence[str], int, list[Any]]] = field(default_factory=list)
+    reserved: list[tuple[str, str]] = field(default_factory=list)
+
+    def settle(self) -> None:
+        """Sort the head reads into ``heads``, then drop what was reserved since."""
+        heads = self.heads
+        for tenants, window, rows in self.unsettled:
+            by_tenant: dict[str, list[Any]] = {tenant: [] for tenant in tenants}
+            for row in rows:
+                by_tenant[row[1]].append(row)
+            for tenant, tenant_rows in by_tenant.items():
+                tenant_rows.sort(key=QUEUE_ORDER)
+                heads[tenant] = _Heads(tenant_rows, complete=len(tenant_rows) < window)
+        self.unsettled.clear()
+        gone: dict[str, set[str]] = {}
+        for request_id, tenant in self.reserved:
+            gone.setdefault(tenant, set()).add(request_id)
+        self.reserved.clear()
+        for tenant, ids in gone.items():
+            known = heads.get(tenant)
+            if known is not None:
+                known.rows = [row for row in known.rows if row[0] not in ids]
 
 
 @dataclass(slots=True)
@@ -131,32 +157,31 @@ class AdmissionReads:
         attempt: _Attempt | None = getattr(self._local, "attempt", None)
         if attempt is None or attempt.transaction is not transaction or attempt.reads is None:
             return _read_heads(transaction, tenants, window)
-        heads = attempt.reads.heads
-        rows: list[Any] = []
-        missing: list[str] = []
-        if attempt.reused and not attempt.heads_read:
-            for tenant in tenants:
-                known = heads.get(tenant)
-                first = None if known is None else known.first(window)
-                if first is None:
-                    missing.append(tenant)
-                else:
-                    rows += first
-        else:
-            missing = list(tenants)
-        # A read on reused reads is for the tenants whose kept heads ran short:
-        # read deep, so that their next admissions find theirs kept.
-        deep = max(window, self._window) if attempt.reused else window
+        reads = attempt.reads
+        if not attempt.reused or attempt.heads_read:
+            attempt.heads_read = True
+            rows = _read_heads(transaction, tenants, window)
+            reads.unsettled.append((tuple(tenants), window, list(rows)))
+            return rows
         attempt.heads_read = True
+        reads.settle()
+        rows = []
+        missing: list[str] = []
+        for tenant in tenants:
+            known = reads.heads.get(tenant)
+            first = None if known is None else known.first(window)
+            if first is None:
+                missing.append(tenant)
+            else:
+                rows += first
         if missing:
-            read = _read_heads(transaction, missing, deep)
-            by_tenant: dict[str, list[Any]] = {tenant: [] for tenant in missing}
-            for row in read:
-                by_tenant[row[1]].append(row)
-            for tenant, tenant_rows in by_tenant.items():
-                tenant_rows.sort(key=QUEUE_ORDER)
-                heads[tenant] = _Heads(tenant_rows, complete=len(tenant_rows) < deep)
-                rows += tenant_rows[:window]
+            # The tenants whose kept heads ran short: read deep, so that their next
+            # admissions find theirs kept.
+            deep = max(window, self._window)
+            reads.unsettled.append((missing, deep, _read_heads(transaction, missing, deep)))
+            reads.settle()
+            for tenant in missing:
+                rows += reads.heads[tenant].rows[:window]
         return rows
 
     def noting(
@@ -193,10 +218,7 @@ class AdmissionReads:
         if snapshot is None or snapshot.holds or snapshot.budgeted:
             attempt.reads = None  # judged on the clock and on reads made apart
             return
-        for placement in admitted:
-            known = reads.heads.get(placement.tenant)
-            if known is not None:
-                known.rows = [row for row in known.rows if row[0] != placement.id]
+        reads.reserved += [(placement.id, placement.tenant) for placement in admitted]
         reads.total_changes = reads.connection.total_changes
 
     @staticmethod
