@@ -109,7 +109,7 @@ class _Attempt:
 
     transaction: DriverTransaction
     reads: _Reads | None  # None: nothing will be kept from this attempt
-    reused: bool  # the snapshot is the kept one
+    heads_kept: bool  # kept heads may answer its first head read (its snapshot is the kept one)
     heads_read: bool = False
 
 
@@ -143,11 +143,11 @@ class AdmissionReads:
         if (kept is not None and kept.snapshot is not None and kept.connection is connection
                 and kept.data_version == data_version
                 and kept.total_changes == connection.total_changes):
-            self._local.attempt = _Attempt(transaction, kept, reused=True)
+            self._local.attempt = _Attempt(transaction, kept, heads_kept=True)
             return kept.snapshot
         snapshot = self._read_snapshot(transaction)
         reads = _Reads(connection, data_version, snapshot=snapshot)
-        self._local.attempt = _Attempt(transaction, reads, reused=False)
+        self._local.attempt = _Attempt(transaction, reads, heads_kept=False)
         return snapshot
 
     def head_rows(
@@ -158,7 +158,15 @@ class AdmissionReads:
         if attempt is None or attempt.transaction is not transaction or attempt.reads is None:
             return _read_heads(transaction, tenants, window)
         reads = attempt.reads
-        if not attempt.reused or attempt.heads_read:
+        if window >= self._window and not attempt.heads_read:
+            # A read of the whole window (a batch of half of it or more) would find
+            # kept heads enough only for tenants with fewer waiting: sorting them
+            # out costs more than it saves. Read, and keep only this read.
+            reads.heads.clear()
+            reads.unsettled.clear()
+            reads.reserved.clear()
+            attempt.heads_kept = False
+        if not attempt.heads_kept or attempt.heads_read:
             attempt.heads_read = True
             rows = _read_heads(transaction, tenants, window)
             reads.unsettled.append((tuple(tenants), window, list(rows)))
