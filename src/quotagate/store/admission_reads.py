@@ -23,6 +23,9 @@ Only what is provably the same is reused:
 - a tenant's heads only as far as they are known: all its waiting requests
   when the read that found them returned fewer than its window, else the
   first ones read (less those reserved since), as many as the window asked.
+- no kept heads for a read of the whole window (large batches): after such a
+  batch few tenants would have enough left, and sorting them out cost more
+  than it saved.
 
 Elsewhere (PostgreSQL, MySQL) every admission reads, as before: a server has
 no such counter, and other admitters commit between any two admissions.
@@ -214,6 +217,10 @@ class AdmissionReads:
         if attempt is None or attempt.reads is None or attempt.reads.total_changes < 0:
             return
         self._kept[:] = [attempt.reads]
+
+    def close(self) -> None:
+        """Forget the kept reads (and the connection they name)."""
+        self._kept.clear()
 
     def _finish(self, transaction: DriverTransaction, admitted: Sequence[Placement]) -> None:
         """Still inside the transaction: the kept reads, less what it reserved, and the count

@@ -174,8 +174,10 @@ class Ledger:
         self._reads = AdmissionReads(engine, admission_window, enabled=reuse_reads)
 
     def close(self) -> None:
-        """Hand back the connection admission keeps between calls (quotagate.store.driver)."""
+        """Hand back the connection admission keeps between calls (quotagate.store.driver),
+        and forget the reads kept with it (quotagate.store.admission_reads)."""
         self._admission_connection.close()
+        self._reads.close()
 
     # -- submit ----------------------------------------------------------------
 
