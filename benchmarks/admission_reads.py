@@ -1,13 +1,13 @@
 """SQLite admission's kept reads (docs/decisions/033): how often 1 and 4 admitting
-processes reuse them, and what an admit(1) costs with and without them, same run.
+processes reuse them, and what an admission costs with and without them, same run.
 
     .venv/bin/python benchmarks/admission_reads.py [--seconds 3] [--rounds 2]
 
-Each process admits one request per call for ``--seconds`` on one throwaway
+Each process admits ``--batch`` (1) requests per call for ``--seconds`` on one throwaway
 ledger (4 tenants, 20,000 waiting, roomy quotas), once with the reads kept
 (``Ledger(..., reuse_reads=True)``, the default) and once reading at every
 admission, alternating round by round. It prints admissions per second, the
-share of admissions that read the snapshot (sqlite3's trace callback: this
+share of admit calls that read the snapshot (sqlite3's trace callback: this
 timing adds a little to both kinds alike), CPU µs per admission
 (``time.process_time``) and, for one process, the median wall time from the
 admission's ``BEGIN IMMEDIATE`` to its return: how long it holds the write lock.
@@ -45,35 +45,39 @@ class _Trace:
             self.reads += 1
 
 
-def _admitter(url: str, reuse: bool, seconds: float, start_at: float, results: Any) -> None:
+def _admitter(url: str, reuse: bool, batch: int, seconds: float, start_at: float,
+              results: Any) -> None:
     engine = create_engine(url)
     trace = _Trace()
     sa.event.listen(engine, "connect",
                     lambda dbapi, _record: dbapi.set_trace_callback(trace))
     ledger = Ledger(engine, reuse_reads=reuse)
     for _ in range(3):
-        ledger.admit(1)
+        ledger.admit(batch)
     while time.monotonic() < start_at:
         time.sleep(0.0005)
     trace.reads = 0
     held: list[float] = []
-    admitted = 0
+    admitted = calls = 0
     cpu = time.process_time()
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        admitted += len(ledger.admit(1))
+        admitted += len(ledger.admit(batch))
+        calls += 1
         held.append(time.perf_counter() - trace.begun)  # the last BEGIN was the admission's
     cpu = time.process_time() - cpu
-    results.put((admitted, trace.reads, cpu, statistics.median(held) if held else 0.0))
+    results.put((admitted, trace.reads, cpu, statistics.median(held) if held else 0.0, calls))
     ledger.close()
     engine.dispose()
 
 
-def _run(url: str, reuse: bool, processes: int, seconds: float) -> tuple[float, float, float, float]:
+def _run(
+    url: str, reuse: bool, batch: int, processes: int, seconds: float
+) -> tuple[float, float, float, float]:
     context = multiprocessing.get_context("spawn")
     results: Any = context.Queue()
     start_at = time.monotonic() + 2.0
-    workers = [context.Process(target=_admitter, args=(url, reuse, seconds, start_at, results))
+    workers = [context.Process(target=_admitter, args=(url, reuse, batch, seconds, start_at, results))
                for _ in range(processes)]
     for worker in workers:
         worker.start()
@@ -82,8 +86,9 @@ def _run(url: str, reuse: bool, processes: int, seconds: float) -> tuple[float, 
         worker.join(timeout=60)
     admitted = sum(outcome[0] for outcome in outcomes)
     reads = sum(outcome[1] for outcome in outcomes)
+    calls = sum(outcome[4] for outcome in outcomes)
     cpu = sum(outcome[2] for outcome in outcomes)
-    return (admitted / seconds, reads / max(admitted, 1), cpu / max(admitted, 1) * 1e6,
+    return (admitted / seconds, reads / max(calls, 1), cpu / max(admitted, 1) * 1e6,
             statistics.median(outcome[3] for outcome in outcomes) * 1e6)
 
 
@@ -91,6 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=1, help="the limit of each admit call")
     arguments = parser.parse_args()
     rows: list[str] = []
     with throwaway_database("sqlite") as url:
@@ -102,10 +108,12 @@ def main() -> None:
             for processes in (1, 4):
                 for reuse in (True, False):
                     reset(engine)
-                    rate, reads, cpu, held = _run(url, reuse, processes, arguments.seconds)
+                    rate, reads, cpu, held = _run(url, reuse, arguments.batch, processes,
+                                                  arguments.seconds)
                     rows.append(f"{'kept' if reuse else 'read':<5} {processes:>9} {rate:>12,.0f} "
                                 f"{reads:>15.0%} {cpu:>11,.0f} {held:>16,.0f}")
         engine.dispose()
+    print(f"admit({arguments.batch})")
     print("reads processes admissions/s snapshot reads CPU µs/adm BEGIN→done µs")
     print("\n".join(rows))
 
