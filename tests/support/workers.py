@@ -108,3 +108,9 @@ def submit_in_batches(url: str, tenant: str, request_ids: list[str], seed: int, 
                 elif answer.created:
                     created.append(request_id)
     results.put({"created": created, "errors": errors})
+
+
+def admit_count(url: str, count: int, results: Any) -> None:
+    """Admit ``count`` requests one by one; report their ids."""
+    with Quotagate.connect(url) as gate:
+        results.put([placement.id for _ in range(count) for placement in gate.admit(1)])

@@ -126,6 +126,15 @@ def begin_statement(engine: HasDialect) -> str | None:
     return "BEGIN IMMEDIATE" if engine.dialect.name == "sqlite" else None
 
 
+def counts_other_commits(engine: HasDialect) -> bool:
+    """Can a connection tell that no other connection committed since it last looked?
+
+    SQLite's ``PRAGMA data_version`` (quotagate.store.admission_reads); a server has no
+    such counter.
+    """
+    return engine.dialect.name == "sqlite"
+
+
 def database_now(engine: HasDialect) -> sa.ColumnElement[float]:
     """An SQL expression for the database server's clock, in epoch seconds."""
     return dialect_now(engine.dialect.name)

@@ -19,7 +19,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
-from operator import itemgetter
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -51,6 +50,7 @@ from quotagate.store import (
     tenant_claims,
 )
 from quotagate.store import preemption as preemption_reads
+from quotagate.store.admission_reads import QUEUE_ORDER, AdmissionReads
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
 from quotagate.store.dialect import (
@@ -126,10 +126,6 @@ def _candidate(request_id: str, tenant: str, cost: str, runtime: int | None) -> 
     return Candidate(request_id, tenant, dict(_cost_items(cost)), runtime)
 
 
-# A head row's place in queue order (queue key, created, id: quotagate.domain.ordering).
-_QUEUE_ORDER = itemgetter(3, 4, 0)
-
-
 class Ledger:
     """Write side of the ledger. Safe to share between threads of one process."""
 
@@ -145,6 +141,7 @@ class Ledger:
         rate_gate: RateGate | None = None,
         hold_seconds: float = holds.DEFAULT_HOLD_SECONDS,
         narrow_seconds: float = tenant_claims.NARROW_SECONDS,
+        reuse_reads: bool = True,
     ) -> None:
         if aging_interval <= 0:
             raise InvalidInput("aging interval must be positive", code="invalid_aging_interval")
@@ -172,10 +169,15 @@ class Ledger:
         self._dry_queues = tenant_claims.DryQueues()
         # Admission's connection, kept between admissions where the dialect allows.
         self._admission_connection = KeptConnection(engine)
+        # Its snapshot and queue heads, kept while nobody else writes (SQLite; False:
+        # read at every admission, for comparisons).
+        self._reads = AdmissionReads(engine, admission_window, enabled=reuse_reads)
 
     def close(self) -> None:
-        """Hand back the connection admission keeps between calls (quotagate.store.driver)."""
+        """Hand back the connection admission keeps between calls (quotagate.store.driver),
+        and forget the reads kept with it (quotagate.store.admission_reads)."""
         self._admission_connection.close()
+        self._reads.close()
 
     # -- submit ----------------------------------------------------------------
 
@@ -310,10 +312,12 @@ class Ledger:
                 # On the driver connection: SQLAlchemy's Connection would cost more
                 # than the database does here (quotagate.store.driver).
                 admitted = run_driver_transaction(
-                    self.engine, partial(self._admit, limit=limit, actor=actor, claim=claim),
+                    self.engine, self._reads.noting(
+                        partial(self._admit, limit=limit, actor=actor, claim=claim)),
                     on_retry=admission_stats.count_database_rerun,
                     kept=self._admission_connection,
                 )
+                self._reads.committed()
             except tenant_claims.ClaimsTooNarrow:
                 # The tenants this admitter could claim had nothing to admit. Waiting on
                 # the others' tenant rows while holding its claims could deadlock
@@ -445,8 +449,7 @@ class Ledger:
     def _admit(
         self, transaction: DriverTransaction, limit: int, actor: str, *, claim: bool = True
     ) -> list[Placement]:
-        snapshot = cohorts.snapshot_from_rows(
-            transaction.rows(statements.admission_snapshot_query(), {}))
+        snapshot = self._reads.snapshot(transaction)  # the last one's, if nobody wrote since
         guard: HeldRoom | None = None
         if snapshot.holds:
             # Freed room is held for a preemptor (docs/decisions/721): judge it on a
@@ -685,9 +688,8 @@ class Ledger:
             skipped |= {placement.id for placement in plan}
         return []
 
-    @staticmethod
     def _candidates(
-        transaction: DriverTransaction, tenants: Sequence[str], window: int
+        self, transaction: DriverTransaction, tenants: Sequence[str], window: int
     ) -> tuple[list[Candidate], dict[str, str | None], dict[str, int]]:
         """The head of each open tenant's queue, merged into queue order, their targets,
         and the token floors of those that were requeued (docs/decisions/720).
@@ -695,10 +697,8 @@ class Ledger:
         One bounded index range scan per tenant: the cost does not grow with
         the length of the waiting queue.
         """
-        rows = transaction.rows(
-            statements.head_query(len(tenants), window), statements.head_parameters(tenants)
-        )
-        rows.sort(key=_QUEUE_ORDER)
+        rows = self._reads.head_rows(transaction, tenants, window)
+        rows.sort(key=QUEUE_ORDER)
         # One pass over the rows for all three: a head read is a few rows per tenant,
         # at every admission.
         candidates: list[Candidate] = []

@@ -1,0 +1,248 @@
+"""Admission's reads on SQLite, kept from one admission to the next while nobody else wrote.
+
+An SQLite admission begins IMMEDIATE: it holds the only write lock. ``PRAGMA
+data_version`` on its connection changes iff *another* connection committed
+since that connection last looked; the connection's ``total_changes`` grows
+with every row it changed itself. So when the admission's connection is the
+one the last committed admission ran on, and neither number moved since that
+admission's last statement, the database is exactly what that admission left:
+its snapshot (as its own charges updated it in memory) and the queue heads it
+read (less what it reserved) are still true, and need not be read and parsed
+again (docs/decisions/033-sqlite-admission-reuses-its-reads.md).
+
+Only what is provably the same is reused:
+
+- nothing after an attempt that did not commit (a rerun, a rollback, any
+  exception): an attempt takes the kept reads away first, and only a commit
+  puts them back (:meth:`AdmissionReads.committed`);
+- never a snapshot with holds or budgets, whose judgement depends on the clock
+  and on reads made apart;
+- only the first head read of an attempt, which comes before anything is
+  reserved; a later read of the same attempt (a wider window) goes to the
+  database, and refreshes what is kept;
+- a tenant's heads only as far as they are known: all its waiting requests
+  when the read that found them returned fewer than its window, else the
+  first ones read (less those reserved since), as many as the window asked.
+- no kept heads for a read of the whole window (large batches): after such a
+  batch few tenants would have enough left, and sorting them out cost more
+  than it saved.
+
+Elsewhere (PostgreSQL, MySQL) every admission reads, as before: a server has
+no such counter, and other admitters commit between any two admissions.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from quotagate.domain.placement import Placement
+from quotagate.store import cohorts, statements
+from quotagate.store.dialect import counts_other_commits
+from quotagate.store.driver import DriverTransaction
+
+__all__ = ["QUEUE_ORDER", "AdmissionReads"]
+
+_DATA_VERSION = sa.text("PRAGMA data_version")
+# A head row's place in queue order (queue key, created, id: quotagate.domain.ordering).
+QUEUE_ORDER = itemgetter(3, 4, 0)
+
+
+@dataclass(slots=True)
+class _Heads:
+    """One tenant's first waiting requests (head rows), in queue order."""
+
+    rows: list[Any]
+    # The read that found them returned fewer than it asked for: these are all.
+    complete: bool
+
+    def first(self, window: int) -> list[Any] | None:
+        """The rows a read of ``window`` would return now, or None if not known."""
+        if self.complete or len(self.rows) >= window:
+            return self.rows[:window]
+        return None
+
+
+@dataclass(slots=True)
+class _Reads:
+    """What one admission read, and where the database stood when it had done."""
+
+    connection: Any  # the sqlite3 connection it ran on (held: its id is never reused)
+    data_version: int
+    total_changes: int = -1
+    snapshot: cohorts.Snapshot | None = None
+    heads: dict[str, _Heads] = field(default_factory=dict)
+    # Head reads not sorted into ``heads`` yet, and requests reserved since (id, tenant):
+    # settled only when reads are reused, so that an admission whose reads will not
+    # be (another process commits in between, a batch takes more than a window
+    # leaves) pays nothing for keeping them.
+    unsettled: list[tuple[Sequence[str], int, list[Any]]] = field(default_factory=list)
+    reserved: list[tuple[str, str]] = field(default_factory=list)
+
+    def settle(self) -> None:
+        """Sort the head reads into ``heads``, then drop what was reserved since."""
+        heads = self.heads
+        for tenants, window, rows in self.unsettled:
+            by_tenant: dict[str, list[Any]] = {tenant: [] for tenant in tenants}
+            for row in rows:
+                by_tenant[row[1]].append(row)
+            for tenant, tenant_rows in by_tenant.items():
+                tenant_rows.sort(key=QUEUE_ORDER)
+                heads[tenant] = _Heads(tenant_rows, complete=len(tenant_rows) < window)
+        self.unsettled.clear()
+        gone: dict[str, set[str]] = {}
+        for request_id, tenant in self.reserved:
+            gone.setdefault(tenant, set()).add(request_id)
+        self.reserved.clear()
+        for tenant, ids in gone.items():
+            known = heads.get(tenant)
+            if known is not None:
+                known.rows = [row for row in known.rows if row[0] not in ids]
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """The reads of the admission attempt running in one thread."""
+
+    transaction: DriverTransaction
+    reads: _Reads | None  # None: nothing will be kept from this attempt
+    heads_kept: bool  # kept heads may answer its first head read (its snapshot is the kept one)
+    heads_read: bool = False
+
+
+class AdmissionReads:
+    """The snapshot and queue heads one ledger's admissions keep between them (SQLite).
+
+    Safe to share between threads: one set of reads is kept, an attempt takes
+    it away, and each thread's attempt is its own (another thread's admission
+    meanwhile reads the database, and keeps its reads if it commits last).
+    """
+
+    def __init__(self, engine: Engine, window: int, *, enabled: bool = True) -> None:
+        self._enabled = enabled and counts_other_commits(engine)
+        # How many heads of a tenant a read made on reused reads asks for: the
+        # ledger's whole window, so that a tenant's next admissions find theirs kept.
+        self._window = window
+        self._kept: list[_Reads] = []  # at most one
+        self._local = threading.local()
+
+    def snapshot(self, transaction: DriverTransaction) -> cohorts.Snapshot:
+        """Begin an attempt: the admission snapshot, the kept one if nothing changed since."""
+        if not self._enabled:
+            return self._read_snapshot(transaction)
+        try:
+            kept: _Reads | None = self._kept.pop()
+        except IndexError:
+            kept = None
+        cursor = transaction.execute(_DATA_VERSION, {})
+        (data_version,) = cursor.fetchone()
+        connection = cursor.connection
+        if (kept is not None and kept.snapshot is not None and kept.connection is connection
+                and kept.data_version == data_version
+                and kept.total_changes == connection.total_changes):
+            self._local.attempt = _Attempt(transaction, kept, heads_kept=True)
+            return kept.snapshot
+        snapshot = self._read_snapshot(transaction)
+        reads = _Reads(connection, data_version, snapshot=snapshot)
+        self._local.attempt = _Attempt(transaction, reads, heads_kept=False)
+        return snapshot
+
+    def head_rows(
+        self, transaction: DriverTransaction, tenants: Sequence[str], window: int
+    ) -> list[Any]:
+        """The first ``window`` waiting requests of each of ``tenants`` (:func:`statements.head_query`'s rows)."""
+        attempt: _Attempt | None = getattr(self._local, "attempt", None)
+        if attempt is None or attempt.transaction is not transaction or attempt.reads is None:
+            return _read_heads(transaction, tenants, window)
+        reads = attempt.reads
+        if window >= self._window and not attempt.heads_read:
+            # A read of the whole window (a batch of half of it or more) would find
+            # kept heads enough only for tenants with fewer waiting: sorting them
+            # out costs more than it saves. Read, and keep only this read.
+            reads.heads.clear()
+            reads.unsettled.clear()
+            reads.reserved.clear()
+            attempt.heads_kept = False
+        if not attempt.heads_kept or attempt.heads_read:
+            attempt.heads_read = True
+            rows = _read_heads(transaction, tenants, window)
+            reads.unsettled.append((tuple(tenants), window, list(rows)))
+            return rows
+        attempt.heads_read = True
+        reads.settle()
+        rows = []
+        missing: list[str] = []
+        for tenant in tenants:
+            known = reads.heads.get(tenant)
+            first = None if known is None else known.first(window)
+            if first is None:
+                missing.append(tenant)
+            else:
+                rows += first
+        if missing:
+            # The tenants whose kept heads ran short: read deep, so that their next
+            # admissions find theirs kept.
+            deep = max(window, self._window)
+            reads.unsettled.append((missing, deep, _read_heads(transaction, missing, deep)))
+            reads.settle()
+            for tenant in missing:
+                rows += reads.heads[tenant].rows[:window]
+        return rows
+
+    def noting(
+        self, work: Callable[[DriverTransaction], list[Placement]]
+    ) -> Callable[[DriverTransaction], list[Placement]]:
+        """``work`` (an admission attempt), noting at its end what it leaves to keep."""
+        if not self._enabled:
+            return work
+
+        def attempt(transaction: DriverTransaction) -> list[Placement]:
+            self._local.attempt = None
+            admitted = work(transaction)
+            self._finish(transaction, admitted)
+            return admitted
+
+        return attempt
+
+    def committed(self) -> None:
+        """The last attempt of this thread committed: keep its reads for the next admission."""
+        attempt: _Attempt | None = getattr(self._local, "attempt", None)
+        self._local.attempt = None
+        if attempt is None or attempt.reads is None or attempt.reads.total_changes < 0:
+            return
+        self._kept[:] = [attempt.reads]
+
+    def close(self) -> None:
+        """Forget the kept reads (and the connection they name)."""
+        self._kept.clear()
+
+    def _finish(self, transaction: DriverTransaction, admitted: Sequence[Placement]) -> None:
+        """Still inside the transaction: the kept reads, less what it reserved, and the count
+        of rows its connection changed (read now: after the commit the pool may lend it)."""
+        attempt: _Attempt | None = getattr(self._local, "attempt", None)
+        if attempt is None or attempt.transaction is not transaction or attempt.reads is None:
+            return
+        reads = attempt.reads
+        snapshot = reads.snapshot
+        if snapshot is None or snapshot.holds or snapshot.budgeted:
+            attempt.reads = None  # judged on the clock and on reads made apart
+            return
+        reads.reserved += [(placement.id, placement.tenant) for placement in admitted]
+        reads.total_changes = reads.connection.total_changes
+
+    @staticmethod
+    def _read_snapshot(transaction: DriverTransaction) -> cohorts.Snapshot:
+        return cohorts.snapshot_from_rows(
+            transaction.rows(statements.admission_snapshot_query(), {}))
+
+
+def _read_heads(transaction: DriverTransaction, tenants: Sequence[str], window: int) -> list[Any]:
+    return transaction.rows(
+        statements.head_query(len(tenants), window), statements.head_parameters(tenants))
+
