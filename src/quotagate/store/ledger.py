@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from operator import itemgetter
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -54,6 +55,7 @@ from quotagate.store import preemption as preemption_reads
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
 from quotagate.store.dialect import (
+    locks_in_lateral_join,
     reserves_with_lock,
     run_transaction,
     supports_dml_cte,
@@ -583,8 +585,14 @@ class Ledger:
         sharing = snapshot.sharing
         members = [tenant for tenant in open_tenants if sharing.is_member(tenant)]
         plain = [tenant for tenant in open_tenants if not sharing.is_member(tenant)]
-        pending = iter(sorted(plain) if wait else tenant_claims.fair_order(
-            plain, snapshot.tenants, snapshot.weights, fair_history.history(snapshot, now)))
+        order = sorted(plain) if wait else tenant_claims.fair_order(
+            plain, snapshot.tenants, snapshot.weights, fair_history.history(snapshot, now))
+        pending = iter(order)
+        # PostgreSQL tries the tenants in one statement that also reads the heads of the
+        # one it got (tenant_claims.claim_first): a round trip per admission instead of
+        # one per tenant tried plus the head read. Not for the waiting rerun.
+        one_statement = not wait and locks_in_lateral_join(transaction)
+        dry = {tenant for tenant in order if tenant in self._dry_queues} if one_statement else set()
         admitted: list[Placement] = []
         targets: dict[str, str | None] = {}
         floors: dict[str, int] = {}
@@ -593,8 +601,25 @@ class Ledger:
         holding = False  # some tenant rows are locked by this transaction
         reading = members
         while len(admitted) < limit:
-            claimed = None
-            for tenant in pending:
+            claimed: str | None = None
+            heads: list[Any] | None = None  # the claimed tenant's, read with its claim
+            while one_statement and order and claimed is None:
+                first = tenant_claims.claim_first(transaction, order, snapshot.tenants, dry,
+                                                  self.admission_window)
+                skipped = skipped or first.skipped > 0
+                if first_held is None and first.first_held is not None:
+                    first_held = order[first.first_held]
+                if first.index is None:
+                    order = []
+                    break
+                tenant, order = order[first.index], order[first.index + 1:]
+                holding = True
+                if first.claim is tenant_claims.Claim.CLAIMED:
+                    claimed, heads = tenant, first.heads
+                else:  # partly got: held until the end, not planned for (as below)
+                    skipped = True
+                    first_held = first_held or tenant
+            for tenant in () if one_statement else pending:
                 got = tenant_claims.claim_tenant(transaction, tenant, snapshot.tenants[tenant],
                                                  wait=wait, dry=tenant in self._dry_queues)
                 if got is tenant_claims.Claim.CLAIMED:
@@ -618,12 +643,12 @@ class Ledger:
                 if got is tenant_claims.Claim.CLAIMED:
                     claimed = first_held
                 first_held = None  # waited for once: not again in a later round
-            if claimed is not None:
+            if claimed is not None and heads is None:
                 reading = [*reading, claimed]
-            if not reading:
+            if not reading and heads is None:
                 break
             candidates, window_targets, window_floors = self._candidates(
-                transaction, reading, self.admission_window)
+                transaction, reading, self.admission_window, heads)
             if claimed is not None:
                 self._dry_queues.read(
                     claimed, empty=not any(c.tenant == claimed for c in candidates))
@@ -683,17 +708,21 @@ class Ledger:
 
     @staticmethod
     def _candidates(
-        transaction: DriverTransaction, tenants: Sequence[str], window: int
+        transaction: DriverTransaction, tenants: Sequence[str], window: int,
+        read: list[Any] | None = None,
     ) -> tuple[list[Candidate], dict[str, str | None], dict[str, int]]:
         """The head of each open tenant's queue, merged into queue order, their targets,
         and the token floors of those that were requeued (docs/decisions/720).
 
         One bounded index range scan per tenant: the cost does not grow with
-        the length of the waiting queue.
+        the length of the waiting queue. ``read``: heads read already, in the
+        head read's columns (a claim's, tenant_claims.claim_first), merged in.
         """
         rows = transaction.rows(
             statements.head_query(len(tenants), window), statements.head_parameters(tenants)
-        )
+        ) if tenants else []
+        if read:
+            rows = [*read, *rows]
         rows.sort(key=_QUEUE_ORDER)
         # One pass over the rows for all three: a head read is a few rows per tenant,
         # at every admission.
