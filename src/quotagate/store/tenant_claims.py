@@ -21,7 +21,9 @@ claim skipped a tenant, a charge missed — it *narrows* for a while
 order (lowest dominant share first), skipping those another admitter holds,
 reads only the claimed tenants' heads and stops claiming once its batch is
 full. Admitters then work on disjoint tenants, whatever the pools' slices
-(docs/decisions/044-admitters-narrow-to-disjoint-tenants.md).
+(docs/decisions/044-admitters-narrow-to-disjoint-tenants.md). On PostgreSQL
+:func:`claim_first` tries the tenants and reads the heads of the one it got in
+one statement (docs/decisions/046-claim-and-heads-in-one-statement.md).
 """
 
 from __future__ import annotations
