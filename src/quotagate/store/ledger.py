@@ -575,7 +575,9 @@ class Ledger:
         read empty is claimed only if it has work again (``Claim.EMPTY``,
         docs/decisions/045-dry-tenants-are-not-claimed.md): a dry tenant's rows
         held would forbid that wait. Returns as :meth:`_fill`: the flag says some
-        tenant was skipped.
+        tenant was skipped. On PostgreSQL the tenants are tried, and the heads of
+        the one got read, in one statement per claim (tenant_claims.claim_first,
+        docs/decisions/046-claim-and-heads-in-one-statement.md).
 
         With ``wait`` (the rerun after :class:`~quotagate.store.tenant_claims.ClaimsTooNarrow`,
         holding nothing) the tenants are taken in name order, each waited for:
