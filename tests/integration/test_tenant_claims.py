@@ -231,7 +231,11 @@ def test_a_narrow_admitter_tries_the_held_tenants_and_reads_its_own_in_one_state
 ) -> None:
     _three_tenants_with_work(gate)
     ledger = Ledger(gate.engine, clock=gate.ledger.clock, narrow_seconds=3600)
-    ledger._contention.seen()  # as if another admitter was seen: narrow from the start
+    with gate.engine.connect() as other_admitter, other_admitter.begin():
+        # Another admitter holds a-0: this admitter now knows it is not alone.
+        other_admitter.execute(sa.select(schema.request.c.id)
+                               .where(schema.request.c.id == "a-0").with_for_update()).all()
+        assert [placement.id for placement in ledger.admit(1)] == ["a-1"]
     statements: list[str] = []
     execute = DriverTransaction.execute
 
@@ -240,11 +244,11 @@ def test_a_narrow_admitter_tries_the_held_tenants_and_reads_its_own_in_one_state
         return execute(self, statement, parameters)
 
     monkeypatch.setattr(DriverTransaction, "execute", counted)
-    with _holding(gate, "team-a", "team-b"):
-        # Fair order a, b, c (nothing used): a and b are held, c is claimed.
+    with _holding(gate, "team-b", "team-c"):
+        # Fair order b, c (nothing used), then a: b and c are held, a is claimed.
         admitted = ledger.admit(2)
-    assert [placement.id for placement in admitted] == ["c-0", "c-1"]
-    # Before the reserve: the snapshot, then the claims of a, b and c and c's head read,
+    assert [placement.id for placement in admitted] == ["a-0", "a-2"]
+    # Before the reserve: the snapshot, then the claims of b, c and a and a's head read,
     # all in one round trip (it was one per tenant tried, and one for the heads).
     assert statements[:statements.index("UPDATE")] == ["SELECT", "SELECT"]
     assert admission_stats.snapshot().reruns["claims_too_narrow"] == 0
