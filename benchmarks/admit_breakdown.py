@@ -1,7 +1,7 @@
 """Where one ``admit(1)`` spends its CPU time, next to the raw transaction, in one process.
 
-    .venv/bin/python benchmarks/admit_breakdown.py [--backend sqlite|postgresql]
-        [--admissions 400] [--chunks 7]        (mysql: step 1 only)
+    .venv/bin/python benchmarks/admit_breakdown.py [--backend sqlite|postgresql|mysql]
+        [--admissions 400] [--chunks 7]
 
 On SQLite (no network) what ``Ledger.admit`` costs beyond the raw transaction
 (``_raw_admission.py``) is Python and the extra work of its statements; on
@@ -14,8 +14,10 @@ thing. This prints, on one throwaway ledger:
    too (docs/decisions/032), and ``Ledger.admit(1)``, interleaved chunk by
    chunk; the median of the chunks and the ratios;
 2. the same admissions statement by statement: CPU time inside the driver's
-   (sqlite3's, psycopg's) ``execute``/``fetchall``/``commit`` per admission, the
-   rest being Python; psycopg's ``BEGIN`` is sent inside the first ``execute``.
+   (sqlite3's, psycopg's, PyMySQL's) ``execute``/``fetchall``/``commit`` per admission,
+   the rest being Python; psycopg's ``BEGIN`` is sent inside the first ``execute``.
+   PyMySQL's ``execute`` includes its Python: formatting and escaping the
+   parameters into the query string, reading the reply packets.
 
 The per-statement timing adds about a microsecond per call to both sides.
 """
@@ -28,7 +30,10 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
+
+from sqlalchemy.engine import make_url
 
 from _databases import throwaway_database
 from _raw_admission import RawAdmission
@@ -44,45 +49,54 @@ def _label(sql: str) -> str:
     return " ".join(sql.split()[:3])[:40]
 
 
-class _TimedCursor(sqlite3.Cursor):
-    """A cursor that adds the CPU time of each call to ``_SPENT``, by statement."""
+class _TimedCalls:
+    """Adds the CPU time of each driver call to ``_SPENT``, by statement: mixed into the
+    cursor class of each driver (sqlite3, psycopg, PyMySQL), whose calls it wraps."""
 
     last = ""
 
-    def execute(self, sql: str, parameters: Any = (), /) -> _TimedCursor:
+    def execute(self, query: Any, *parameters: Any, **options: Any) -> Any:
         started = time.process_time()
-        super().execute(sql, parameters)
-        self.last = _label(sql)
+        super().execute(query, *parameters, **options)  # type: ignore[misc]
+        self.last = _label(str(query))
         _SPENT[self.last] += time.process_time() - started
         return self
 
-    def executemany(self, sql: str, parameters: Any, /) -> _TimedCursor:
+    def executemany(self, query: Any, *parameters: Any, **options: Any) -> Any:
         started = time.process_time()
-        super().executemany(sql, parameters)
-        _SPENT[_label(sql)] += time.process_time() - started
+        super().executemany(query, *parameters, **options)  # type: ignore[misc]
+        _SPENT[_label(str(query))] += time.process_time() - started
         return self
 
-    def fetchall(self) -> list[Any]:
+    def fetchall(self) -> Any:
         started = time.process_time()
-        rows = super().fetchall()
+        rows = super().fetchall()  # type: ignore[misc]
         _SPENT[f"{self.last} (fetch)"] += time.process_time() - started
         return rows
 
     def fetchone(self) -> Any:
         started = time.process_time()
-        row = super().fetchone()
+        row = super().fetchone()  # type: ignore[misc]
         _SPENT[f"{self.last} (fetch)"] += time.process_time() - started
         return row
 
 
-class _TimedConnection(sqlite3.Connection):
-    def cursor(self, factory: Any = _TimedCursor) -> Any:
-        return super().cursor(factory)
+class _TimedCommit:
+    """Adds the CPU time of ``commit`` to ``_SPENT``: mixed into a driver's connection class."""
 
     def commit(self) -> None:
         started = time.process_time()
-        super().commit()
+        super().commit()  # type: ignore[misc]
         _SPENT["COMMIT"] += time.process_time() - started
+
+
+class _TimedCursor(_TimedCalls, sqlite3.Cursor):
+    pass
+
+
+class _TimedConnection(_TimedCommit, sqlite3.Connection):
+    def cursor(self, factory: Any = _TimedCursor) -> Any:
+        return super().cursor(factory)
 
 
 def _timed_connect(path: str) -> sqlite3.Connection:
@@ -90,77 +104,82 @@ def _timed_connect(path: str) -> sqlite3.Connection:
                            factory=_TimedConnection)
 
 
-def _timed_pg_classes() -> tuple[type[Any], type[Any]]:
-    """psycopg's cursor and connection, timed like ``_TimedCursor``/``_TimedConnection``."""
+def _timed_pg_connect(url: str) -> Any:
     import psycopg
 
-    class TimedPgCursor(psycopg.Cursor[Any]):
-        last = ""
+    class TimedPgCursor(_TimedCalls, psycopg.Cursor[Any]):
+        pass
 
-        def execute(self, query: Any, params: Any = None, **options: Any) -> Any:
-            started = time.process_time()
-            super().execute(query, params, **options)
-            self.last = _label(str(query))
-            _SPENT[self.last] += time.process_time() - started
-            return self
+    class TimedPgConnection(_TimedCommit, psycopg.Connection[Any]):
+        pass
 
-        def fetchall(self) -> list[Any]:
-            started = time.process_time()
-            rows = super().fetchall()
-            _SPENT[f"{self.last} (fetch)"] += time.process_time() - started
-            return rows
-
-        def fetchone(self) -> Any:
-            started = time.process_time()
-            row = super().fetchone()
-            _SPENT[f"{self.last} (fetch)"] += time.process_time() - started
-            return row
-
-    class TimedPgConnection(psycopg.Connection[Any]):
-        def commit(self) -> None:
-            started = time.process_time()
-            super().commit()
-            _SPENT["COMMIT"] += time.process_time() - started
-
-    return TimedPgCursor, TimedPgConnection
-
-
-def _timed_pg_connect(url: str) -> Any:
-    from sqlalchemy.engine import make_url
-
-    cursor, connection = _timed_pg_classes()
     parsed = make_url(url)
-    timed = connection.connect(host=parsed.host, port=parsed.port or 5432, user=parsed.username,
-                               password=parsed.password, dbname=parsed.database)
-    timed.cursor_factory = cursor
+    timed = TimedPgConnection.connect(host=parsed.host, port=parsed.port or 5432,
+                                      user=parsed.username, password=parsed.password,
+                                      dbname=parsed.database)
+    timed.cursor_factory = TimedPgCursor
+    return timed
+
+
+def _timed_mysql_connect(url: str, *, found_rows: bool = True) -> Any:
+    """A PyMySQL connection whose cursors and commits are timed.
+
+    ``found_rows``: a row count counts the rows matched, not only the changed ones,
+    as SQLAlchemy's MySQL dialect connects (quotagate's engine); the raw baseline
+    connects without it."""
+    import pymysql
+    from pymysql.connections import Connection
+    from pymysql.cursors import Cursor
+
+    class TimedMySqlCursor(_TimedCalls, Cursor):  # type: ignore[misc]
+        pass
+
+    class TimedMySqlConnection(_TimedCommit, Connection):  # type: ignore[misc]
+        pass
+
+    parsed = make_url(url)
+    timed = TimedMySqlConnection(
+        host=parsed.host or "127.0.0.1", port=parsed.port or 3306,
+        user=parsed.username or "root", password=parsed.password or "",
+        database=parsed.database, autocommit=False, cursorclass=TimedMySqlCursor,
+        client_flag=pymysql.constants.CLIENT.FOUND_ROWS if found_rows else 0,
+    )
     return timed
 
 
 def _admitters(url: str, timed: bool) -> tuple[dict[str, Callable[[], int]], Ledger]:
     raw, audited = RawAdmission(url, TENANTS), RawAdmission(url, TENANTS, audit=True)
-    if url.startswith("postgresql"):
-        engine = create_engine(url, creator=lambda: _timed_pg_connect(url)) if timed else \
-            create_engine(url)
-        if timed:
-            for baseline in (raw, audited):
-                baseline.connection.close()
-                baseline.connection = _timed_pg_connect(url)
-    else:
-        path = url.removeprefix("sqlite:///")
-        engine = create_engine(url, creator=lambda: _timed_connect(path)) if timed else \
-            create_engine(url)
-    ledger = Ledger(engine)
-    if timed and not url.startswith("postgresql"):
+    backend = make_url(url).get_backend_name()
+    engine = create_engine(url)
+    if timed:
+        engine.dispose()
+        engine = create_engine(url, creator=partial(_timed_connection, url, backend))
         for baseline in (raw, audited):
             baseline.connection.close()
-            baseline.connection = _timed_connect(path)
-            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "busy_timeout=30000"):
-                baseline.connection.execute(f"PRAGMA {pragma}")
-    elif timed:
-        for baseline in (raw, audited):
-            baseline.connection.isolation_level = 1  # psycopg.IsolationLevel.READ_COMMITTED
+            baseline.connection = _timed_connection(url, backend, baseline=True)
+    ledger = Ledger(engine)
     return ({"raw": raw.admit_one, "raw + audit row": audited.admit_one,
              "admit(1)": lambda: len(ledger.admit(1))}, ledger)
+
+
+def _timed_connection(url: str, backend: str, baseline: bool = False) -> Any:
+    """A timed driver connection; for a ``baseline``, set up as ``RawAdmission`` sets its own."""
+    if backend == "postgresql":
+        connection = _timed_pg_connect(url)
+        if baseline:
+            connection.isolation_level = 1  # psycopg.IsolationLevel.READ_COMMITTED
+        return connection
+    if backend == "mysql":
+        connection = _timed_mysql_connect(url, found_rows=not baseline)
+        if baseline:
+            with connection.cursor() as cursor:
+                cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        return connection
+    connection = _timed_connect(url.removeprefix("sqlite:///"))
+    if baseline:
+        for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "busy_timeout=30000"):
+            connection.execute(f"PRAGMA {pragma}")
+    return connection
 
 
 def _cpu_per_admission(admit: Callable[[], int], count: int) -> float:
@@ -217,8 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from quotagate.cli.common import render_table
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=("sqlite", "postgresql", "mysql"), default="sqlite",
-                        help="mysql: the CPU comparison only (no timed PyMySQL cursor)")
+    parser.add_argument("--backend", choices=("sqlite", "postgresql", "mysql"), default="sqlite")
     parser.add_argument("--admissions", type=int, default=400, help="admissions per chunk")
     parser.add_argument("--chunks", type=int, default=7, help="interleaved chunks per kind")
     parser.add_argument("--queue", type=int, default=30_000, help="waiting requests")
@@ -231,9 +249,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = compare(url, arguments.admissions, arguments.chunks)
         print("CPU µs per admission (median of chunks), and as a multiple of admit(1)'s")
         print(render_table(["kind", "µs", "of admit(1)"], rows))
-        if arguments.backend == "mysql":
-            engine.dispose()
-            return 0
         reset(engine)
         _columns, detail = breakdown(url, arguments.admissions * 3)
         print("\nCPU µs per admission, statement by statement (inside the driver)")

@@ -92,6 +92,7 @@ def main() -> None:
             return {
                 "--help": ["--help"],
                 "tenant list": ["tenant", "list"],
+                "tenant show": ["tenant", "show", "team-a"],
                 "submit": ["submit", "--id", f"job-{round_number}", "--tenant", "team-a", "--cost", "gpu=1"],
             }
 

@@ -9,6 +9,7 @@ import pytest
 
 from quotagate import ManualClock, Quotagate
 from support.databases import BACKENDS, fresh_database
+from support.receiver import Receiver, running_receiver
 from support.redis_servers import private_redis, redis_cluster, silent_redis  # noqa: F401 (fixtures)
 
 if TYPE_CHECKING:
@@ -43,6 +44,13 @@ def clock() -> ManualClock:
 def gate(db_url: str, clock: ManualClock) -> Iterator[Quotagate]:
     with Quotagate.connect(db_url, clock=clock) as quotagate:
         yield quotagate
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """The in-suite webhook executor (tests/support/receiver.py), on a free port."""
+    with running_receiver() as server:
+        yield server
 
 
 @pytest.fixture

@@ -38,14 +38,16 @@ from quotagate.rate.quotas import RateQuotas
 from quotagate.rate.sql import SqlRateStore
 from quotagate.rate.stores import ENVIRONMENT_VARIABLE as RATE_STORE_VARIABLE
 from quotagate.rate.stores import rate_store_from_url
-from quotagate.store import census, identity, migrate, retention
+from quotagate.store import census, identity, migrate, retention, stream_settings
 from quotagate.store.audit import AuditEntry
 from quotagate.store.authority import ReleaseGuard
 from quotagate.store.budgets import budget_change
 from quotagate.store.config import Configuration
 from quotagate.store.counters import Counters, delivery_counters
 from quotagate.store.diagnosis import DeliveryTrail, delivery_trail
+from quotagate.store.dialect import reading
 from quotagate.store.engine import create_engine, database_url
+from quotagate.store.holds import DEFAULT_HOLD_SECONDS
 from quotagate.store.ledger import (
     DEFAULT_ADMISSION_WINDOW,
     DEFAULT_TTL,
@@ -55,6 +57,7 @@ from quotagate.store.ledger import (
     SubmitResult,
 )
 from quotagate.store.listing import AuditRecord, Binding, Page, list_audit, list_requests, read_binding
+from quotagate.store.stream_settings import StreamSettings
 from quotagate.store.views import Explanation, Inspection, LedgerCheck, LedgerViews, Usage
 
 if TYPE_CHECKING:
@@ -86,7 +89,11 @@ class Quotagate:
         rate_store: RateStore | None = None,
         redis: str | None = None,
         token_cache_ttl: float = 0.0,
+        hold_seconds: float = DEFAULT_HOLD_SECONDS,
     ) -> None:
+        if hold_seconds < 0:
+            raise InvalidInput("hold seconds must be 0 (no hold) or more",
+                               code="invalid_hold_seconds")
         self.engine = engine
         self.clock: Clock = clock or SystemClock()
         # What this app's workers did, exported by its metrics (observability.metrics).
@@ -96,7 +103,7 @@ class Quotagate:
         self.rates = RateQuotas(engine, self.rate_store, clock=self.clock)
         self.ledger = Ledger(
             engine, clock=self.clock, aging_interval=aging_interval, ttl=ttl,
-            admission_window=admission_window, rate_gate=self.rates,
+            admission_window=admission_window, rate_gate=self.rates, hold_seconds=hold_seconds,
         )
         self.views = LedgerViews(
             engine, clock=self.clock, aging_interval=aging_interval,
@@ -139,6 +146,13 @@ class Quotagate:
             return Streams(self.engine, self.rates,
                            redis_url=self._redis or os.environ.get(REDIS_VARIABLE), clock=self.clock)
         return self._part("streams", build)
+
+    def stream_settings(self, tenant: str) -> StreamSettings:
+        """A tenant's stream settings (docs/streams.md), read without building the streams:
+        a caller that needs only these (``tenant show``) loads no producer, consumer or
+        Redis script (docs/decisions/243). The same as ``streams.settings(tenant)``."""
+        with reading(self.engine) as connection:
+            return stream_settings.read(connection, tenant)
 
     @property
     def dashboard_views(self) -> DashboardViews:
@@ -252,13 +266,15 @@ class Quotagate:
         clear_budgets: bool = False,
         default_max_runtime: object = KEEP,
         on_preempt: str | None = None,
+        stop_at_max_runtime: bool | None = None,
     ) -> dict[str, dict[str, int]]:
         """Create or change a tenant. ``cohort`` (None: leave it), limits per resource
         (a None amount removes a limit), ``weight`` and ``max_priority`` (None: no cap):
         docs/fair-sharing.md. ``budget``: per resource ``"100h/30d"`` or None (removed);
         ``clear_budgets`` removes every budget first; ``default_max_runtime``: ``"1h"``,
-        seconds, or None (removed)."""
-        change = budget_change(budget, clear_budgets, default_max_runtime)
+        seconds, or None (removed); ``stop_at_max_runtime``: stop its running work at its
+        max-runtime (True), let it overrun (False), None: unchanged (docs/decisions/714)."""
+        change = budget_change(budget, clear_budgets, default_max_runtime, stop_at_max_runtime)
         sharing = TenantSharing(
             cohort=cohort,
             borrowing_limit=validate_limits(borrowing_limit, what="borrowing_limit")

@@ -89,3 +89,47 @@ def test_budgets_over_http(db_url: str, tmp_path: Path) -> None:
         refused = httpx.put(f"{server.url}/v1/fair-share", json={"half_life": None},
                             headers=bearer(tenant_token))
         assert refused.status_code == 403
+
+
+def test_stopping_work_at_its_max_runtime_from_the_cli(db_url: str, tmp_path: Path) -> None:
+    """A real worker stops a real process once its 1 s max-runtime has passed (decision 714)."""
+    def quotagate(*args: str, expect: int = 0) -> str:
+        return run(*args, db=db_url, cwd=tmp_path, expect=expect).stdout
+
+    quotagate("pool", "set", "pool-1", "--capacity", "gpu=2")
+    quotagate("tenant", "set", "team-a", "--quota", "gpu=2", "--stop-at-max-runtime")
+    described = json.loads(quotagate("tenant", "show", "team-a", "--json"))
+    assert described["stop_at_max_runtime"] is True
+    assert "work is stopped at its max-runtime" in quotagate("tenant", "show", "team-a")
+    quotagate("target", "set", "local", "--kind", "process", "--default",
+              "--command", "sleep 60", "--run-dir", "runs")
+    quotagate("submit", "--id", "job-1", "--tenant", "team-a", "--cost", "gpu=1",
+              "--max-runtime", "1s")
+    # --until-idle returns once nothing is charged: the stop is confirmed and recorded.
+    quotagate("worker", "--name", "w1", "--admit", "--until-idle", "--poll", "0.05")
+    shown = json.loads(quotagate("show", "job-1", "--json"))
+    assert (shown["state"], shown["reason"]) == ("timed_out", "max_runtime 1s exceeded")
+    [run_dir] = [path for path in (tmp_path / "runs").iterdir() if not path.name.startswith(".")]
+    assert (run_dir / "exit_status").read_text() == "-15"  # SIGTERM: stopped, not finished
+    assert "invariants hold" in quotagate("check")
+    quotagate("tenant", "set", "team-a", "--no-stop-at-max-runtime")
+    assert json.loads(quotagate("tenant", "show", "team-a", "--json"))[
+        "stop_at_max_runtime"] is False
+
+
+def test_stop_at_max_runtime_over_http(db_url: str, tmp_path: Path) -> None:
+    admin_token = make_token(db_url)
+    with running_server(db_url, tmp_path) as server, httpx.Client(
+        base_url=server.url, headers=bearer(admin_token), timeout=30
+    ) as admin:
+        tenant = admin.put("/v1/tenants/team-a", json={"quota": {"gpu": 8}})
+        assert tenant.status_code == 200 and tenant.json()["stop_at_max_runtime"] is False
+        stops = admin.put("/v1/tenants/team-a", json={"stop_at_max_runtime": True})
+        assert stops.status_code == 200 and stops.json()["stop_at_max_runtime"] is True
+        kept = admin.put("/v1/tenants/team-a", json={"default_max_runtime": 60})
+        assert kept.json()["stop_at_max_runtime"] is True  # absent: kept
+        refused = admin.put("/v1/tenants/team-a", json={"stop_at_max_runtime": "yes"})
+        assert refused.status_code == 422 and refused.json()["code"] == "invalid_input"
+        assert admin.get("/v1/tenants/team-a").json()["stop_at_max_runtime"] is True
+        off = admin.put("/v1/tenants/team-a", json={"stop_at_max_runtime": False})
+        assert off.json()["stop_at_max_runtime"] is False

@@ -99,6 +99,8 @@ _NOT_FOR_THE_LEDGER = (
 @pytest.mark.sqlite
 @pytest.mark.parametrize("command", [
     pytest.param(["tenant", "list"], id="tenant-list"),
+    # It prints the tenant's stream settings, one row: not a reason to build the streams.
+    pytest.param(["tenant", "show", "team-a"], id="tenant-show"),
     pytest.param(["tenant", "set", "team-a", "--quota", "gpu=3"], id="tenant-set"),
     pytest.param(["submit", "--id", "job-1", "--tenant", "team-a", "--cost", "gpu=1"], id="submit"),
     pytest.param(["inspect"], id="inspect"),
@@ -115,8 +117,9 @@ def test_a_command_still_loads_what_it_uses(sqlite_ledger: str, tmp_path: Path) 
     # The lazily imported parts are there when their command runs.
     worker = modules_loaded("worker", "--once", db=sqlite_ledger, cwd=tmp_path)
     assert "quotagate.delivery.dispatcher" in worker
-    # `tenant show` prints the tenant's stream settings: the facade builds its streams then.
-    shown = modules_loaded("tenant", "show", "team-a", db=sqlite_ledger, cwd=tmp_path)
-    assert "quotagate.streams.service" in shown
+    # A stream setting changed: the facade builds its streams then.
+    changed = modules_loaded("tenant", "set", "team-a", "--stream-max-len", "100",
+                             db=sqlite_ledger, cwd=tmp_path)
+    assert "quotagate.streams.service" in changed
     tokens = modules_loaded("api-token", "list", db=sqlite_ledger, cwd=tmp_path)
     assert "quotagate.auth.tokens" in tokens

@@ -28,6 +28,20 @@ def db(tmp_path: Path) -> str:
     return url
 
 
+def one_partition_tenant(db: str, cwd: Path) -> str:
+    """A new tenant with room for one partition read by one consumer; its name."""
+    tenant = new_tenant()
+    run("tenant", "set", tenant, "--quota", "partitions=1", "--quota", "parallelism=1",
+        db=db, cwd=cwd)
+    return tenant
+
+
+def create_one_partition_topic(tenant: str, topic: str, *options: str, db: str, cwd: Path,
+                               env: dict[str, str] | None = None) -> None:
+    run("topic", "create", topic, "--tenant", tenant, "--partitions", "1", "--parallelism",
+        "1", *options, db=db, cwd=cwd, env=env)
+
+
 def test_topic_produce_consume_status_and_delete(
     db: str, tmp_path: Path, private_redis: RedisServer
 ) -> None:
@@ -65,11 +79,9 @@ def test_topic_produce_consume_status_and_delete(
 def test_produce_from_stdin_and_a_rate_refusal_exits_5(
     db: str, tmp_path: Path, private_redis: RedisServer
 ) -> None:
-    tenant, redis = new_tenant(), ["--redis", private_redis.url]
-    run("tenant", "set", tenant, "--quota", "partitions=1", "--quota", "parallelism=1",
-        db=db, cwd=tmp_path)
-    run("topic", "create", "orders", "--tenant", tenant, "--partitions", "1", "--parallelism",
-        "1", "--rate", "capacity=3,refill=0", *redis, db=db, cwd=tmp_path)
+    tenant, redis = one_partition_tenant(db, tmp_path), ["--redis", private_redis.url]
+    create_one_partition_topic(tenant, "orders", "--rate", "capacity=3,refill=0", *redis,
+                               db=db, cwd=tmp_path)
     result = subprocess.run(
         [*QUOTAGATE, "stream", "produce", "--tenant", tenant, "--topic", "orders", "--db", db,
          *redis, "-"], input="a\nb\n", capture_output=True, text=True, cwd=tmp_path, timeout=60)
@@ -82,11 +94,8 @@ def test_produce_from_stdin_and_a_rate_refusal_exits_5(
 def test_messages_that_are_not_utf8_go_through_as_bytes(
     db: str, tmp_path: Path, private_redis: RedisServer
 ) -> None:
-    tenant, redis_option = new_tenant(), ["--redis", private_redis.url]
-    run("tenant", "set", tenant, "--quota", "partitions=1", "--quota", "parallelism=1",
-        db=db, cwd=tmp_path)
-    run("topic", "create", "raw", "--tenant", tenant, "--partitions", "1", "--parallelism",
-        "1", *redis_option, db=db, cwd=tmp_path)
+    tenant, redis_option = one_partition_tenant(db, tmp_path), ["--redis", private_redis.url]
+    create_one_partition_topic(tenant, "raw", *redis_option, db=db, cwd=tmp_path)
     produce = [*QUOTAGATE, "stream", "produce", "--tenant", tenant, "--topic", "raw", "--db", db,
                *redis_option]
     piped = subprocess.run([*produce, "-"], input=b"ok\n\xff\xfe\n", capture_output=True,
@@ -106,11 +115,8 @@ def test_messages_that_are_not_utf8_go_through_as_bytes(
 def test_a_failing_command_sends_the_entry_to_the_dlq(
     db: str, tmp_path: Path, private_redis: RedisServer
 ) -> None:
-    tenant, redis = new_tenant(), ["--redis", private_redis.url]
-    run("tenant", "set", tenant, "--quota", "partitions=1", "--quota", "parallelism=1",
-        db=db, cwd=tmp_path)
-    run("topic", "create", "orders", "--tenant", tenant, "--partitions", "1", "--parallelism",
-        "1", *redis, db=db, cwd=tmp_path)
+    tenant, redis = one_partition_tenant(db, tmp_path), ["--redis", private_redis.url]
+    create_one_partition_topic(tenant, "orders", *redis, db=db, cwd=tmp_path)
     run("stream", "produce", "--tenant", tenant, "--topic", "orders", "good", "bad", *redis,
         db=db, cwd=tmp_path)
     script = "read line; [ \"$line\" = good ] || { echo \"no: $line\" >&2; exit 3; }"
@@ -135,11 +141,8 @@ def test_bad_input_is_refused_with_a_code(db: str, tmp_path: Path) -> None:
 def test_the_stream_redis_comes_from_quotagate_redis(
     db: str, tmp_path: Path, private_redis: RedisServer
 ) -> None:
-    tenant, env = new_tenant(), {"QUOTAGATE_REDIS": private_redis.url}
-    run("tenant", "set", tenant, "--quota", "partitions=1", "--quota", "parallelism=1",
-        db=db, cwd=tmp_path)
-    run("topic", "create", "orders", "--tenant", tenant, "--partitions", "1", "--parallelism",
-        "1", db=db, cwd=tmp_path, env=env)
+    tenant, env = one_partition_tenant(db, tmp_path), {"QUOTAGATE_REDIS": private_redis.url}
+    create_one_partition_topic(tenant, "orders", db=db, cwd=tmp_path, env=env)
     run("stream", "produce", "--tenant", tenant, "--topic", "orders", "hello", db=db,
         cwd=tmp_path, env=env)
     client = redis.Redis.from_url(private_redis.url)
@@ -153,9 +156,7 @@ def test_the_stream_redis_comes_from_quotagate_redis(
 def test_tenant_stream_settings_refused_change_nothing(
     db: str, tmp_path: Path, private_redis: RedisServer
 ) -> None:
-    tenant, redis_option = new_tenant(), ["--redis", private_redis.url]
-    run("tenant", "set", tenant, "--quota", "partitions=1", "--quota", "parallelism=1",
-        db=db, cwd=tmp_path)
+    tenant, redis_option = one_partition_tenant(db, tmp_path), ["--redis", private_redis.url]
 
     def state() -> tuple[object, object, int]:
         shown = json.loads(run("tenant", "show", tenant, "--json", db=db, cwd=tmp_path).stdout)
@@ -174,8 +175,7 @@ def test_tenant_stream_settings_refused_change_nothing(
                   db=db, cwd=tmp_path, expect=4)
     assert "no-such" in unknown.stderr
     assert state() == before
-    run("topic", "create", "orders", "--tenant", tenant, "--partitions", "1", "--parallelism",
-        "1", *redis_option, db=db, cwd=tmp_path)
+    create_one_partition_topic(tenant, "orders", *redis_option, db=db, cwd=tmp_path)
     before = state()
     moved = run("tenant", "set", tenant, "--quota", "partitions=9", "--redis",
                 "redis://127.0.0.1:6390/0", db=db, cwd=tmp_path, expect=3)
@@ -186,11 +186,8 @@ def test_tenant_stream_settings_refused_change_nothing(
 def test_a_consumer_process_serves_its_stream_counters(
     db: str, tmp_path: Path, private_redis: RedisServer
 ) -> None:
-    tenant, redis_option = new_tenant(), ["--redis", private_redis.url]
-    run("tenant", "set", tenant, "--quota", "partitions=1", "--quota", "parallelism=1",
-        db=db, cwd=tmp_path)
-    run("topic", "create", "orders", "--tenant", tenant, "--partitions", "1", "--parallelism",
-        "1", *redis_option, db=db, cwd=tmp_path)
+    tenant, redis_option = one_partition_tenant(db, tmp_path), ["--redis", private_redis.url]
+    create_one_partition_topic(tenant, "orders", *redis_option, db=db, cwd=tmp_path)
     port = free_port()
     consumer = subprocess.Popen(
         [*QUOTAGATE, "stream", "consume", "--tenant", tenant, "--topic", "orders", "--group",

@@ -12,7 +12,6 @@ import signal
 import stat
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from quotagate.delivery.naming import external_name
 from quotagate.delivery.registry import TargetStore
 from quotagate.delivery.targets.base import ExternalObject
 from quotagate.store import schema
-from support.receiver import Receiver, running_receiver
+from support.receiver import Receiver
 from support.waiting import wait_for
 from support.worker_processes import finish, start_worker, stop_all, submit_and_admit, table
 
@@ -35,12 +34,6 @@ def ledger(gate: Quotagate) -> Quotagate:
     gate.set_tenant("team-a", {"gpu": 1000})
     gate.set_pool("pool-1", {"gpu": 1000})
     return gate
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    with running_receiver() as server:
-        yield server
 
 
 def used(gate: Quotagate) -> int:
@@ -63,6 +56,19 @@ def process_target(gate: Quotagate, tmp_path: Path, command: str, **extra: Any) 
         {"command": ["sh", "-c", command], "run_dir": str(tmp_path / "runs"), **extra},
         default=True,
     )
+
+
+def webhook_target(gate: Quotagate, url: str) -> None:
+    TargetStore(gate.engine).set("hook", "webhook", {"url": url}, default=True)
+
+
+def delivered_to_webhook(gate: Quotagate, receiver: Receiver) -> tuple[str, Dispatcher]:
+    """One request delivered to ``receiver`` by a worker polling stops every 50 ms."""
+    webhook_target(gate, receiver.url)
+    [request_id] = submit_and_admit(gate, 1)
+    dispatcher = Dispatcher(gate, worker_name="w1", stop_poll=0.05)
+    dispatcher.run_once()
+    return request_id, dispatcher
 
 
 def run_directories(tmp_path: Path) -> list[Path]:
@@ -90,7 +96,7 @@ def test_several_concurrent_workers_never_deliver_one_request_twice_at_once(
 ) -> None:
     receiver.initial_state = "completed"
     receiver.post_delay = 0.02  # long enough for concurrent attempts to overlap
-    TargetStore(ledger.engine).set("hook", "webhook", {"url": receiver.url}, default=True)
+    webhook_target(ledger, receiver.url)
     ids = submit_and_admit(ledger, 60)
     # A long lease: this test is about concurrent claims, not takeovers.
     workers = [start_worker(db_url, f"w{n}", "--concurrency", "8", "--batch", "8",
@@ -245,10 +251,7 @@ def test_a_run_stopped_before_its_command_started_never_runs(
 def test_stopping_a_webhook_object_deletes_it_with_fencing_headers_and_returns_once(
     ledger: Quotagate, receiver: Receiver
 ) -> None:
-    TargetStore(ledger.engine).set("hook", "webhook", {"url": receiver.url}, default=True)
-    [request_id] = submit_and_admit(ledger, 1)
-    dispatcher = Dispatcher(ledger, worker_name="w1", stop_poll=0.05)
-    dispatcher.run_once()
+    request_id, dispatcher = delivered_to_webhook(ledger, receiver)
     assert ledger.show(request_id).state == RequestState.DELIVERED
     receiver.delete_answers = [202, 202]  # "stopping", twice; then confirmed
     ledger.cancel(request_id)
@@ -269,10 +272,7 @@ def test_stopping_a_webhook_object_deletes_it_with_fencing_headers_and_returns_o
 def test_a_stop_the_executor_never_confirms_keeps_the_cost_charged(
     ledger: Quotagate, receiver: Receiver
 ) -> None:
-    TargetStore(ledger.engine).set("hook", "webhook", {"url": receiver.url}, default=True)
-    [request_id] = submit_and_admit(ledger, 1)
-    dispatcher = Dispatcher(ledger, worker_name="w1", stop_poll=0.05)
-    dispatcher.run_once()
+    request_id, dispatcher = delivered_to_webhook(ledger, receiver)
     receiver.never_confirm_stop = True
     ledger.cancel(request_id)
     wait_for(lambda: dispatcher.run_once() is not None
@@ -378,7 +378,7 @@ def test_a_webhook_worker_killed_at_each_step_is_replaced_and_delivers_exactly_o
     ledger: Quotagate, db_url: str, receiver: Receiver, crash_at: str
 ) -> None:
     receiver.initial_state = "completed"
-    TargetStore(ledger.engine).set("hook", "webhook", {"url": receiver.url}, default=True)
+    webhook_target(ledger, receiver.url)
     ids = submit_and_admit(ledger, 3)
     assert finish(start_worker(db_url, "w1", "--batch", "2", crash_at=crash_at)) == (
         -signal.SIGKILL)
@@ -438,7 +438,7 @@ def test_tenant_visible_reasons_carry_no_secrets_and_admins_see_the_redacted_det
 ) -> None:
     port = receiver.server_address[1]
     url = f"http://hookuser:pa55word@127.0.0.1:{port}/hooks?token=s3cret"
-    TargetStore(ledger.engine).set("hook", "webhook", {"url": url}, default=True)
+    webhook_target(ledger, url)
     receiver.post_status = 500
     receiver.post_body = {"error": "database password is XYZZY"}
     [request_id] = submit_and_admit(ledger, 1)

@@ -18,6 +18,7 @@ from quotagate.store import engine as engine_module
 from quotagate.store import schema
 from quotagate.store.driver import DriverTransaction, KeptConnection, run_driver_transaction
 from quotagate.store.engine import create_engine
+from quotagate.store.ledger import Ledger
 
 
 class _Stop(Exception):
@@ -244,3 +245,102 @@ def test_a_kept_connection_back_in_use_at_once_is_not_pinged(
     finally:
         kept.close()
         engine.dispose()
+
+
+# -- checked writes, batched on MariaDB (docs/decisions/036) -----------------------------
+
+
+def _request_update(request_id: str) -> sa.Update:
+    return (schema.outbox.update().where(schema.outbox.c.request_id == request_id)
+            .values(attempts=schema.outbox.c.attempts + 1))
+
+
+def test_a_write_that_missed_its_row_count_raises_its_failure_and_rolls_back(
+    gate: Quotagate,
+) -> None:
+    def work(transaction: DriverTransaction) -> None:
+        transaction.write(_outbox_insert("written-first"), {})
+        transaction.expect(_request_update("written-first"), {}, 1, RuntimeError("not this"))
+        transaction.expect(_request_update("missing"), {}, 1, _Stop("the missed write"))
+
+    with pytest.raises(_Stop, match="the missed write"):
+        run_driver_transaction(gate.engine, work)
+    assert _outbox_ids(gate) == []
+
+
+def test_checked_writes_are_seen_by_the_next_read_of_their_transaction(gate: Quotagate) -> None:
+    def work(transaction: DriverTransaction) -> list[tuple[str, int]]:
+        transaction.write_many(_outbox_insert_rows(), [{"id": "one"}, {"id": "two"}])
+        transaction.expect(_request_update("two"), {}, 1, _Stop("missed"))
+        rows = transaction.rows(sa.select(schema.outbox.c.request_id, schema.outbox.c.attempts)
+                                .order_by(schema.outbox.c.request_id), {})
+        return [(row[0], int(row[1])) for row in rows]
+
+    assert run_driver_transaction(gate.engine, work) == [("one", 0), ("two", 1)]
+    assert _outbox_ids(gate) == ["one", "two"]
+
+
+def _outbox_insert_rows() -> sa.Insert:
+    return schema.outbox.insert().values(
+        request_id=sa.bindparam("id"), tenant="team-a", created=0.0, next_attempt_at=0.0)
+
+
+def test_a_driver_error_in_batched_writes_is_sqlalchemys_and_rolls_back(gate: Quotagate) -> None:
+    with gate.engine.begin() as connection:
+        connection.execute(_outbox_insert("taken"))
+
+    insert = schema.outbox.insert().values(
+        request_id=sa.bindparam("id"), tenant=sa.bindparam("tenant"), created=0.0,
+        next_attempt_at=0.0)
+
+    def work(transaction: DriverTransaction) -> None:
+        transaction.write(insert, {"id": "first", "tenant": "secret-tenant"})
+        # A duplicate key, seen at COMMIT at the latest.
+        transaction.write(insert, {"id": "taken", "tenant": "secret-tenant"})
+
+    with pytest.raises(IntegrityError) as raised:
+        run_driver_transaction(gate.engine, work)
+    assert _outbox_ids(gate) == ["taken"]
+    # The engine hides parameters (they are payloads, reasons, token hashes): the
+    # error shows none, batched (the values escaped into the statement sent) or not.
+    assert "secret-tenant" not in str(raised.value)
+
+
+@pytest.mark.parametrize("backend", ["mysql"], indirect=True)
+def test_on_mariadb_an_admission_sends_its_reserve_charges_and_records_in_one_statement(
+    gate: Quotagate, db_url: str,
+) -> None:
+    """Snapshot, heads, the SKIP LOCKED lock, then one compound statement, then COMMIT."""
+    from pymysql.cursors import Cursor
+
+    sent: list[str] = []
+
+    class CountingCursor(Cursor):  # type: ignore[misc]
+        def execute(self, query: str, args: object = None) -> int:
+            sent.append(query.split()[0] if args is None else "parameters")
+            return int(super().execute(query, args))
+
+    gate.set_pool("main", {"gpu": 4, "cpu": 8})
+    gate.set_tenant("team-a", {"gpu": 4, "cpu": 8})
+    engine = create_engine(db_url, connect_args={"cursorclass": CountingCursor})
+    ledger = Ledger(engine, expiry_every=3600.0)
+    try:
+        with engine.connect():  # the dialect learns the server at the first connect
+            pass
+        if not engine.dialect.is_mariadb:
+            pytest.skip("MySQL runs no compound statement outside a stored program")
+        assert ledger.admit(1) == []  # the first one also runs the expiry pass
+        gate.submit("job-1", "team-a", {"gpu": 1, "cpu": 2})
+        sent.clear()
+        assert [placement.id for placement in ledger.admit(1)] == ["job-1"]
+    finally:
+        ledger.close()
+        engine.dispose()
+    statements = [kind for kind in sent if kind != "SET"]  # the connection's own setup
+    # Before: 8 statements (reserve, two charges, outbox and audit each their own).
+    assert len(statements) == 4, sent
+    assert statements[-1] == "BEGIN"
+    with gate.engine.connect() as connection:
+        assert connection.execute(sa.select(schema.request.c.state)).scalar_one() == "reserved"
+        assert connection.execute(sa.select(sa.func.count()).select_from(schema.audit)
+                                  .where(schema.audit.c.operation == "admit")).scalar_one() == 1

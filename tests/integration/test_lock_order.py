@@ -192,3 +192,68 @@ def test_a_slice_claim_holds_only_the_slice_it_charges(gate: Quotagate) -> None:
         admitter.join(30)
     assert [placement.id for placement in admitted] == ["job"]
     assert gate.check_invariants() == []
+
+
+@pytest.mark.parametrize("backend", SERVERS, indirect=True)
+def test_moving_a_cohort_takes_its_members_rows_in_key_order(gate: Quotagate) -> None:
+    gate.set_cohort("old-root")
+    gate.set_cohort("new-root")
+    gate.set_cohort("lab", parent="old-root")
+    # team-b's rows are written first: a scan in storage order meets them before team-a's.
+    for tenant in ("team-b", "team-a"):
+        gate.set_tenant(tenant, {"gpu": 4, "cpu": 4}, cohort="lab")
+    quota = schema.tenant_quota
+
+    def rows_of(tenant: str, *, nowait: bool = False) -> sa.Select[tuple[str]]:
+        return (sa.select(quota.c.resource).where(quota.c.tenant == tenant)
+                .order_by(quota.c.resource).with_for_update(nowait=nowait))
+
+    moved: list[dict[str, object]] = []
+    with gate.engine.connect() as admitter:
+        transaction = admitter.begin()
+        # An admission (or a release) charging both members locks them in key order.
+        admitter.execute(rows_of("team-a")).all()
+        mover = threading.Thread(
+            target=lambda: moved.append(gate.set_cohort("lab", parent="new-root")))
+        mover.start()
+        wait_for(lambda: lock_waiters(gate.engine), "the move to wait for team-a's rows",
+                 interval=LOCK_POLL_SECONDS)
+        # The admission's next locks, free: had the move taken team-b's rows before
+        # waiting for team-a's, each transaction would wait for the other.
+        assert admitter.execute(rows_of("team-b", nowait=True)).all() == [("cpu",), ("gpu",)]
+        transaction.commit()
+        mover.join(30)
+    assert [described["root"] for described in moved] == ["new-root"]
+    assert gate.check_invariants() == []
+
+
+@pytest.mark.parametrize("backend", SERVERS, indirect=True)
+def test_a_tenant_change_takes_its_quota_rows_in_key_order(gate: Quotagate) -> None:
+    gate.set_cohort("lab")
+    # gpu's row is written first: a scan in storage order meets it before cpu's.
+    gate.set_tenant("team-a", {"gpu": 4})
+    gate.set_tenant("team-a", {"cpu": 4})
+    quota = schema.tenant_quota
+
+    def row(resource: str, *, nowait: bool = False) -> sa.Select[tuple[int]]:
+        return (sa.select(quota.c.cap).where(quota.c.tenant == "team-a",
+                                             quota.c.resource == resource)
+                .with_for_update(nowait=nowait))
+
+    changed: list[dict[str, dict[str, int]]] = []
+    with gate.engine.connect() as admitter:
+        transaction = admitter.begin()
+        # An admission charging cpu and gpu locks (team-a, cpu) first.
+        admitter.execute(row("cpu")).all()
+        # Joining a cohort rewrites every quota row of the tenant (their root).
+        changer = threading.Thread(
+            target=lambda: changed.append(gate.set_tenant("team-a", {"gpu": 6}, cohort="lab")))
+        changer.start()
+        wait_for(lambda: lock_waiters(gate.engine), "the change to wait for team-a's cpu row",
+                 interval=LOCK_POLL_SECONDS)
+        # Had the change taken gpu's row before waiting for cpu's, this would close a cycle.
+        assert admitter.execute(row("gpu", nowait=True)).all() == [(4,)]
+        transaction.commit()
+        changer.join(30)
+    assert changed == [{"cpu": {"used": 0, "cap": 4}, "gpu": {"used": 0, "cap": 6}}]
+    assert gate.check_invariants() == []

@@ -8,7 +8,7 @@ from alembic.runtime.migration import MigrationContext
 
 from quotagate import Quotagate
 from quotagate.store import schema
-from quotagate.store.migrate import head_revision
+from quotagate.store.migrate import head_revision, upgrade
 from quotagate.store.schema import metadata
 
 
@@ -25,15 +25,8 @@ def test_upgrading_to_binary_collation_keeps_rows_and_makes_ids_case_sensitive(
     empty_db_url: str,
 ) -> None:
     """Migration 0009 on a ledger made at 0007: the rows stay, lookups become exact."""
-    from alembic import command
-
-    from quotagate.store.migrate import alembic_config
-
     with Quotagate.connect(empty_db_url) as gate:
-        config = alembic_config()
-        with gate.engine.begin() as connection:
-            config.attributes["connection"] = connection
-            command.upgrade(config, "0007")
+        upgrade(gate.engine, "0007")
         with gate.engine.begin() as connection:
             connection.execute(schema.tenant.insert().values(name="team-a", created=1.0))
         gate.init()

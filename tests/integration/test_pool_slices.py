@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from quotagate import Conflict, InvalidInput, Quotagate, RequestState
 from quotagate.store import pool_slices, schema
 from quotagate.store.dialect import run_transaction
+from quotagate.store.migrate import upgrade
 from support import lock_order_workers, workers
 from support.ledger_state import count, snapshot
 from support.racing import race_mixed
@@ -239,15 +240,8 @@ def test_slices_for_a_pool_without_capacity_are_refused_and_change_nothing(
 def test_the_migration_makes_every_capacity_row_slice_0_and_keeps_the_charges(
     empty_db_url: str,
 ) -> None:
-    from alembic import command
-
-    from quotagate.store.migrate import alembic_config
-
     with Quotagate.connect(empty_db_url) as gate:
-        config = alembic_config()
-        with gate.engine.begin() as connection:
-            config.attributes["connection"] = connection
-            command.upgrade(config, "0009")
+        upgrade(gate.engine, "0009")
         with gate.engine.begin() as connection:
             connection.execute(schema.pool.insert().values(name="pool-1", created=1.0))
             connection.execute(sa.text(

@@ -123,3 +123,31 @@ def test_the_prepared_head_read_keeps_its_plan_however_long_the_queue(gate: Quot
         raw.rollback()
         raw.close()
     assert generic > 0, f"planned afresh at every run: {custom} custom plans, no generic one"
+
+
+def test_the_workers_look_for_overruns_reads_requests_through_an_index(gate: Quotagate) -> None:
+    """Every worker pass may run it (docs/decisions/714): with many requests and no tenant
+    opted in, it must not read the request table whole."""
+    from quotagate.store import overruns
+
+    _fill_queue(gate, 6000)
+    with gate.engine.begin() as connection:
+        connection.execute(schema.tenant.insert(), [
+            {"name": f"team-{index}", "created": 1.0} for index in range(200)])
+    query = overruns.overruns_query().params(now=5000.0, limit=256)
+    compiled = query.compile(gate.engine, compile_kwargs={"literal_binds": True})
+    name = gate.engine.dialect.name
+    with gate.engine.connect() as connection:
+        if name == "postgresql":
+            connection.exec_driver_sql("ANALYZE qg_tenant")
+            plan = "\n".join(row[0] for row in connection.exec_driver_sql(f"EXPLAIN {compiled}"))
+            assert "Seq Scan on qg_request" not in plan, plan
+        elif name == "mysql":
+            rows = connection.exec_driver_sql(f"EXPLAIN {compiled}").mappings().all()
+            requests = [row for row in rows if row["table"] == "qg_request"]
+            assert requests and all(row["key"] for row in requests), rows
+        else:
+            plan = "\n".join(
+                str(row[-1]) for row in connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}"))
+            assert "SCAN qg_request" not in plan.replace("SEARCH qg_request", ""), plan
+            assert "qg_request USING INDEX" in plan or "qg_request USING COVERING" in plan, plan

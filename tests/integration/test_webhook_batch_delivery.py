@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import signal
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,7 +22,7 @@ from quotagate.delivery.targets.base import DeliveryFailed, DeliverySpec
 from quotagate.delivery.targets.webhook import WebhookTarget
 from quotagate.errors import InvalidInput
 from quotagate.store import schema
-from support.receiver import Receiver, running_receiver
+from support.receiver import Receiver
 from support.waiting import wait_for
 from support.worker_processes import finish, start_worker, stop_all, submit_and_admit, table
 
@@ -36,12 +35,6 @@ def ledger(gate: Quotagate) -> Quotagate:
     gate.set_tenant("team-a", {"gpu": 1000})
     gate.set_pool("pool-1", {"gpu": 1000})
     return gate
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    with running_receiver() as server:
-        yield server
 
 
 def batched_target(gate: Quotagate, url: str, size: int) -> None:

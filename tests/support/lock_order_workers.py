@@ -26,6 +26,22 @@ def _end(connection: sa.Connection, ends: list[End], now: float) -> list[Any]:
     return list(release_batch(connection, ends, now))
 
 
+class _CountingReleaser:
+    """Ends batches as ``Ledger.release_many`` does, counting the reruns a deadlock caused."""
+
+    def __init__(self, gate: Quotagate) -> None:
+        self.gate = gate
+        self.deadlocks = 0
+
+    def heard(self, error: DBAPIError) -> None:
+        self.deadlocks += retry_cause(error) == "deadlock"
+
+    def end(self, ends: list[End]) -> list[Any]:
+        return run_transaction(
+            self.gate.engine, partial(_end, ends=ends, now=self.gate.ledger.clock.now()),
+            on_retry=self.heard)
+
+
 def admit_rounds(url: str, rounds: int, batch: int, barrier: Any, results: Any) -> None:
     """``rounds`` admission passes of up to ``batch``; answers (admitted, deadlocks, bound hits)."""
     admitted = 0
@@ -46,15 +62,10 @@ def release_rounds(url: str, rounds: int, batch: int, seed: int, barrier: Any,
                    results: Any) -> None:
     """``rounds`` batched releases of up to ``batch`` reserved requests of any tenants."""
     generator = random.Random(seed)
-    deadlocks = 0
     released = 0
-
-    def heard(error: DBAPIError) -> None:
-        nonlocal deadlocks
-        deadlocks += retry_cause(error) == "deadlock"
-
     request = schema.request
     with Quotagate.connect(url) as gate:
+        releaser = _CountingReleaser(gate)
         gate.engine.connect().close()
         barrier.wait(timeout=120)
         for _ in range(rounds):
@@ -67,12 +78,10 @@ def release_rounds(url: str, rounds: int, batch: int, seed: int, barrier: Any,
                 continue
             ends = [End(request_id, RequestState.COMPLETED, actor="releaser")
                     for request_id in chosen]
-            answers = run_transaction(
-                gate.engine,
-                partial(_end, ends=ends, now=gate.ledger.clock.now()), on_retry=heard)
+            answers = releaser.end(ends)
             released += sum(1 for answer in answers
                             if not isinstance(answer, Exception) and answer.released)
-    results.put(("release", released, deadlocks, 0))
+    results.put(("release", released, releaser.deadlocks, 0))
 
 
 def confirm_stop_rounds(url: str, rounds: int, seed: int, barrier: Any, results: Any) -> None:
@@ -80,15 +89,10 @@ def confirm_stop_rounds(url: str, rounds: int, seed: int, barrier: Any, results:
     each batch with one reserved request completed too (a batch that takes the
     decision lock while it holds a row a preemption could choose)."""
     generator = random.Random(seed)
-    deadlocks = 0
     confirmed = 0
-
-    def heard(error: DBAPIError) -> None:
-        nonlocal deadlocks
-        deadlocks += retry_cause(error) == "deadlock"
-
     request = schema.request
     with Quotagate.connect(url) as gate:
+        releaser = _CountingReleaser(gate)
         gate.engine.connect().close()
         barrier.wait(timeout=120)
         batches = 0
@@ -111,10 +115,8 @@ def confirm_stop_rounds(url: str, rounds: int, seed: int, barrier: Any, results:
             if not stopping:
                 continue
             batches += 1
-            answers = run_transaction(
-                gate.engine, partial(_end, ends=ends, now=gate.ledger.clock.now()),
-                on_retry=heard)
+            answers = releaser.end(ends)
             confirmed += sum(1 for end, answer in zip(ends, answers, strict=True)
                              if end.stopped and not isinstance(answer, Exception)
                              and answer.released)
-    results.put(("stop", confirmed, deadlocks, 0))
+    results.put(("stop", confirmed, releaser.deadlocks, 0))

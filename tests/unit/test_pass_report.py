@@ -28,3 +28,10 @@ def test_a_pass_without_its_lease_says_why_it_did_nothing() -> None:
     assert PassReport("worker/w1", lease_held=False).sentence() == (
         "did nothing: lease worker/w1 is held by another live worker (each live worker "
         "needs its own --name; a dead one's lease expires)")
+
+
+def test_stops_begun_at_the_max_runtime_are_said_apart() -> None:
+    before = dict.fromkeys(DELIVERY_COUNTERS, 0)
+    after = {**before, "overruns": 2, "stopped": 1}
+    assert PassReport.between("worker/w1", before, after, admitted=None).sentence() == (
+        "delivered 0 requests, 0 failed, 2 stops begun at the max-runtime, 1 stop confirmed")

@@ -76,6 +76,10 @@ def tenant() -> None:
 @click.option("--on-preempt", default=None, metavar="fail|requeue",
               help="What becomes of its work when it is preempted: it ends 'preempted' "
               "(fail, the default) or waits again with its submission time (requeue).")
+@click.option("--stop-at-max-runtime/--no-stop-at-max-runtime", "stop_at_max_runtime",
+              default=None, help="Stop its running work once its max-runtime has passed since "
+              "admission (it ends 'timed_out'); off (the default): such work keeps running "
+              "and its budget accrues it.")
 @stream_settings_options
 @db_option
 @rate_store_option
@@ -85,7 +89,8 @@ def tenant_set(
     borrowing: tuple[str, ...], lending: tuple[str, ...], weight: int | None,
     max_priority: str | None, reclaim: str | None, within_tenant: str | None,
     budget: tuple[str, ...], default_max_runtime: str | None,
-    on_preempt: str | None, db_url: str | None, rate_store: str | None,
+    on_preempt: str | None, stop_at_max_runtime: bool | None, db_url: str | None,
+    rate_store: str | None,
     **stream_options: str | None,
 ) -> None:
     """Create a tenant or change its quotas; its quota is its nominal share in a cohort."""
@@ -116,7 +121,7 @@ def tenant_set(
             lending_limit=parse_assignments(lending, "lending_limit", allow_none=True),
             weight=weight, max_priority=cap, reclaim=reclaim, within_tenant=within_tenant,
             budget=limits, clear_budgets=clear_budgets, default_max_runtime=runtime,
-            on_preempt=on_preempt,
+            on_preempt=on_preempt, stop_at_max_runtime=stop_at_max_runtime,
         )
         status = gate.set_rate(name, bucket, actor="cli") if rate is not None else None
         settings = (gate.streams.set_settings(name, **stream_settings, actor="cli")
@@ -141,7 +146,7 @@ def tenant_show(name: str, as_json: bool, db_url: str | None, rate_store: str | 
     with open_gate(db_url, rate_store=rate_store) as gate:
         described = gate.tenant(name)
         described["rate"] = gate.rate_status(name)
-        settings = gate.streams.settings(name)
+        settings = gate.stream_settings(name)
     described["streams"] = {"max_len": settings.max_len, "max_in_flight": settings.max_in_flight,
                             "redis": redact(settings.redis_url) if settings.redis_url else None}
     if as_json:
@@ -178,6 +183,8 @@ def describe_budgets(described: dict[str, Any]) -> list[str]:
     default = described.get("default_max_runtime")
     if default is not None:
         lines.append(f"default max-runtime {format_duration(default)}")
+    if described.get("stop_at_max_runtime"):
+        lines.append("work is stopped at its max-runtime (timed_out)")
     for resource, state in described.get("budget", {}).items():
         frees = state["frees_at"]
         lines.append(

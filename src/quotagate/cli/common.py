@@ -37,6 +37,19 @@ db_option = click.option(
     "Also $QUOTAGATE_DB.",
 )
 
+# The default is holds.DEFAULT_HOLD_SECONDS, written out: importing the store here would
+# cost every command's start-up (docs/performance.md, CLI startup); a unit test keeps them equal.
+hold_seconds_option = click.option(
+    "--hold-seconds",
+    "hold_seconds",
+    envvar="QUOTAGATE_HOLD_SECONDS",
+    default=600.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Seconds the room a preemption frees is kept for its preemptor before anyone may "
+    "take it (0: not kept; docs/fair-sharing.md). Also $QUOTAGATE_HOLD_SECONDS.",
+)
+
 
 def open_gate(db_url: str | None, **options: Any) -> Quotagate:
     # Imported here, not at the top: `--help`, `--version` and a usage error need neither the

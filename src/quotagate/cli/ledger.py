@@ -13,6 +13,7 @@ import click
 from quotagate.cli.common import (
     db_option,
     echo_json,
+    hold_seconds_option,
     open_gate,
     parse_assignments,
     render_table,
@@ -75,11 +76,13 @@ def submit(
               help="Seconds between polls with --loop when idle.")
 @click.option("--ttl", default=3600.0, show_default=True, type=click.FloatRange(1),
               help="Seconds a request may wait before it expires.")
+@hold_seconds_option
 @db_option
 @reports_errors
-def admit(mode: str, batch: int, interval: float, ttl: float, db_url: str | None) -> None:
+def admit(mode: str, batch: int, interval: float, ttl: float, hold_seconds: float,
+          db_url: str | None) -> None:
     """Promise capacity to waiting requests that fit."""
-    with open_gate(db_url, ttl=ttl) as gate:
+    with open_gate(db_url, ttl=ttl, hold_seconds=hold_seconds) as gate:
         if mode == "once":
             admitted = gate.admit(batch)
             for placement in admitted:

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from quotagate.cli.common import db_option, ensure_schema, open_gate, reports_errors
+from quotagate.cli.common import db_option, ensure_schema, hold_seconds_option, open_gate, reports_errors
 from quotagate.cli.rate import rate_store_option
 from quotagate.cli.retention import parse_duration
 from quotagate.cli.streams import redis_option
@@ -43,6 +43,7 @@ from quotagate.cli.streams import redis_option
               help="Seconds a verified API token is believed without reading its row again; "
               "a revocation made elsewhere then counts within that time (0: on the next "
               "request; docs/decisions/237).")
+@hold_seconds_option
 @db_option
 @redis_option
 @rate_store_option
@@ -50,8 +51,8 @@ from quotagate.cli.streams import redis_option
 def serve(
     host: str, port: int, admit_interval: float, admit_batch: int, no_workers: bool,
     log_level: str, access_log: bool, worker_name: str | None, concurrency: int, tour: bool,
-    prune_older_than: str | None, token_cache_ttl: float, db_url: str | None,
-    redis_url: str | None, rate_store: str | None,
+    prune_older_than: str | None, token_cache_ttl: float, hold_seconds: float,
+    db_url: str | None, redis_url: str | None, rate_store: str | None,
 ) -> None:
     """Run the HTTP API, admission and delivery until SIGTERM."""
     from quotagate.http import service
@@ -64,7 +65,7 @@ def serve(
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
     retention = None if prune_older_than is None else parse_duration(prune_older_than)
     gate = open_gate(db_url, redis=redis_url, rate_store=rate_store,
-                     token_cache_ttl=token_cache_ttl)
+                     token_cache_ttl=token_cache_ttl, hold_seconds=hold_seconds)
     ensure_schema(gate)
     from quotagate.store.engine import database_url, redact  # loaded already, with the gate
 

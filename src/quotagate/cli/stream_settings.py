@@ -10,7 +10,7 @@ import click
 from quotagate.errors import InvalidInput
 
 if TYPE_CHECKING:
-    from quotagate.streams.topics import StreamSettings
+    from quotagate.store.stream_settings import StreamSettings
 
 
 def stream_settings_options(function: Callable[..., Any]) -> Callable[..., Any]:

@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from quotagate.cli.common import db_option, echo_json, open_gate, render_table, reports_errors
+from quotagate.cli.common import (
+    db_option,
+    echo_json,
+    hold_seconds_option,
+    open_gate,
+    render_table,
+    reports_errors,
+)
 from quotagate.delivery.targets import KINDS
 from quotagate.delivery.worker_defaults import (
     DEFAULT_BATCH,
@@ -50,19 +57,21 @@ if TYPE_CHECKING:
 @click.option("--until-idle", is_flag=True,
               help="Run passes until nothing is pending or running, then exit.")
 @click.option("-v", "--verbose", is_flag=True, help="Log each delivery.")
+@hold_seconds_option
 @db_option
 @reports_errors
 def worker(
     worker_name: str | None, lease_ttl: float, max_attempts: int,
     retry_base: float, batch: int, concurrency: int, poll_interval: float, admit: bool, once: bool,
-    until_idle: bool, verbose: bool, db_url: str | None,
+    until_idle: bool, verbose: bool, hold_seconds: float, db_url: str | None,
 ) -> None:
     """Deliver admitted requests to their targets until stopped (SIGTERM/SIGINT)."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(message)s")
     from quotagate.delivery.dispatcher import Dispatcher
 
-    with open_gate(db_url) as gate:
+    # The hold matters with --admit only: admission is where preemptions are decided.
+    with open_gate(db_url, hold_seconds=hold_seconds) as gate:
         dispatcher = Dispatcher(
             gate, worker_name=worker_name or socket.gethostname().split(".")[0],
             lease_ttl=lease_ttl, max_attempts=max_attempts, retry_base=retry_base,
@@ -101,7 +110,10 @@ def _run_until_idle(dispatcher: Dispatcher, gate: Quotagate, stop: threading.Eve
 
 def _idle(gate: Quotagate) -> bool:
     counts = gate.state_counts()
-    return not any(counts.get(state) for state in ("reserved", "delivered", "cancelling"))
+    from quotagate.domain.model import CHARGED_STATES
+
+    # Stopping work too: its stop is this worker's to carry out (it is charged).
+    return not any(counts.get(state.value) for state in CHARGED_STATES)
 
 
 @click.group()

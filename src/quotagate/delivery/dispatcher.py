@@ -3,9 +3,10 @@
 One pass (``run_once``): make sure this worker holds its lease, claim a batch
 of due outbox rows, deliver them concurrently (a bounded thread pool,
 ``concurrency``), then write every binding and ``delivered`` mark of the batch
-in one fenced transaction; carry out the stops of cancelled requests the same
-way; then read the outcomes of delivered requests, many per target call, and
-release their cost when the executor says they ended. ``run`` repeats passes
+in one fenced transaction; carry out the stops of cancelled requests (and of
+work past its max-runtime, where its tenant asks for that) the same way; then
+read the outcomes of delivered requests, many per target call, and release
+their cost when the executor says they ended. ``run`` repeats passes
 until told to stop and then gives the lease up.
 
 Each worker holds one lease, ``worker/<name>`` (docs/decisions/201). Its
@@ -58,6 +59,7 @@ from quotagate.delivery.worker_defaults import (
 from quotagate.domain.lease import Lease, validate_owner, validate_ttl
 from quotagate.domain.model import RequestState, bounded_reason
 from quotagate.errors import Conflict, InvalidInput, NotFound, QuotagateError, StaleGeneration
+from quotagate.store import overruns
 from quotagate.store.lease import LeaseStore
 from quotagate.store.release import End
 
@@ -72,6 +74,10 @@ TARGET_REFRESH_INTERVAL = 1.0
 MAX_BATCHES_PER_PASS = 16
 END_BATCH = 256  # ends released per transaction
 OBSERVE_INTERVAL = 1.0
+# Max-runtimes are whole seconds: looking for overruns once a second stops them
+# within about a second of their limit, and a busy worker's passes pay for the
+# look at most once a second (docs/decisions/714).
+OVERRUN_INTERVAL = 1.0
 
 Result = TypeVar("Result")
 
@@ -98,6 +104,7 @@ class Dispatcher:
         stop_poll: float = DEFAULT_STOP_POLL,
         admit: bool = False,
         observe_limit: int = 500,
+        overrun_interval: float = OVERRUN_INTERVAL,
     ) -> None:
         self.gate = gate
         self.worker_name = validate_owner(worker_name)
@@ -115,6 +122,8 @@ class Dispatcher:
         self.stop_poll = stop_poll
         self.admit = admit
         self.observe_limit = observe_limit
+        # Seconds between looks for work past its max-runtime (0: every pass).
+        self.overrun_interval = overrun_interval
         self.retry = RetryPolicy(max_attempts, retry_base, retry_max)
         self.counters = gate.delivery_counters
         self.leases = LeaseStore(gate.engine, counters=self.counters)
@@ -130,6 +139,7 @@ class Dispatcher:
         self._refreshed_at = -TARGET_REFRESH_INTERVAL
         self._observed_up_to = ""
         self._observed_at = -OBSERVE_INTERVAL
+        self._overruns_at = -overrun_interval
         self._waiting_logged = False
         # What the last pass did, by kind (``quotagate worker --once`` prints it).
         self.last_pass: PassReport | None = None
@@ -214,6 +224,10 @@ class Dispatcher:
         lease = self._lease
         if lease is None:  # pragma: no cover - _hold_lease just set it
             return moved
+        if time.monotonic() - self._overruns_at >= self.overrun_interval:
+            # Before claiming: the stops begun here are claimed in this very pass.
+            self._overruns_at = time.monotonic()
+            moved += self._stop_overruns()
         delivered = self._work_through(lease)
         moved += delivered
         now = time.monotonic()
@@ -506,6 +520,16 @@ class Dispatcher:
         if confirmed:
             self._crash_point("after_stop")
         return self._stopped(lease, confirmed) if confirmed and self._lease is not None else 0
+
+    def _stop_overruns(self) -> int:
+        """Begin the stop of work past its max-runtime, where its tenant asks for it."""
+        begun = overruns.stop_overruns(self.gate.engine, self.gate.clock.now(),
+                                       actor=self.actor)
+        if begun:
+            self.counters.increment("overruns", len(begun))
+            logger.info("worker %s: stopping %d request(s) past their max-runtime: %s",
+                        self.worker_name, len(begun), ", ".join(begun[:10]))
+        return len(begun)
 
     def _stop(self, claim: Claim) -> StopResult:
         obtained = self.outbox.binding_of(claim.request_id)

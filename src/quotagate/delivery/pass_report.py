@@ -32,6 +32,8 @@ class PassReport:
     stops_confirmed: int = 0
     # Stops sent that the target has not confirmed yet; tried again next pass.
     stops_pending: int = 0
+    # Stops begun because work ran past its max-runtime (docs/decisions/714).
+    overruns: int = 0
     completed: int = 0
     executor_failed: int = 0
 
@@ -48,6 +50,7 @@ class PassReport:
                    retrying=max(0, delta("retried") - delta("stops_pending")),
                    failed=delta("given_up"),
                    stops_confirmed=delta("stopped"), stops_pending=delta("stops_pending"),
+                   overruns=delta("overruns"),
                    completed=delta("executor_completed"),
                    executor_failed=delta("executor_failed"))
 
@@ -60,6 +63,8 @@ class PassReport:
         parts += [f"delivered {_plural(self.delivered, 'request')}", f"{self.failed} failed"]
         if self.retrying:
             parts.append(f"{self.retrying} to retry")
+        if self.overruns:
+            parts.append(f"{_plural(self.overruns, 'stop')} begun at the max-runtime")
         parts.append(f"{_plural(self.stops_confirmed, 'stop')} confirmed")
         if self.stops_pending:
             parts.append(f"{_plural(self.stops_pending, 'stop')} awaiting the target")

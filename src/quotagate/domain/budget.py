@@ -135,6 +135,15 @@ def reservation(cost: Cost, runtime: int | None) -> dict[str, int]:
     return {resource: amount * runtime for resource, amount in cost.items()}
 
 
+def overrun_reason(runtime: int) -> str:
+    """Why work stopped at its max-runtime is stopped (state ``timing_out``/``timed_out``).
+
+    Seconds, spelled as the HTTP API's ``max_runtime`` is, so the reason names
+    the very number the request (or its tenant's default) declared.
+    """
+    return f"max_runtime {runtime}s exceeded"
+
+
 @dataclass(frozen=True)
 class BudgetState:
     """One (tenant, resource) budget as admission sees it.

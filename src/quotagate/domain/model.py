@@ -50,6 +50,10 @@ class RequestState(enum.StrEnum):
     # until the target confirms the stop, then ``preempted`` (docs/fair-sharing.md).
     PREEMPTING = "preempting"
     PREEMPTED = "preempted"
+    # Past its max-runtime under a tenant that stops such work: still charged
+    # until the target confirms the stop, then ``timed_out`` (docs/decisions/714).
+    TIMING_OUT = "timing_out"
+    TIMED_OUT = "timed_out"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -59,10 +63,11 @@ class RequestState(enum.StrEnum):
 
 CHARGED_STATES = frozenset(
     {RequestState.RESERVED, RequestState.DELIVERED, RequestState.CANCELLING,
-     RequestState.PREEMPTING}
+     RequestState.PREEMPTING, RequestState.TIMING_OUT}
 )
 # Charged, stopping: only the target's confirmed stop ends them.
-STOPPING_STATES = frozenset({RequestState.CANCELLING, RequestState.PREEMPTING})
+STOPPING_STATES = frozenset({RequestState.CANCELLING, RequestState.PREEMPTING,
+                             RequestState.TIMING_OUT})
 FINAL_STATES = frozenset(
     {
         RequestState.COMPLETED,
@@ -71,6 +76,7 @@ FINAL_STATES = frozenset(
         RequestState.EXPIRED,
         RequestState.REJECTED,
         RequestState.PREEMPTED,
+        RequestState.TIMED_OUT,
     }
 )
 

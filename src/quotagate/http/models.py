@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictStr
 
 from quotagate.domain.bucket import MAX_CAPACITY, MAX_REFILL_PER_SECOND, BucketConfig
 from quotagate.domain.budget import BUDGET_PATTERN, MAX_RUNTIME
@@ -141,6 +141,12 @@ class TenantBody(_Body):
         "preempted) or requeue (it waits again, with its submission time)",
         examples=["requeue"], json_schema_extra={"enum": [*ON_PREEMPT_POLICIES, None]},
     )
+    stop_at_max_runtime: StrictBool | None = Field(
+        default=None, description="Stop its running work once its max-runtime has passed "
+        "since admission (it ends timed_out, through the confirmed stop); false: such work "
+        "keeps running and its budget accrues it; absent or null keeps the setting",
+        examples=[True],
+    )
 
 
 class CohortBody(_Body):
@@ -186,7 +192,8 @@ class SubmitBody(_Body):
                                      json_schema_extra=_NAME)
     max_runtime: WholeNumber | None = Field(
         default=None, description="Seconds it is expected to run: what its tenant's budget "
-        "reserves for it (absent: the tenant's default_max_runtime); not a time limit", examples=[7200],
+        "reserves for it (absent: the tenant's default_max_runtime); a time limit only where the "
+        "tenant has stop_at_max_runtime", examples=[7200],
         json_schema_extra={"minimum": 1, "maximum": MAX_RUNTIME})
 
 
@@ -209,7 +216,8 @@ class BatchEntryBody(_Body):
     target: StrictStr | None = Field(default=None, description="Delivery target name")
     max_runtime: WholeNumber | None = Field(
         default=None, description="Seconds it is expected to run: what its tenant's budget "
-        "reserves for it (absent: the tenant's default_max_runtime); not a time limit")
+        "reserves for it (absent: the tenant's default_max_runtime); a time limit only where the "
+        "tenant has stop_at_max_runtime")
 
 
 class BatchSubmitBody(_Body):

@@ -205,6 +205,8 @@ _DELIVERY_COUNTERS = {
     "stops_claimed": ("quotagate_stop_claims", "Outbox rows claimed to stop their request"),
     "stops_pending": ("quotagate_stops_unconfirmed", "Stop attempts the target did not confirm"),
     "stopped": ("quotagate_stops_confirmed", "Cancelled requests whose stop was confirmed"),
+    "overruns": ("quotagate_max_runtime_stops",
+                 "Running requests whose stop began because their max-runtime passed"),
 }
 
 

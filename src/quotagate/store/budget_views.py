@@ -29,9 +29,12 @@ def describe(connection: sa.Connection, tenant: str, now: float) -> dict[str, An
     rows = connection.execute(
         sa.select(budget).where(budget.c.tenant == tenant).order_by(budget.c.resource)
     ).mappings().all()
-    default = connection.execute(sa.select(schema.tenant.c.default_max_runtime)
-                                 .where(schema.tenant.c.name == tenant)).scalar()
-    described: dict[str, Any] = {"default_max_runtime": default, "budget": {}}
+    settings = connection.execute(
+        sa.select(schema.tenant.c.default_max_runtime, schema.tenant.c.stop_at_max_runtime)
+        .where(schema.tenant.c.name == tenant)).first()
+    default, stops = (None, False) if settings is None else tuple(settings)
+    described: dict[str, Any] = {"default_max_runtime": default,
+                                 "stop_at_max_runtime": bool(stops), "budget": {}}
     if not rows:
         return described
     running = running_requests(connection, tenant)

@@ -46,6 +46,7 @@ from quotagate.domain.budget import (
 from quotagate.domain.model import CHARGED_STATES, validate_resource
 from quotagate.domain.placement import Placement
 from quotagate.domain.sharing import KEEP
+from quotagate.errors import InvalidInput
 from quotagate.store import schema
 from quotagate.store.dialect import reserves_with_lock
 from quotagate.store.driver import DriverTransaction
@@ -60,12 +61,14 @@ _CHARGED = [state.value for state in CHARGED_STATES]
 @dataclass(frozen=True)
 class BudgetChange:
     """An admin change of a tenant's budgets: per resource a limit, or None to remove it;
-    ``default_max_runtime``: seconds, None to remove it, absent (``keep``) to keep it."""
+    ``default_max_runtime``: seconds, None to remove it, absent (``keep``) to keep it;
+    ``stop_at_max_runtime``: on, off, or None to keep it (docs/decisions/714)."""
 
     limits: Mapping[str, BudgetLimit | None]
     default_max_runtime: int | None = None
     keep_default: bool = True
     clear: bool = False  # remove every budget of the tenant first (``--budget none``)
+    stop_at_max_runtime: bool | None = None
 
     def describe(self) -> str:
         parts = ["budget=none"] if self.clear else []
@@ -75,27 +78,35 @@ class BudgetChange:
             parts.append("default_max_runtime=" + (
                 "none" if self.default_max_runtime is None
                 else format_duration(self.default_max_runtime)))
+        if self.stop_at_max_runtime is not None:
+            parts.append(f"stop_at_max_runtime={'on' if self.stop_at_max_runtime else 'off'}")
         return ",".join(parts)
 
 
 def budget_change(
-    limits: Mapping[str, object] | None, clear: bool, default_max_runtime: object
+    limits: Mapping[str, object] | None, clear: bool, default_max_runtime: object,
+    stop_at_max_runtime: object = None,
 ) -> BudgetChange | None:
     """Validate an admin change of budgets (before anything is written); None: no change.
 
     ``limits``: per resource ``"100h/30d"`` or None (removed); ``default_max_runtime``:
-    a duration, None (removed) or :data:`~quotagate.domain.sharing.KEEP`.
+    a duration, None (removed) or :data:`~quotagate.domain.sharing.KEEP`;
+    ``stop_at_max_runtime``: True, False or None (kept).
     """
     keep = default_max_runtime is KEEP
-    if not limits and not clear and keep:
+    if not limits and not clear and keep and stop_at_max_runtime is None:
         return None
+    if stop_at_max_runtime is not None and not isinstance(stop_at_max_runtime, bool):
+        raise InvalidInput(f"stop_at_max_runtime must be true or false, got "
+                           f"{stop_at_max_runtime!r}", code="invalid_stop_at_max_runtime")
     parsed: dict[str, BudgetLimit | None] = {}
     for resource, text in (limits or {}).items():
         validate_resource(resource)
         parsed[resource] = None if text is None else parse_budget(text)
     default = None if keep or default_max_runtime is None else parse_duration(
         default_max_runtime, what="default_max_runtime")
-    return BudgetChange(parsed, default, keep_default=keep, clear=clear)
+    return BudgetChange(parsed, default, keep_default=keep, clear=clear,
+                        stop_at_max_runtime=stop_at_max_runtime)
 
 
 @lru_cache(maxsize=1)
@@ -310,6 +321,9 @@ def apply(connection: sa.Connection, tenant: str, change: BudgetChange) -> None:
     if not change.keep_default:
         connection.execute(schema.tenant.update().where(schema.tenant.c.name == tenant)
                            .values(default_max_runtime=change.default_max_runtime))
+    if change.stop_at_max_runtime is not None:
+        connection.execute(schema.tenant.update().where(schema.tenant.c.name == tenant)
+                           .values(stop_at_max_runtime=change.stop_at_max_runtime))
     if not change.limits and not change.clear:
         return
     # Running requests first (release's lock order): no release of this tenant is

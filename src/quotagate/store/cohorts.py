@@ -349,6 +349,21 @@ def all_members(connection: sa.Connection) -> dict[str, list[ResourceMember]]:
 # -- admin changes ------------------------------------------------------------------
 
 
+def lock_quota_rows(connection: sa.Connection, tenants: Sequence[str]) -> None:
+    """Lock every quota row of ``tenants`` in (tenant, resource) order (docs/decisions/041).
+
+    An UPDATE of several rows alone locks them in the order it scans them, on
+    PostgreSQL the order they are stored in: holding team-b's row it would wait for
+    team-a's, which an admission or release charging both holds while it waits for
+    team-b's. Taken first in key order, the later UPDATEs only rewrite held rows.
+    """
+    quota = schema.tenant_quota
+    connection.execute(
+        sa.select(quota.c.tenant, quota.c.resource).where(quota.c.tenant.in_(tenants))
+        .order_by(quota.c.tenant, quota.c.resource).with_for_update()
+    ).all()
+
+
 def set_cohort(
     connection: sa.Connection, name: str, parent: str | Keep | None, now: float
 ) -> tuple[str | None, bool]:
@@ -391,6 +406,7 @@ def set_cohort(
         # Rewriting the quota rows locks them: an admission or release of a moved
         # tenant either finished before (and is in the rebuilt rooms) or reads the
         # new root from the row it charges.
+        lock_quota_rows(connection, moved)
         connection.execute(quota.update().where(quota.c.tenant.in_(moved))
                            .values(cohort_root=new_root))
     rebuild(connection, [old_root, new_root])
@@ -411,11 +427,13 @@ def apply_tenant_sharing(
     parents = cohort_parents(connection)
     old_root = None if old_cohort is None else root_of(old_cohort, parents)
     new_root = old_root
+    # The tenant row's changes, written in one UPDATE (this transaction holds the row).
+    values: dict[str, Any] = {}
     if change.cohort is not KEEP:
         cohort_name = change.cohort
         if cohort_name is None:
             new_root = None
-            connection.execute(tenant.update().where(tenant.c.name == name).values(cohort=None))
+            values["cohort"] = None
             # Limits mean something only in a cohort; leaving it forgets them.
             connection.execute(quota.update().where(quota.c.tenant == name)
                                .values(borrowing_limit=None, lending_limit=None))
@@ -425,23 +443,16 @@ def apply_tenant_sharing(
                 raise NotFound(f"cohort {cohort_name!r} does not exist; create it with "
                                "'quotagate cohort set'", code="unknown_cohort")
             new_root = root_of(cohort_name, parents)
-            connection.execute(tenant.update().where(tenant.c.name == name)
-                               .values(cohort=cohort_name))
-    if change.weight is not None:
-        connection.execute(tenant.update().where(tenant.c.name == name)
-                           .values(weight=change.weight))
+            values["cohort"] = cohort_name
     if change.max_priority is not KEEP:
-        connection.execute(tenant.update().where(tenant.c.name == name)
-                           .values(max_priority=change.max_priority))
-    if change.reclaim is not None:
-        connection.execute(tenant.update().where(tenant.c.name == name)
-                           .values(reclaim=change.reclaim))
-    if change.within_tenant is not None:
-        connection.execute(tenant.update().where(tenant.c.name == name)
-                           .values(within_tenant=change.within_tenant))
-    if change.on_preempt is not None:
-        connection.execute(tenant.update().where(tenant.c.name == name)
-                           .values(on_preempt=change.on_preempt))
+        values["max_priority"] = change.max_priority
+    for column, value in (("weight", change.weight), ("reclaim", change.reclaim),
+                          ("within_tenant", change.within_tenant),
+                          ("on_preempt", change.on_preempt)):
+        if value is not None:
+            values[column] = value
+    if values:
+        connection.execute(tenant.update().where(tenant.c.name == name).values(values))
     if change.borrowing_limit or change.lending_limit:
         if new_root is None:
             raise InvalidInput(

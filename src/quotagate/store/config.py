@@ -129,6 +129,9 @@ class Configuration:
             if holder == "pool":
                 pool_slices.configure(connection, name, caps, slices)
             else:
+                # The caps it names and the sharing change rewrite some or all of the
+                # tenant's rows: all are taken in admission's order first.
+                cohorts.lock_quota_rows(connection, [name])
                 for resource, cap in caps.items():
                     updated = connection.execute(
                         cap_table.update()

@@ -31,6 +31,9 @@ DELIVERY_COUNTERS = (
     "stops_claimed",
     "stops_pending",
     "stopped",
+    # Running work whose stop a worker began because its max-runtime passed
+    # (tenants with stop_at_max_runtime, docs/decisions/714).
+    "overruns",
 )
 
 

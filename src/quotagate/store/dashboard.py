@@ -27,10 +27,9 @@ from quotagate.domain.ordering import effective_priority
 from quotagate.domain.placement import Candidate
 from quotagate.domain.preemption import HeldRoom
 from quotagate.domain.sharing import standings
-from quotagate.errors import NotFound
 from quotagate.store import budgets, cohorts, fair_history, holds, schema, statements
 from quotagate.store.dialect import database_now, reading
-from quotagate.store.rows import decode_cost, request_from_row
+from quotagate.store.rows import decode_cost, request_from_row, visible_request_row
 
 
 class StreamsSection(Protocol):
@@ -42,7 +41,7 @@ class StreamsSection(Protocol):
 # States of a stop or preemption that the executor has not confirmed yet: the
 # cost is still charged and comes back only once it does (the delivery engine
 # adds these states; they are counted by name so this view needs no change then).
-UNCONFIRMED_STOP_STATES = ("cancelling", "preempting")
+UNCONFIRMED_STOP_STATES = ("cancelling", "preempting", "timing_out")
 # Audit entries that move a request into or out of the waiting queue (a requeued
 # victim waits again: quotagate.store.requeue).
 _ENTERS_QUEUE = (("submit", "accepted"), ("requeue", "waiting"))
@@ -257,13 +256,9 @@ class DashboardViews:
               operator: bool | None = None) -> dict[str, Any]:
         """A request's whole story: its row, every audit entry about it, binding and outbox."""
         operator = tenant is None if operator is None else operator
-        request, audit, binding, outbox = schema.request, schema.audit, schema.binding, schema.outbox
+        audit, binding, outbox = schema.audit, schema.binding, schema.outbox
         with reading(self.engine) as connection:
-            row = connection.execute(
-                sa.select(request).where(request.c.id == request_id)
-            ).mappings().first()
-            if row is None or (tenant is not None and row["tenant"] != tenant):
-                raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
+            row = visible_request_row(connection, request_id, tenant)
             entries = connection.execute(
                 sa.select(audit)
                 .where(audit.c.target == request_id, audit.c.tenant == row["tenant"])

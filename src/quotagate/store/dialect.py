@@ -82,6 +82,18 @@ def update_returns_rows(engine: HasDialect) -> bool:
     return engine.dialect.name in ("postgresql", "sqlite")
 
 
+def batches_writes(engine: HasDialect) -> bool:
+    """Can checked writes wait and go to the server together, one round trip for several?
+
+    MariaDB runs a compound statement (``BEGIN NOT ATOMIC … END``) sent as one
+    query, and its ``IF ROW_COUNT() <> n THEN SIGNAL …`` checks a write's row
+    count on the server (quotagate.store.driver, docs/decisions/036). MySQL has
+    compound statements only in stored programs; PostgreSQL and SQLite write at
+    once.
+    """
+    return engine.dialect.name == "mysql" and bool(getattr(engine.dialect, "is_mariadb", False))
+
+
 def supports_dml_cte(engine: HasDialect) -> bool:
     """Can an INSERT carry another INSERT in a WITH clause (one round trip for both)?"""
     return engine.dialect.name == "postgresql"

@@ -24,14 +24,14 @@ def alembic_config() -> Config:
     return config
 
 
-def upgrade(engine: Engine) -> str | None:
-    """Bring the database to the newest schema; return the revision it is at."""
+def upgrade(engine: Engine, revision: str = "head") -> str | None:
+    """Bring the database to ``revision`` (the newest schema unless told); return where it is."""
     from alembic import command
 
     config = alembic_config()
     with engine.begin() as connection:
         config.attributes["connection"] = connection
-        command.upgrade(config, "head")
+        command.upgrade(config, revision)
     return current_revision(engine)
 
 

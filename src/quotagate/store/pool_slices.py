@@ -237,8 +237,11 @@ def charge(
     pools: Mapping[str, Mapping[str, tuple[int, int]]],
     *,
     lock_in_order: bool,
-) -> bool:
-    """Charge the pools of ``placements``; False when a conditional charge missed.
+    missed: Exception,
+) -> None:
+    """Charge the pools of ``placements``; ``missed`` is raised when a conditional charge
+    missed (at once, or when the transaction's batched writes are sent:
+    :meth:`~quotagate.store.driver.DriverTransaction.expect`).
 
     ``slices`` is the snapshot's slice count per pool (absent: one) and
     ``pools`` its pools' resources, the first of which claims a slice.
@@ -252,10 +255,11 @@ def charge(
         for resource, amount in placement.cost.items():
             amounts[resource] += amount
     if not any(pool in slices for pool in per_pool):
-        return _charge_rows(transaction, {
+        _charge_rows(transaction, {
             (pool, 0, resource): amount
             for pool, amounts in per_pool.items() for resource, amount in amounts.items()
-        }, lock_in_order)
+        }, lock_in_order, missed)
+        return
     chosen: dict[str, int] = {}
     for pool, amounts in sorted(per_pool.items()):
         slice_number = 0
@@ -274,10 +278,8 @@ def charge(
             chosen.update((placement.id, found) for placement in placements
                           if placement.pool == pool)
         rows = {(pool, slice_number, resource): amount for resource, amount in amounts.items()}
-        if not _charge_rows(transaction, rows, lock_in_order):
-            if pool in slices:
-                raise SliceFragmented(pool, amounts)
-            return False
+        _charge_rows(transaction, rows, lock_in_order,
+                     SliceFragmented(pool, amounts) if pool in slices else missed)
     if chosen:
         ordered = sorted(chosen.items())
         parameters: dict[str, Any] = {}
@@ -285,16 +287,16 @@ def charge(
             parameters[f"id_{index}"] = request_id
             parameters[f"slice_{index}"] = slice_number
         transaction.execute(_record_statement(len(ordered)), parameters)
-    return True
 
 
 def _charge_rows(
-    transaction: DriverTransaction, amounts: dict[tuple[str, int, str], int], lock_in_order: bool
-) -> bool:
+    transaction: DriverTransaction, amounts: dict[tuple[str, int, str], int], lock_in_order: bool,
+    missed: Exception,
+) -> None:
     statement = statements.charge_statement(
         schema.pool_capacity, "pool", len(amounts), lock_in_order=lock_in_order, sliced=True)
-    count = transaction.rowcount(statement, statements.sliced_charge_parameters(amounts))
-    return count == len(amounts)
+    transaction.expect(statement, statements.sliced_charge_parameters(amounts), len(amounts),
+                       missed)
 
 
 def return_statement_parameters(

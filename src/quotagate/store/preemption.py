@@ -21,14 +21,16 @@ from quotagate.store import schema
 from quotagate.store.dialect import supports_skip_locked
 
 _CANDIDATE_STATES = (RequestState.RESERVED.value, RequestState.DELIVERED.value,
-                     RequestState.PREEMPTING.value)
+                     RequestState.PREEMPTING.value, RequestState.TIMING_OUT.value)
+# Stopping already: their cost is coming back, none is a victim (docs/decisions/714).
+_STOPPING = (RequestState.PREEMPTING.value, RequestState.TIMING_OUT.value)
 
 
 def running_work(connection: sa.Connection, tenants: set[str]) -> list[Running]:
     """Charged requests of ``tenants`` and of every member of their cohort trees.
 
     ``admitted`` is the outbox row's creation, the moment of admission; work
-    already ``preempting`` comes back marked ``stopping``. The cohort trees are
+    already ``preempting`` (or ``timing_out``) comes back marked ``stopping``. The cohort trees are
     found in the same statement (quota rows' ``cohort_root``), so this read
     needs nothing read before it (the order of reads: Ledger._preempt).
     """
@@ -45,7 +47,7 @@ def running_work(connection: sa.Connection, tenants: set[str]) -> list[Running]:
                request.c.state.in_(_CANDIDATE_STATES))
     )
     return [Running(row.id, row.tenant, row.pool, json.loads(row.cost), int(row.priority),
-                    float(row.admitted), stopping=row.state == RequestState.PREEMPTING.value)
+                    float(row.admitted), stopping=row.state in _STOPPING)
             for row in rows]
 
 

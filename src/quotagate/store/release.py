@@ -65,10 +65,15 @@ from quotagate.store.authority import ReleaseGuard
 from quotagate.store.dialect import reserves_with_lock
 from quotagate.store.rows import decode_cost, request_from_row
 
-__all__ = ["ENDING_STATES", "End", "ReleaseResult", "lock_decisions", "release_batch"]
+__all__ = ["ENDING_STATES", "End", "ReleaseResult", "lock_decisions", "mark_stop",
+           "release_batch"]
 
 ENDING_STATES = frozenset({RequestState.COMPLETED, RequestState.FAILED, RequestState.CANCELLED})
 _STOPPABLE = frozenset({RequestState.RESERVED, RequestState.DELIVERED})
+# Stopping work a preemption decision counts as coming back (store/preemption.py).
+_DECIDED_STOPS = frozenset({RequestState.PREEMPTING, RequestState.TIMING_OUT})
+# Ends of a stop: confirming the stop again finds the request there and does nothing.
+_STOPPED = frozenset({RequestState.PREEMPTED, RequestState.TIMED_OUT})
 
 Fence = Callable[[sa.Connection], None]
 
@@ -198,12 +203,19 @@ def _round(
                 else:
                     moves.append(_Move(index, end, row, current, RequestState.PREEMPTED,
                                        row["reason"]))
+            elif current == RequestState.TIMING_OUT:
+                # Stopped at its max-runtime (docs/decisions/714): it ends timed_out and
+                # keeps the reason that names the limit, whatever the target answered.
+                moves.append(_Move(index, end, row, current, RequestState.TIMED_OUT,
+                                   row["reason"]))
             else:
                 moves.append(_Move(index, end, row, current, end.to_state, end.reason))
     if not moves:
         return
-    if any(move.current == RequestState.PREEMPTING for move in moves):
-        lock_decisions(connection)  # not while a preemption decision reads (Ledger._preempt)
+    if any(move.current in _DECIDED_STOPS for move in moves):
+        # Not while a preemption decision reads (Ledger._preempt): it counts this
+        # work as coming back, and must not see it vanish with its cost still charged.
+        lock_decisions(connection)
     released = _move_states(connection, moves, now)
     _return_cost(connection, released.values())
     # Budgets: what the released work held, admission to now (docs/fair-sharing.md#budgets).
@@ -245,10 +257,9 @@ def _judge(
         end.guard(connection, row, end.to_state)
     current = RequestState(row["state"])
     if current == end.to_state or (
-        current == RequestState.PREEMPTED and end.to_state == RequestState.CANCELLED
-        and end.stopped
+        current in _STOPPED and end.to_state == RequestState.CANCELLED and end.stopped
     ):
-        # Done already (a preemption's stop confirmed twice ends it once).
+        # Done already (a preemption's or a time limit's stop confirmed twice ends it once).
         return ReleaseResult(request_from_row(row), released={})
     if end.stopped and current == RequestState.WAITING:
         # A stop confirmed again after its victim was requeued: nothing runs, nothing
@@ -336,25 +347,34 @@ def _return_cost(connection: sa.Connection, charges: Iterable[_Charge]) -> None:
     returns.return_cost(connection, tenant_amounts, pool_amounts)
 
 
+def mark_stop(connection: sa.Connection, request_id: str) -> None:
+    """Make a charged request's outbox row a stop for a worker (docs/decisions/211).
+
+    Due at once (attempts 0). A delivered row's claim is spent: free it. An
+    undelivered row's claim stays with the worker delivering it until its batch
+    notices the stop or its lease dies. The caller has moved the request row to
+    a stopping state first (request rows before outbox rows, the lock order).
+    """
+    outbox = schema.outbox
+    connection.execute(
+        outbox.update().where(outbox.c.request_id == request_id)
+        .values(stopping=True, attempts=0, last_error=None,
+                claimed_by=sa.case((outbox.c.delivered == sa.true(), sa.null()),
+                                   else_=outbox.c.claimed_by))
+    )
+
+
 def _begin_stop(
     connection: sa.Connection, row: dict[str, Any], end: End, now: float
 ) -> ReleaseResult:
     """``reserved``/``delivered`` → ``cancelling``: charged until the target confirms."""
-    request, outbox = schema.request, schema.outbox
+    request = schema.request
     connection.execute(
         request.update()
         .where(request.c.id == row["id"], request.c.state == row["state"])
         .values(state=RequestState.CANCELLING.value, updated=now, reason=end.reason)
     )
-    # Due at once (attempts 0). A delivered row's claim is spent: free it.
-    # An undelivered row's claim stays with the worker delivering it
-    # until its batch notices the cancel or its lease dies.
-    connection.execute(
-        outbox.update().where(outbox.c.request_id == row["id"])
-        .values(stopping=True, attempts=0, last_error=None,
-                claimed_by=sa.case((outbox.c.delivered == sa.true(), sa.null()),
-                                   else_=outbox.c.claimed_by))
-    )
+    mark_stop(connection, row["id"])
     record(connection, now, AuditEntry(end.actor, "cancel", "stopping", row["tenant"],
                                        row["id"], end.reason))
     row.update(state=RequestState.CANCELLING.value, updated=now, reason=end.reason)

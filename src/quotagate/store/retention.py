@@ -1,11 +1,12 @@
 """Retention: delete finished requests and old audit entries, in bounded batches.
 
-Only requests in a final state (completed, failed, cancelled, expired, rejected)
-whose last change is older than the cutoff go, with their outbox row and
-binding. A charged (reserved, delivered, cancelling) or waiting request is never
-a candidate, and the candidates are locked before anything is deleted: a rejected
-request submitted again at the same moment is either pruned first (and the new
-submit creates it afresh) or becomes waiting first (and is left alone).
+Only requests in a final state (completed, failed, cancelled, expired, rejected,
+preempted, timed_out) whose last change is older than the cutoff go, with their
+outbox row and binding. A charged (reserved, delivered, or stopping) or waiting
+request is never a candidate, and the candidates are locked before anything is
+deleted: a rejected request submitted again at the same moment is either pruned
+first (and the new submit creates it afresh) or becomes waiting first (and is
+left alone).
 
 Each batch is its own short transaction, so pruning a year of history never
 holds a lock for long, and a prune that is killed halfway has removed whole

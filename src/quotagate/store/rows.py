@@ -9,7 +9,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from quotagate.domain.model import Cost, Request, RequestState
-from quotagate.store import statements
+from quotagate.errors import NotFound
+from quotagate.store import schema, statements
 
 
 def encode_cost(cost: Cost) -> str:
@@ -37,6 +38,20 @@ def request_from_row(row: Mapping[Any, Any]) -> Request:
         max_runtime=row.get("max_runtime"),
         attempt=int(row.get("attempt") or 1),
     )
+
+
+def visible_request_row(connection: sa.Connection, request_id: str,
+                        tenant: str | None) -> sa.RowMapping:
+    """The request's row, if ``tenant`` (None: an operator) may see it.
+
+    Another tenant's request gets the same answer as an id that does not exist, so a
+    tenant learns nothing of others."""
+    row = connection.execute(
+        sa.select(schema.request).where(schema.request.c.id == request_id)
+    ).mappings().first()
+    if row is None or (tenant is not None and row["tenant"] != tenant):
+        raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
+    return row
 
 
 def holder_usage(

@@ -47,6 +47,11 @@ tenant = sa.Table(
     # What a confirmed preemption does to its victim: fail (ends ``preempted``) or
     # requeue (back to ``waiting`` with its submission time, docs/decisions/720).
     sa.Column("on_preempt", sa.String(16), nullable=False, server_default="fail"),
+    # Stop its running work once its max-runtime has passed since admission
+    # (docs/decisions/714); false: overruns keep running and accrue (711).
+    sa.Column("stop_at_max_runtime", sa.Boolean, nullable=False, server_default=sa.false()),
+    # Workers look for overruns from the few tenants that opt in, every pass.
+    sa.Index(None, "stop_at_max_runtime"),
 )
 
 # Cohorts form trees (parent NULL: a root). Each tree is one sharing domain.

@@ -11,11 +11,17 @@ from sqlalchemy.engine import Engine
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.dry_run import Verdict, judge, waiting_reason
 from quotagate.domain.explanation import explain_waiting
-from quotagate.domain.model import CHARGED_STATES, Request, RequestState, Submission
+from quotagate.domain.model import (
+    CHARGED_STATES,
+    STOPPING_STATES,
+    Request,
+    RequestState,
+    Submission,
+)
 from quotagate.domain.ordering import effective_priority, queue_key
 from quotagate.domain.placement import Candidate, total_cost
 from quotagate.domain.preemption import choose_preemption
-from quotagate.errors import Conflict, NotFound
+from quotagate.errors import Conflict
 from quotagate.store import (
     budget_views,
     budgets,
@@ -28,9 +34,16 @@ from quotagate.store import (
 )
 from quotagate.store.dialect import reading
 from quotagate.store.preemption import running_work
-from quotagate.store.rows import all_usage, decode_cost, request_from_row
+from quotagate.store.rows import all_usage, decode_cost, request_from_row, visible_request_row
 from quotagate.store.submission import reserved_runtime
 from quotagate.store.submission_facts import require_submittable
+
+# What ``explain`` says a stopping request is waiting on the stop for.
+_STOP_CAUSES = {
+    RequestState.CANCELLING: "cancelled",
+    RequestState.PREEMPTING: "preempted",
+    RequestState.TIMING_OUT: "past its max-runtime",
+}
 
 
 @dataclass(frozen=True)
@@ -170,11 +183,7 @@ class LedgerViews:
 
     def show(self, request_id: str, *, tenant: str | None = None) -> Request:
         with reading(self.engine) as connection:
-            row = connection.execute(
-                sa.select(schema.request).where(schema.request.c.id == request_id)
-            ).mappings().first()
-        if row is None or (tenant is not None and row["tenant"] != tenant):
-            raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
+            row = visible_request_row(connection, request_id, tenant)
         return request_from_row(row)
 
     def usage(self) -> Usage:
@@ -248,7 +257,7 @@ class LedgerViews:
 
     @staticmethod
     def _explain_stop(connection: sa.Connection, row: Any, *, admin: bool) -> Explanation:
-        """A cancelled request still charged: its stop awaits the target's confirmation."""
+        """A stopping request still charged: its stop awaits the target's confirmation."""
         stop = connection.execute(
             sa.select(schema.outbox.c.attempts, schema.outbox.c.last_error)
             .where(schema.outbox.c.request_id == row["id"])
@@ -256,8 +265,8 @@ class LedgerViews:
         attempts = 0 if stop is None else int(stop.attempts)
         explained = Explanation(
             id=row["id"], state=row["state"], waiting=False, stop_attempts=attempts,
-            reason="cancelled; still charged until its target confirms the work stopped "
-                   f"({attempts} unconfirmed stop attempts so far)",
+            reason=f"{_STOP_CAUSES[RequestState(row['state'])]}; still charged until its target "
+                   f"confirms the work stopped ({attempts} unconfirmed stop attempts so far)",
         )
         if admin and stop is not None:
             # The target's own answer is for operators (docs/decisions/214).
@@ -267,12 +276,8 @@ class LedgerViews:
     def explain(self, request_id: str, *, tenant: str | None = None) -> Explanation:
         """Why a waiting request is not admitted yet."""
         with reading(self.engine) as connection:
-            row = connection.execute(
-                sa.select(schema.request).where(schema.request.c.id == request_id)
-            ).mappings().first()
-            if row is None or (tenant is not None and row["tenant"] != tenant):
-                raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
-            if row["state"] in (RequestState.CANCELLING.value, RequestState.PREEMPTING.value):
+            row = visible_request_row(connection, request_id, tenant)
+            if RequestState(row["state"]) in STOPPING_STATES:
                 return self._explain_stop(connection, row, admin=tenant is None)
             if row["state"] != RequestState.WAITING.value:
                 return Explanation(id=request_id, state=row["state"], waiting=False,
@@ -459,8 +464,8 @@ class LedgerViews:
                 .where(
                     schema.outbox.c.delivered == sa.false(),
                     schema.request.c.state.not_in(
-                        [RequestState.RESERVED.value, RequestState.CANCELLING.value,
-                         RequestState.PREEMPTING.value]
+                        [RequestState.RESERVED.value,
+                         *(state.value for state in STOPPING_STATES)]
                     ),
                 )
             ).scalars().all()

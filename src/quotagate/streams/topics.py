@@ -28,11 +28,12 @@ from quotagate.errors import Conflict, InvalidInput, NotFound
 from quotagate.rate import sql as rate_sql
 from quotagate.rate.keys import BucketKey
 from quotagate.rate.quotas import RateQuotas
-from quotagate.store import schema
+from quotagate.store import schema, stream_settings
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.cohorts import adjust_tenant
 from quotagate.store.dialect import reading, run_transaction
 from quotagate.store.rows import holder_usage
+from quotagate.store.stream_settings import StreamSettings as StreamSettings  # its old home
 from quotagate.streams.keys import validate_part
 
 PARTITIONS = "partitions"
@@ -66,16 +67,6 @@ class TopicSpec:
         return {"tenant": self.tenant, "topic": self.name, "partitions": self.partitions,
                 "parallelism": self.parallelism, "max_len": self.max_len,
                 "created": self.created}
-
-
-@dataclass(frozen=True)
-class StreamSettings:
-    """A tenant's stream settings; None means no cap (or: the shared Redis)."""
-
-    tenant: str
-    max_len: int | None = None
-    max_in_flight: int | None = None
-    redis_url: str | None = None
 
 
 def _whole(value: object, what: str, low: int, high: int) -> int:
@@ -299,19 +290,7 @@ class Topics:
 
     @staticmethod
     def _settings(connection: sa.Connection, tenant: str, *, lock: bool = False) -> StreamSettings:
-        validate_name(tenant, "tenant")
-        query = sa.select(schema.tenant.c.name).where(schema.tenant.c.name == tenant)
-        if lock:
-            # Serialises a tenant's topic changes against a change of its caps.
-            query = query.with_for_update()
-        if connection.execute(query).first() is None:
-            raise NotFound(f"tenant {tenant!r} does not exist; create it with "
-                           "'quotagate tenant set'", code="unknown_tenant")
-        row = connection.execute(sa.select(schema.tenant_stream).where(
-            schema.tenant_stream.c.tenant == tenant)).first()
-        if row is None:
-            return StreamSettings(tenant)
-        return StreamSettings(tenant, row.max_len, row.max_in_flight, row.redis_url)
+        return stream_settings.read(connection, tenant, lock=lock)
 
     @staticmethod
     def _refuse_move(connection: sa.Connection, tenant: str) -> None:

@@ -301,7 +301,7 @@ function renderQueue(data) {
 // A requeue writes "requeue" and its release "waiting"; a preemption "hold" for its preemptor.
 const REQUEST_OPERATIONS = ["submit", "admit", "expire", "deliver", "delivered", "cancel",
   "cancelling", "cancelled", "preempt", "preempted", "completed", "failed", "requeue", "waiting",
-  "hold"];
+  "hold", "timeout", "timed_out"];
 
 function targetCell(entry) {
   if (!entry.target) return "";
