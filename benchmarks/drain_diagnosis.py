@@ -14,7 +14,7 @@ Per slice: admissions/s, dead versions in ``qg_request``
 slice), and the outbox and audit rows so far. If the dead versions explain
 the slowdown, the vacuumed drain stays flat and its head read stays small.
 
-``--admitters 1,4 [--backend postgresql|mysql] [--pool-slices 1,4]``: where
+``--admitters 1,4 [--backend postgresql|mysql] [--pool-slices 1,4] [--batch 1]``: where
 several admitters lose instead. The same drain by 1 and by 4 admitting
 processes (benchmarks/admit.py's workers), once per slice count, while
 benchmarks/_activity.py samples what the database's sessions wait on; per
@@ -125,7 +125,7 @@ def drain(requests: int, vacuum_between: bool, slices: int) -> list[list[str]]:
 
 def admitters(
     backend: str, requests: int, processes: Sequence[int], slice_counts: Sequence[int],
-    rounds: int,
+    rounds: int, batch: int = BATCH,
 ) -> tuple[list[list[str]], list[list[str]]]:
     """Drains by each number of ``processes``, per slice count and round: a summary row
     per drain, and the wait samples (share of session samples) per drain."""
@@ -145,7 +145,7 @@ def admitters(
                             Configuration(engine).set_pool(name, {}, slices=slices)
                         for count in processes:
                             label = f"S={slices} P={count} r{round_number}"
-                            row, shares = _diagnosed_drain(engine, url, pool, count, label)
+                            row, shares = _diagnosed_drain(engine, url, pool, count, label, batch)
                             summary.append(row)
                             waits += [[label, wait, share] for wait, share in shares]
                             print("  " + "  ".join(row), file=sys.stderr, flush=True)
@@ -157,13 +157,13 @@ def admitters(
 
 
 def _diagnosed_drain(
-    engine: Engine, url: str, pool: WorkerPool, processes: int, label: str
+    engine: Engine, url: str, pool: WorkerPool, processes: int, label: str, batch: int = BATCH,
 ) -> tuple[list[str], list[tuple[str, str]]]:
     reset(engine)
     sampler = ActivitySampler(url).start()
     with open("/proc/loadavg") as loadavg:
         load = loadavg.read().split()[0]
-    outcomes = pool.run(Run(url, False, BATCH, 3600.0, drain=True), processes)
+    outcomes = pool.run(Run(url, False, batch, 3600.0, drain=True), processes)
     activity = sampler.stop()
     check_balanced(engine)
     admitted = sum(outcome.admitted for outcome in outcomes)
@@ -200,12 +200,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pool-slices", default="1,4",
                         help="with --admitters: capacity slices per pool, one drain each")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=BATCH,
+                        help="with --admitters: the limit of each admit() call (1: admit(1))")
     settings = parser.parse_args(argv)
     if settings.admitters:
         summary, waits = admitters(
             settings.backend, settings.requests,
             [int(part) for part in settings.admitters.split(",")],
-            [int(part) for part in settings.pool_slices.split(",")], settings.rounds)
+            [int(part) for part in settings.pool_slices.split(",")], settings.rounds,
+            settings.batch)
         print(render_table(["drain", "load", "admitted", "admissions/s", "client CPU µs/adm",
                             "db CPU µs/adm", "cores busy", "reruns", "commit/rollback/deadlock",
                             "adm/commit"],

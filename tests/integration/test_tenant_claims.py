@@ -3,15 +3,18 @@ admit nothing, on every backend."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 from quotagate import Quotagate
 from quotagate.domain.placement import Placement
-from quotagate.store import admission_stats, schema
+from quotagate.store import admission_stats, schema, tenant_claims
+from quotagate.store.driver import DriverTransaction
 from quotagate.store.ledger import Ledger
 from support.waiting import LOCK_POLL_SECONDS, lock_waiters, wait_for
 
@@ -161,4 +164,92 @@ def test_a_narrow_admitter_skips_dry_tenants_and_waits_for_the_held_one_without_
     assert sorted(placement.id for placement in admitted) == ["a-2", "a-3"]
     assert admission_stats.snapshot().reruns == {
         "stale_snapshot": 0, "lock_timeout": 0, "deadlock": 0, "claims_too_narrow": 0}
+    assert gate.check_invariants() == []
+
+
+@contextlib.contextmanager
+def _holding(gate: Quotagate, *tenants: str) -> Iterator[None]:
+    """Another transaction holds ``tenants``' quota rows, as an admitter charging them would."""
+    quota = schema.tenant_quota
+    with gate.engine.connect() as other_admitter, other_admitter.begin():
+        other_admitter.execute(sa.select(quota.c.tenant).where(quota.c.tenant.in_(tenants))
+                               .with_for_update()).all()
+        yield
+
+
+def _three_tenants_with_work(gate: Quotagate) -> None:
+    gate.set_pool("pool-1", {"gpu": 100})
+    for tenant in ("team-a", "team-b", "team-c"):
+        gate.set_tenant(tenant, {"gpu": 100})
+        for index in range(3):
+            gate.submit(f"{tenant[-1]}-{index}", tenant, {"gpu": 1})
+
+
+@pytest.mark.parametrize("backend", [pytest.param("postgresql", marks=pytest.mark.postgresql)],
+                         indirect=True)
+def test_claim_first_locks_only_the_first_free_tenant_and_reads_its_heads(
+    gate: Quotagate,
+) -> None:
+    _three_tenants_with_work(gate)
+    gate.set_tenant("team-d", {"gpu": 100})  # nothing of it waits
+    quota = schema.tenant_quota
+    resources = {tenant: {"gpu"} for tenant in ("team-a", "team-b", "team-c", "team-d")}
+    raw = gate.engine.raw_connection()
+    try:
+        with _holding(gate, "team-a"):
+            transaction = DriverTransaction(gate.engine.dialect, raw.cursor())
+            # team-d was read empty before (dry): asked, not locked, not counted as held.
+            got = tenant_claims.claim_first(
+                transaction, ["team-d", "team-a", "team-b", "team-c"], resources,
+                {"team-d"}, window=2)
+            assert (got.index, got.claim, got.skipped, got.first_held) == (
+                2, tenant_claims.Claim.CLAIMED, 1, 1)
+            assert [head[0] for head in got.heads] == ["b-0", "b-1"]
+            with gate.engine.connect() as observer:
+                # Stopped at team-b: team-c, after it, and team-d, dry, were left alone.
+                assert observer.execute(
+                    sa.select(quota.c.tenant).where(quota.c.tenant.in_(["team-c", "team-d"]))
+                    .with_for_update(skip_locked=True)).all() == [("team-c",), ("team-d",)]
+                assert observer.execute(
+                    sa.select(quota.c.tenant).where(quota.c.tenant == "team-b")
+                    .with_for_update(skip_locked=True)).all() == []
+            raw.rollback()
+            # Nothing free: every tenant with work was held, the dry one is not counted.
+            got = tenant_claims.claim_first(
+                transaction, ["team-d", "team-a"], resources, {"team-d"}, window=2)
+            assert (got.index, got.claim, got.skipped, got.first_held, got.heads) == (
+                None, tenant_claims.Claim.SKIPPED, 1, 1, [])
+            raw.rollback()
+    finally:
+        raw.close()
+
+
+@pytest.mark.parametrize("backend", [pytest.param("postgresql", marks=pytest.mark.postgresql)],
+                         indirect=True)
+def test_a_narrow_admitter_tries_the_held_tenants_and_reads_its_own_in_one_statement(
+    gate: Quotagate, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _three_tenants_with_work(gate)
+    ledger = Ledger(gate.engine, clock=gate.ledger.clock, narrow_seconds=3600)
+    with gate.engine.connect() as other_admitter, other_admitter.begin():
+        # Another admitter holds a-0: this admitter now knows it is not alone.
+        other_admitter.execute(sa.select(schema.request.c.id)
+                               .where(schema.request.c.id == "a-0").with_for_update()).all()
+        assert [placement.id for placement in ledger.admit(1)] == ["a-1"]
+    statements: list[str] = []
+    execute = DriverTransaction.execute
+
+    def counted(self: DriverTransaction, statement: Any, parameters: Any) -> Any:
+        statements.append(str(statement).split(None, 1)[0].upper())
+        return execute(self, statement, parameters)
+
+    monkeypatch.setattr(DriverTransaction, "execute", counted)
+    with _holding(gate, "team-b", "team-c"):
+        # Fair order b, c (nothing used), then a: b and c are held, a is claimed.
+        admitted = ledger.admit(2)
+    assert [placement.id for placement in admitted] == ["a-0", "a-2"]
+    # Before the reserve: the snapshot, then the claims of b, c and a and a's head read,
+    # all in one round trip (it was one per tenant tried, and one for the heads).
+    assert statements[:statements.index("UPDATE")] == ["SELECT", "SELECT"]
+    assert admission_stats.snapshot().reruns["claims_too_narrow"] == 0
     assert gate.check_invariants() == []

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -54,6 +55,7 @@ from quotagate.store.admission_reads import QUEUE_ORDER, AdmissionReads
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
 from quotagate.store.dialect import (
+    locks_in_lateral_join,
     reserves_with_lock,
     run_transaction,
     supports_dml_cte,
@@ -580,7 +582,9 @@ class Ledger:
         read empty is claimed only if it has work again (``Claim.EMPTY``,
         docs/decisions/045-dry-tenants-are-not-claimed.md): a dry tenant's rows
         held would forbid that wait. Returns as :meth:`_fill`: the flag says some
-        tenant was skipped.
+        tenant was skipped. On PostgreSQL the tenants are tried, and the heads of
+        the one got read, in one statement per claim (tenant_claims.claim_first,
+        docs/decisions/046-claim-and-heads-in-one-statement.md).
 
         With ``wait`` (the rerun after :class:`~quotagate.store.tenant_claims.ClaimsTooNarrow`,
         holding nothing) the tenants are taken in name order, each waited for:
@@ -590,8 +594,14 @@ class Ledger:
         sharing = snapshot.sharing
         members = [tenant for tenant in open_tenants if sharing.is_member(tenant)]
         plain = [tenant for tenant in open_tenants if not sharing.is_member(tenant)]
-        pending = iter(sorted(plain) if wait else tenant_claims.fair_order(
-            plain, snapshot.tenants, snapshot.weights, fair_history.history(snapshot, now)))
+        order = sorted(plain) if wait else tenant_claims.fair_order(
+            plain, snapshot.tenants, snapshot.weights, fair_history.history(snapshot, now))
+        pending = iter(order)
+        # PostgreSQL tries the tenants in one statement that also reads the heads of the
+        # one it got (tenant_claims.claim_first): a round trip per admission instead of
+        # one per tenant tried plus the head read. Not for the waiting rerun.
+        one_statement = not wait and locks_in_lateral_join(transaction)
+        dry = {tenant for tenant in order if tenant in self._dry_queues} if one_statement else set()
         admitted: list[Placement] = []
         targets: dict[str, str | None] = {}
         floors: dict[str, int] = {}
@@ -600,8 +610,25 @@ class Ledger:
         holding = False  # some tenant rows are locked by this transaction
         reading = members
         while len(admitted) < limit:
-            claimed = None
-            for tenant in pending:
+            claimed: str | None = None
+            heads: list[Any] | None = None  # the claimed tenant's, read with its claim
+            while one_statement and order and claimed is None:
+                first = tenant_claims.claim_first(transaction, order, snapshot.tenants, dry,
+                                                  self.admission_window)
+                skipped = skipped or first.skipped > 0
+                if first_held is None and first.first_held is not None:
+                    first_held = order[first.first_held]
+                if first.index is None:
+                    order = []
+                    break
+                tenant, order = order[first.index], order[first.index + 1:]
+                holding = True
+                if first.claim is tenant_claims.Claim.CLAIMED:
+                    claimed, heads = tenant, first.heads
+                else:  # partly got: held until the end, not planned for (as below)
+                    skipped = True
+                    first_held = first_held or tenant
+            for tenant in () if one_statement else pending:
                 got = tenant_claims.claim_tenant(transaction, tenant, snapshot.tenants[tenant],
                                                  wait=wait, dry=tenant in self._dry_queues)
                 if got is tenant_claims.Claim.CLAIMED:
@@ -625,12 +652,12 @@ class Ledger:
                 if got is tenant_claims.Claim.CLAIMED:
                     claimed = first_held
                 first_held = None  # waited for once: not again in a later round
-            if claimed is not None:
+            if claimed is not None and heads is None:
                 reading = [*reading, claimed]
-            if not reading:
+            if not reading and heads is None:
                 break
             candidates, window_targets, window_floors = self._candidates(
-                transaction, reading, self.admission_window)
+                transaction, reading, self.admission_window, heads)
             if claimed is not None:
                 self._dry_queues.read(
                     claimed, empty=not any(c.tenant == claimed for c in candidates))
@@ -689,15 +716,19 @@ class Ledger:
         return []
 
     def _candidates(
-        self, transaction: DriverTransaction, tenants: Sequence[str], window: int
+        self, transaction: DriverTransaction, tenants: Sequence[str], window: int,
+        read: list[Any] | None = None,
     ) -> tuple[list[Candidate], dict[str, str | None], dict[str, int]]:
         """The head of each open tenant's queue, merged into queue order, their targets,
         and the token floors of those that were requeued (docs/decisions/720).
 
         One bounded index range scan per tenant: the cost does not grow with
-        the length of the waiting queue.
+        the length of the waiting queue. ``read``: heads read already, in the
+        head read's columns (a claim's, tenant_claims.claim_first), merged in.
         """
-        rows = self._reads.head_rows(transaction, tenants, window)
+        rows = self._reads.head_rows(transaction, tenants, window) if tenants else []
+        if read:
+            rows = [*read, *rows]
         rows.sort(key=QUEUE_ORDER)
         # One pass over the rows for all three: a head read is a few rows per tenant,
         # at every admission.

@@ -21,7 +21,9 @@ claim skipped a tenant, a charge missed — it *narrows* for a while
 order (lowest dominant share first), skipping those another admitter holds,
 reads only the claimed tenants' heads and stops claiming once its batch is
 full. Admitters then work on disjoint tenants, whatever the pools' slices
-(docs/decisions/044-admitters-narrow-to-disjoint-tenants.md).
+(docs/decisions/044-admitters-narrow-to-disjoint-tenants.md). On PostgreSQL
+:func:`claim_first` tries the tenants and reads the heads of the one it got in
+one statement (docs/decisions/046-claim-and-heads-in-one-statement.md).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import enum
 import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -41,8 +44,8 @@ from quotagate.store import schema
 from quotagate.store.dialect import locks_in_lateral_join, supports_skip_locked
 from quotagate.store.driver import DriverTransaction
 
-__all__ = ["Claim", "ClaimsTooNarrow", "Contention", "DryQueues", "claim_tenant",
-           "claim_tenants", "fair_order"]
+__all__ = ["Claim", "ClaimsTooNarrow", "Contention", "DryQueues", "FirstClaim", "claim_first",
+           "claim_tenant", "claim_tenants", "fair_order"]
 
 
 class ClaimsTooNarrow(Exception):
@@ -241,3 +244,96 @@ def claim_tenant(
     if got >= set(resources):
         return Claim.CLAIMED
     return Claim.PARTLY if got else Claim.SKIPPED
+
+
+# Whether a tenant has work, for the tenants of :func:`_claim_first_query` last read
+# empty: the head read's order and a scalar subquery, so the head index is read
+# (an EXISTS would drop the order and PostgreSQL scanned every tenant's requests).
+_WAITS = (
+    "(NOT {alias}.dry OR (SELECT id FROM {request} WHERE tenant = {alias}.tenant"
+    " AND state = :waiting ORDER BY queue_key, created, id LIMIT 1) IS NOT NULL)"
+)
+_TRIED = (
+    "unnest(CAST(:tenants AS TEXT[]), CAST(:dry AS BOOLEAN[])) WITH ORDINALITY"
+    " AS {alias}(tenant, dry, rank)"
+)
+
+
+@lru_cache(maxsize=8)
+def _claim_first_query(window: int) -> sa.TextClause:
+    """Claim the first of ``:tenants`` (in that order) whose quota rows nobody holds and
+    read its heads, in one statement (PostgreSQL).
+
+    The tenants are tried one after another (a nested loop under ``LIMIT 1``): each
+    one's rows are locked with SKIP LOCKED only if it may have work (``:dry`` false,
+    or some request of it waits), and the loop stops at the first tenant of which
+    some row was got, or at the last one. The tenants before it that had work were
+    held by others: counted (``skipped``) and the first of them named (its rank).
+    One row per head of the tenant got (one with NULL heads if it has none, or if
+    nothing was got). The OFFSET 0 fences keep PostgreSQL from copying the locking
+    subquery into every expression that reads its result (it locked twice).
+    """
+    request, quota = schema.request.name, schema.tenant_quota.name
+    waits_before = _WAITS.format(alias="before", request=request)
+    before = (f"FROM {_TRIED.format(alias='before')} WHERE before.rank < tried.rank"
+              f" AND {waits_before}")
+    held_here = "tried.got IS NULL AND tried.waits"
+    return sa.text(
+        "SELECT pick.rank, pick.got, pick.skipped, pick.first_held, head.id, head.tenant,"
+        " head.cost, head.queue_key, head.created, head.target, head.reserved_runtime,"
+        " head.token_floor FROM ("
+        f"SELECT tried.rank, tried.tenant, tried.got, (SELECT count(*) {before})"
+        f" + CASE WHEN {held_here} THEN 1 ELSE 0 END AS skipped,"
+        f" COALESCE((SELECT min(before.rank) {before}),"
+        f" CASE WHEN {held_here} THEN tried.rank END) AS first_held FROM ("
+        f"SELECT t.rank, t.tenant, asked.waits, held.got FROM {_TRIED.format(alias='t')}"
+        f" CROSS JOIN LATERAL (SELECT {_WAITS.format(alias='t', request=request)} AS waits"
+        " OFFSET 0) AS asked"
+        " CROSS JOIN LATERAL (SELECT array_agg(resource) AS got FROM (SELECT resource"
+        f" FROM {quota} WHERE tenant = t.tenant AND asked.waits ORDER BY resource"
+        " FOR UPDATE SKIP LOCKED) AS locked OFFSET 0) AS held"
+        " WHERE held.got IS NOT NULL OR t.rank = :count LIMIT 1"
+        ") AS tried OFFSET 0) AS pick"
+        f" LEFT JOIN LATERAL (SELECT id, tenant, cost, queue_key, created, target,"
+        f" reserved_runtime, token_floor FROM {request} WHERE tenant = pick.tenant"
+        f" AND state = :waiting ORDER BY queue_key, created, id LIMIT {int(window)})"
+        " AS head ON pick.got IS NOT NULL"
+    )
+
+
+@dataclass(frozen=True)
+class FirstClaim:
+    """What :func:`claim_first` got: the first tenant some of whose rows it locked."""
+
+    index: int | None  # into the tenants asked; None: none of their rows was free
+    claim: Claim  # CLAIMED (plan for it) or PARTLY (held, not planned); SKIPPED if none
+    skipped: int  # tenants before it (or of all, if none) with work, held by others
+    first_held: int | None  # the first of those, an index into the tenants asked
+    heads: list[Any]  # its heads, in the head read's columns (CLAIMED only)
+
+
+def claim_first(
+    transaction: DriverTransaction, tenants: Sequence[str],
+    resources: Mapping[str, Collection[str]], dry: Collection[str], window: int,
+) -> FirstClaim:
+    """Claim the first of ``tenants`` (in the order given) that no other transaction holds
+    and read its first ``window`` waiting requests: one round trip (PostgreSQL only,
+    :func:`~quotagate.store.dialect.locks_in_lateral_join`).
+
+    As :func:`claim_tenant` tried on each in turn, stopping at the first one with
+    some row got: a tenant of ``dry`` with nothing waiting is neither locked nor
+    counted; one partly got is ``PARTLY`` (its rows stay locked, the caller goes
+    on with the tenants after it).
+    """
+    rows = transaction.rows(_claim_first_query(window), {
+        "tenants": list(tenants), "dry": [tenant in dry for tenant in tenants],
+        "count": len(tenants), "waiting": RequestState.WAITING.value})
+    rank, got, skipped, first_held = rows[0][:4]
+    held = None if first_held is None else int(first_held) - 1
+    if got is None:
+        return FirstClaim(None, Claim.SKIPPED, int(skipped), held, [])
+    index = int(rank) - 1
+    if not set(got) >= set(resources[tenants[index]]):
+        return FirstClaim(index, Claim.PARTLY, int(skipped), held, [])
+    heads = [row[4:] for row in rows if row[4] is not None]
+    return FirstClaim(index, Claim.CLAIMED, int(skipped), held, heads)
