@@ -82,8 +82,20 @@ def update_returns_rows(engine: HasDialect) -> bool:
     return engine.dialect.name in ("postgresql", "sqlite")
 
 
-def supports_dml_cte(engine: HasDialect) -> bool:
-    """Can an INSERT carry another INSERT in a WITH clause (one round trip for both)?"""
+def code_point_collation(engine: HasDialect) -> str | None:
+    """The collation that orders text by code point, as Python compares ``str``, if a
+    column's own may not: PostgreSQL's ``C`` (UTF-8 bytes sort in code point order).
+    MySQL/MariaDB columns are binary already (docs/decisions/801), SQLite's BINARY
+    is its default."""
+    return "C" if engine.dialect.name == "postgresql" else None
+
+
+def reserve_writes_records(engine: HasDialect) -> bool:
+    """Can the reserving UPDATE write the outbox rows and audit entries too?
+
+    PostgreSQL: INSERTs in data-modifying WITH clauses read the UPDATE's
+    RETURNING rows (docs/decisions/050-reserve-and-record-in-one-statement.md).
+    """
     return engine.dialect.name == "postgresql"
 
 

@@ -19,7 +19,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
-from operator import itemgetter
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -54,9 +53,10 @@ from quotagate.store import preemption as preemption_reads
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
 from quotagate.store.dialect import (
+    code_point_collation,
+    reserve_writes_records,
     reserves_with_lock,
     run_transaction,
-    supports_dml_cte,
     supports_skip_locked,
 )
 from quotagate.store.driver import DriverTransaction, KeptConnection, run_driver_transaction
@@ -124,10 +124,6 @@ def _candidate(request_id: str, tenant: str, cost: str, runtime: int | None) -> 
     the same heads of the queues again (all but what they admitted). A Candidate is
     frozen and nothing changes its cost, so one instance serves every read."""
     return Candidate(request_id, tenant, dict(_cost_items(cost)), runtime)
-
-
-# A head row's place in queue order (queue key, created, id: quotagate.domain.ordering).
-_QUEUE_ORDER = itemgetter(3, 4, 0)
 
 
 class Ledger:
@@ -482,11 +478,12 @@ class Ledger:
         narrow = supports_skip_locked(transaction) and (not claim or self._contention.recent())
         if narrow:
             admitted, targets, floors, narrowed = self._fill_narrow(
-                transaction, open_tenants, snapshot, limit, now, guard, wait=not claim)
+                transaction, open_tenants, snapshot, limit, now, guard, wait=not claim,
+                actor=actor)
         else:
             admitted, targets, floors, narrowed = self._fill(
                 transaction, open_tenants, snapshot, limit, now, guard,
-                claim=claim and bool(snapshot.slices))
+                claim=claim and bool(snapshot.slices), actor=actor)
         if narrowed:
             self._contention.seen()
         if not admitted and narrowed:
@@ -497,7 +494,8 @@ class Ledger:
             self._charge(transaction, admitted, snapshot)
             if snapshot.budgets and not budgets.charge(transaction, admitted, snapshot.budgets):
                 raise CapacityChanged("budget")
-        self._record_admissions(transaction, admitted, targets, now, actor)
+        if not reserve_writes_records(transaction):  # else _reserve wrote them
+            self._record_admissions(transaction, admitted, targets, now, actor)
         carried = [{"request_id": placement.id, "token": floors[placement.id]}
                    for placement in admitted if placement.id in floors]
         if carried:  # requeued requests: their tokens go on above the stopped attempt's
@@ -512,7 +510,7 @@ class Ledger:
     def _fill(
         self, transaction: DriverTransaction, open_tenants: Sequence[str],
         snapshot: cohorts.Snapshot, limit: int, now: float, guard: HeldRoom | None,
-        *, claim: bool = False,
+        *, claim: bool = False, actor: str,
     ) -> tuple[list[Placement], dict[str, str | None], dict[str, int], bool]:
         """Plan and reserve up to ``limit`` from the heads of ``open_tenants``' queues.
 
@@ -543,7 +541,7 @@ class Ledger:
                     narrowed = len(claimed) < len(waiting)
                 candidates = [c for c in candidates if c.tenant in claimed]
             admitted += self._plan_and_reserve(
-                transaction, candidates, snapshot, limit - len(admitted), now, guard
+                transaction, candidates, snapshot, limit - len(admitted), now, guard, actor=actor
             )
             if len(admitted) == limit or window >= self.admission_window:
                 break
@@ -558,7 +556,7 @@ class Ledger:
     def _fill_narrow(
         self, transaction: DriverTransaction, open_tenants: Sequence[str],
         snapshot: cohorts.Snapshot, limit: int, now: float, guard: HeldRoom | None,
-        *, wait: bool = False,
+        *, wait: bool = False, actor: str,
     ) -> tuple[list[Placement], dict[str, str | None], dict[str, int], bool]:
         """:meth:`_fill` for an admitter that saw others: claim plain tenants one by one.
 
@@ -630,7 +628,7 @@ class Ledger:
             targets.update(window_targets)
             floors.update(window_floors)
             admitted += self._plan_and_reserve(
-                transaction, candidates, snapshot, limit - len(admitted), now, guard)
+                transaction, candidates, snapshot, limit - len(admitted), now, guard, actor=actor)
             if claimed is None:
                 break
             reading = []
@@ -644,6 +642,8 @@ class Ledger:
         limit: int,
         now: float,
         guard: HeldRoom | None = None,
+        *,
+        actor: str,
     ) -> list[Placement]:
         """Plan on the snapshot and reserve what was planned; charge the snapshot with it.
 
@@ -666,7 +666,7 @@ class Ledger:
             if not plan:
                 return []
             with admission_stats.lock_wait():
-                got = self._reserve(transaction, plan, now)
+                got = self._reserve(transaction, plan, now, actor)
             if len(got) < len(plan):
                 self._contention.seen()  # another admitter holds some of these requests
             if got:
@@ -692,16 +692,16 @@ class Ledger:
         the length of the waiting queue.
         """
         rows = transaction.rows(
-            statements.head_query(len(tenants), window), statements.head_parameters(tenants)
+            statements.ordered_head_query(len(tenants), window, code_point_collation(transaction)),
+            statements.head_parameters(tenants),
         )
-        rows.sort(key=_QUEUE_ORDER)
         # One pass over the rows for all three: a head read is a few rows per tenant,
         # at every admission.
         candidates: list[Candidate] = []
         targets: dict[str, str | None] = {}
         floors: dict[str, int] = {}
         add = candidates.append
-        for request_id, tenant, cost, _key, _created, target, runtime, floor in rows:
+        for request_id, tenant, cost, target, runtime, floor in rows:
             add(_candidate(request_id, tenant, cost, runtime))
             targets[request_id] = target
             if floor:
@@ -710,18 +710,22 @@ class Ledger:
 
     @staticmethod
     def _reserve(
-        transaction: DriverTransaction, plan: Sequence[Placement], now: float
+        transaction: DriverTransaction, plan: Sequence[Placement], now: float, actor: str
     ) -> set[str]:
         """Set the planned requests reserved; return the ids that were.
 
         A request another admitter holds (or has just admitted) is skipped, not
-        waited for. PostgreSQL locks and reserves in one statement; MySQL and
-        MariaDB lock with a SELECT first; SQLite's transaction began IMMEDIATE
-        and holds the only write lock, so the rows it read as waiting still are.
+        waited for. PostgreSQL locks and reserves in one statement, which also
+        writes the outbox rows and audit entries of what it reserved
+        (:meth:`_record_admissions` elsewhere); MySQL and MariaDB lock with a
+        SELECT first; SQLite's transaction began IMMEDIATE and holds the only
+        write lock, so the rows it read as waiting still are.
         """
-        if reserves_with_lock(transaction):
-            statement = statements.reserve_statement(len(plan), lock=True)
-            rows = transaction.rows(statement, statements.reserve_parameters(plan, now))
+        if reserve_writes_records(transaction):
+            parameters = statements.reserve_parameters(plan, now)
+            parameters["actor"] = actor
+            rows = transaction.rows(
+                statements.reserve_and_record_statement(len(plan)), parameters)
             return {row[0] for row in rows}
         chosen = list(plan)
         if supports_skip_locked(transaction):
@@ -793,11 +797,8 @@ class Ledger:
         now: float,
         actor: str,
     ) -> None:
-        """The outbox row and the audit entry of every admission (docs/invariants.md, 2)."""
-        if supports_dml_cte(transaction):
-            transaction.execute(*statements.admission_records_parameters(
-                placements, targets, now, actor))
-            return
+        """The outbox row and the audit entry of every admission (docs/invariants.md, 2),
+        where the reserve did not write them (:meth:`_reserve`)."""
         transaction.executemany(statements.outbox_insert(), [
             {"request_id": placement.id, "tenant": placement.tenant,
              "target": targets.get(placement.id), "now": now}
