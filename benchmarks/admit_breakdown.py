@@ -1,7 +1,7 @@
 """Where one ``admit(1)`` spends its CPU time, next to the raw transaction, in one process.
 
     .venv/bin/python benchmarks/admit_breakdown.py [--backend sqlite|postgresql]
-        [--admissions 400] [--chunks 7]        (mysql: step 1 only)
+        [--admissions 400] [--chunks 7] [--batch 16]        (mysql: step 1 only)
 
 On SQLite (no network) what ``Ledger.admit`` costs beyond the raw transaction
 (``_raw_admission.py``) is Python and the extra work of its statements; on
@@ -11,8 +11,9 @@ thing. This prints, on one throwaway ledger:
 1. CPU time per admission (``time.process_time``: the machine's other load
    inflates wall times by a factor of several, CPU time much less) of the raw
    transaction, the raw transaction with the audit row ``Ledger.admit`` writes
-   too (docs/decisions/032), and ``Ledger.admit(1)``, interleaved chunk by
-   chunk; the median of the chunks and the ratios;
+   too (docs/decisions/032), and ``Ledger.admit(1)`` (with ``--batch N``
+   ``Ledger.admit(N)`` too, per admission), interleaved chunk by chunk; the
+   median of the chunks and the ratios;
 2. the same admissions statement by statement: CPU time inside the driver's
    (sqlite3's, psycopg's) ``execute``/``fetchall``/``commit`` per admission, the
    rest being Python; psycopg's ``BEGIN`` is sent inside the first ``execute``.
@@ -90,9 +91,40 @@ def _timed_connect(path: str) -> sqlite3.Connection:
                            factory=_TimedConnection)
 
 
+def _time_raw_cursor(psycopg: Any) -> None:
+    """Replace psycopg's ``RawCursor`` by a timed subclass, once per process."""
+
+    class TimedPgRawCursor(psycopg.RawCursor):  # type: ignore[misc, name-defined]
+        timed = True
+        last = ""
+
+        def execute(self, query: Any, params: Any = None, **options: Any) -> Any:
+            started = time.process_time()
+            super().execute(query, params, **options)
+            self.last = _label(str(query))
+            _SPENT[self.last] += time.process_time() - started
+            return self
+
+        def fetchall(self) -> list[Any]:
+            started = time.process_time()
+            rows = super().fetchall()
+            _SPENT[f"{self.last} (fetch)"] += time.process_time() - started
+            return rows
+
+    psycopg.RawCursor = TimedPgRawCursor
+
+
 def _timed_pg_classes() -> tuple[type[Any], type[Any]]:
-    """psycopg's cursor and connection, timed like ``_TimedCursor``/``_TimedConnection``."""
+    """psycopg's cursor and connection, timed like ``_TimedCursor``/``_TimedConnection``.
+
+    Admission executes on psycopg's ``RawCursor``, which it makes itself
+    (quotagate.store.dialect.raw_cursor): the module's class is replaced by a
+    timed one for this process.
+    """
     import psycopg
+
+    if not getattr(psycopg.RawCursor, "timed", False):
+        _time_raw_cursor(psycopg)
 
     class TimedPgCursor(psycopg.Cursor[Any]):
         last = ""
@@ -136,7 +168,9 @@ def _timed_pg_connect(url: str) -> Any:
     return timed
 
 
-def _admitters(url: str, timed: bool) -> tuple[dict[str, Callable[[], int]], Ledger]:
+def _admitters(
+    url: str, timed: bool, batch: int = 1
+) -> tuple[dict[str, Callable[[], int]], Ledger]:
     raw, audited = RawAdmission(url, TENANTS), RawAdmission(url, TENANTS, audit=True)
     if url.startswith("postgresql"):
         engine = create_engine(url, creator=lambda: _timed_pg_connect(url)) if timed else \
@@ -159,19 +193,26 @@ def _admitters(url: str, timed: bool) -> tuple[dict[str, Callable[[], int]], Led
     elif timed:
         for baseline in (raw, audited):
             baseline.connection.isolation_level = 1  # psycopg.IsolationLevel.READ_COMMITTED
-    return ({"raw": raw.admit_one, "raw + audit row": audited.admit_one,
-             "admit(1)": lambda: len(ledger.admit(1))}, ledger)
+    admitters = {"raw": raw.admit_one, "raw + audit row": audited.admit_one,
+                 "admit(1)": lambda: len(ledger.admit(1))}
+    if batch > 1:
+        admitters[f"admit({batch})"] = lambda: len(ledger.admit(batch))
+    return admitters, ledger
 
 
 def _cpu_per_admission(admit: Callable[[], int], count: int) -> float:
+    """CPU µs per admission over ``count`` admissions (the calls of a batch admit several)."""
     started, admitted = time.process_time(), 0
-    for _ in range(count):
-        admitted += admit()
+    while admitted < count:
+        got = admit()
+        if not got:
+            break
+        admitted += got
     return (time.process_time() - started) / max(admitted, 1) * 1e6
 
 
-def compare(url: str, admissions: int, chunks: int) -> list[list[str]]:
-    admitters, ledger = _admitters(url, timed=False)
+def compare(url: str, admissions: int, chunks: int, batch: int = 1) -> list[list[str]]:
+    admitters, ledger = _admitters(url, timed=False, batch=batch)
     for admit in admitters.values():
         for _ in range(10):  # warm up: connections, statement caches, the first expiry pass
             admit()
@@ -222,13 +263,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--admissions", type=int, default=400, help="admissions per chunk")
     parser.add_argument("--chunks", type=int, default=7, help="interleaved chunks per kind")
     parser.add_argument("--queue", type=int, default=30_000, help="waiting requests")
+    parser.add_argument("--batch", type=int, default=1,
+                        help="also admit(N), CPU per admission (the comparison only)")
     arguments = parser.parse_args(argv)
     with throwaway_database(arguments.backend) as url:
         engine = create_engine(url)
         configure(engine, {tenant: {"gpu": ROOMY, "cpu": ROOMY} for tenant in TENANTS})
         bulk_insert(engine, waiting_rows(arguments.queue, TENANTS, prefix="bd",
                                          start=time.time() - 600, span=300, priority=0))
-        rows = compare(url, arguments.admissions, arguments.chunks)
+        rows = compare(url, arguments.admissions, arguments.chunks, arguments.batch)
         print("CPU µs per admission (median of chunks), and as a multiple of admit(1)'s")
         print(render_table(["kind", "µs", "of admit(1)"], rows))
         if arguments.backend == "mysql":
