@@ -91,27 +91,30 @@ def _timed_connect(path: str) -> sqlite3.Connection:
                            factory=_TimedConnection)
 
 
-def _time_raw_cursor(psycopg: Any) -> None:
-    """Replace psycopg's ``RawCursor`` by a timed subclass, once per process."""
+class _TimedPsycopg:
+    """psycopg cursor methods that add their CPU time to ``_SPENT``, as ``_TimedCursor``;
+    mixed in before one of psycopg's cursor classes."""
 
-    class TimedPgRawCursor(psycopg.RawCursor):  # type: ignore[misc, name-defined]
-        timed = True
-        last = ""
+    last = ""
 
-        def execute(self, query: Any, params: Any = None, **options: Any) -> Any:
-            started = time.process_time()
-            super().execute(query, params, **options)
-            self.last = _label(str(query))
-            _SPENT[self.last] += time.process_time() - started
-            return self
+    def execute(self, query: Any, params: Any = None, **options: Any) -> Any:
+        started = time.process_time()
+        super().execute(query, params, **options)  # type: ignore[misc]
+        self.last = _label(str(query))
+        _SPENT[self.last] += time.process_time() - started
+        return self
 
-        def fetchall(self) -> list[Any]:
-            started = time.process_time()
-            rows = super().fetchall()
-            _SPENT[f"{self.last} (fetch)"] += time.process_time() - started
-            return rows
+    def fetchall(self) -> list[Any]:
+        started = time.process_time()
+        rows: list[Any] = super().fetchall()  # type: ignore[misc]
+        _SPENT[f"{self.last} (fetch)"] += time.process_time() - started
+        return rows
 
-    psycopg.RawCursor = TimedPgRawCursor
+    def fetchone(self) -> Any:
+        started = time.process_time()
+        row = super().fetchone()  # type: ignore[misc]
+        _SPENT[f"{self.last} (fetch)"] += time.process_time() - started
+        return row
 
 
 def _timed_pg_classes() -> tuple[type[Any], type[Any]]:
@@ -123,30 +126,10 @@ def _timed_pg_classes() -> tuple[type[Any], type[Any]]:
     """
     import psycopg
 
-    if not getattr(psycopg.RawCursor, "timed", False):
-        _time_raw_cursor(psycopg)
-
-    class TimedPgCursor(psycopg.Cursor[Any]):
-        last = ""
-
-        def execute(self, query: Any, params: Any = None, **options: Any) -> Any:
-            started = time.process_time()
-            super().execute(query, params, **options)
-            self.last = _label(str(query))
-            _SPENT[self.last] += time.process_time() - started
-            return self
-
-        def fetchall(self) -> list[Any]:
-            started = time.process_time()
-            rows = super().fetchall()
-            _SPENT[f"{self.last} (fetch)"] += time.process_time() - started
-            return rows
-
-        def fetchone(self) -> Any:
-            started = time.process_time()
-            row = super().fetchone()
-            _SPENT[f"{self.last} (fetch)"] += time.process_time() - started
-            return row
+    if not issubclass(psycopg.RawCursor, _TimedPsycopg):
+        psycopg.RawCursor = type(  # type: ignore[misc]
+            "TimedPgRawCursor", (_TimedPsycopg, psycopg.RawCursor), {})
+    cursor = type("TimedPgCursor", (_TimedPsycopg, psycopg.Cursor), {})
 
     class TimedPgConnection(psycopg.Connection[Any]):
         def commit(self) -> None:
@@ -154,7 +137,7 @@ def _timed_pg_classes() -> tuple[type[Any], type[Any]]:
             super().commit()
             _SPENT["COMMIT"] += time.process_time() - started
 
-    return TimedPgCursor, TimedPgConnection
+    return cursor, TimedPgConnection
 
 
 def _timed_pg_connect(url: str) -> Any:
