@@ -1,7 +1,7 @@
 """Where one ``admit(1)`` spends its CPU time, next to the raw transaction, in one process.
 
     .venv/bin/python benchmarks/admit_breakdown.py [--backend sqlite|postgresql|mysql]
-        [--admissions 400] [--chunks 7]
+        [--admissions 400] [--chunks 7] [--batch 16]
 
 On SQLite (no network) what ``Ledger.admit`` costs beyond the raw transaction
 (``_raw_admission.py``) is Python and the extra work of its statements; on
@@ -11,8 +11,9 @@ thing. This prints, on one throwaway ledger:
 1. CPU time per admission (``time.process_time``: the machine's other load
    inflates wall times by a factor of several, CPU time much less) of the raw
    transaction, the raw transaction with the audit row ``Ledger.admit`` writes
-   too (docs/decisions/032), and ``Ledger.admit(1)``, interleaved chunk by
-   chunk; the median of the chunks and the ratios;
+   too (docs/decisions/032), and ``Ledger.admit(1)`` (with ``--batch N``
+   ``Ledger.admit(N)`` too, per admission), interleaved chunk by chunk; the
+   median of the chunks and the ratios;
 2. the same admissions statement by statement: CPU time inside the driver's
    (sqlite3's, psycopg's, PyMySQL's) ``execute``/``fetchall``/``commit`` per admission,
    the rest being Python; psycopg's ``BEGIN`` is sent inside the first ``execute``.
@@ -113,6 +114,13 @@ def _timed_pg_connect(url: str) -> Any:
     class TimedPgConnection(_TimedCommit, psycopg.Connection[Any]):
         pass
 
+    # Admission executes on psycopg's RawCursor, which it makes itself
+    # (quotagate.store.dialect.raw_cursor): the module's class is replaced by a
+    # timed one for this process.
+    if not issubclass(psycopg.RawCursor, _TimedCalls):
+        psycopg.RawCursor = type(  # type: ignore[misc]
+            "TimedPgRawCursor", (_TimedCalls, psycopg.RawCursor), {})
+
     parsed = make_url(url)
     timed = TimedPgConnection.connect(host=parsed.host, port=parsed.port or 5432,
                                       user=parsed.username, password=parsed.password,
@@ -147,7 +155,9 @@ def _timed_mysql_connect(url: str, *, found_rows: bool = True) -> Any:
     return timed
 
 
-def _admitters(url: str, timed: bool) -> tuple[dict[str, Callable[[], int]], Ledger]:
+def _admitters(
+    url: str, timed: bool, batch: int = 1
+) -> tuple[dict[str, Callable[[], int]], Ledger]:
     raw, audited = RawAdmission(url, TENANTS), RawAdmission(url, TENANTS, audit=True)
     backend = make_url(url).get_backend_name()
     engine = create_engine(url)
@@ -158,8 +168,11 @@ def _admitters(url: str, timed: bool) -> tuple[dict[str, Callable[[], int]], Led
             baseline.connection.close()
             baseline.connection = _timed_connection(url, backend, baseline=True)
     ledger = Ledger(engine)
-    return ({"raw": raw.admit_one, "raw + audit row": audited.admit_one,
-             "admit(1)": lambda: len(ledger.admit(1))}, ledger)
+    admitters = {"raw": raw.admit_one, "raw + audit row": audited.admit_one,
+                 "admit(1)": lambda: len(ledger.admit(1))}
+    if batch > 1:
+        admitters[f"admit({batch})"] = lambda: len(ledger.admit(batch))
+    return admitters, ledger
 
 
 def _timed_connection(url: str, backend: str, baseline: bool = False) -> Any:
@@ -183,14 +196,18 @@ def _timed_connection(url: str, backend: str, baseline: bool = False) -> Any:
 
 
 def _cpu_per_admission(admit: Callable[[], int], count: int) -> float:
+    """CPU µs per admission over ``count`` admissions (the calls of a batch admit several)."""
     started, admitted = time.process_time(), 0
-    for _ in range(count):
-        admitted += admit()
+    while admitted < count:
+        got = admit()
+        if not got:
+            break
+        admitted += got
     return (time.process_time() - started) / max(admitted, 1) * 1e6
 
 
-def compare(url: str, admissions: int, chunks: int) -> list[list[str]]:
-    admitters, ledger = _admitters(url, timed=False)
+def compare(url: str, admissions: int, chunks: int, batch: int = 1) -> list[list[str]]:
+    admitters, ledger = _admitters(url, timed=False, batch=batch)
     for admit in admitters.values():
         for _ in range(10):  # warm up: connections, statement caches, the first expiry pass
             admit()
@@ -240,13 +257,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--admissions", type=int, default=400, help="admissions per chunk")
     parser.add_argument("--chunks", type=int, default=7, help="interleaved chunks per kind")
     parser.add_argument("--queue", type=int, default=30_000, help="waiting requests")
+    parser.add_argument("--batch", type=int, default=1,
+                        help="also admit(N), CPU per admission (the comparison only)")
     arguments = parser.parse_args(argv)
     with throwaway_database(arguments.backend) as url:
         engine = create_engine(url)
         configure(engine, {tenant: {"gpu": ROOMY, "cpu": ROOMY} for tenant in TENANTS})
         bulk_insert(engine, waiting_rows(arguments.queue, TENANTS, prefix="bd",
                                          start=time.time() - 600, span=300, priority=0))
-        rows = compare(url, arguments.admissions, arguments.chunks)
+        rows = compare(url, arguments.admissions, arguments.chunks, arguments.batch)
         print("CPU µs per admission (median of chunks), and as a multiple of admit(1)'s")
         print(render_table(["kind", "µs", "of admit(1)"], rows))
         reset(engine)

@@ -7,6 +7,8 @@ must not change because admission bypasses ``sqlalchemy.Connection``
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -344,3 +346,50 @@ def test_on_mariadb_an_admission_sends_its_reserve_charges_and_records_in_one_st
         assert connection.execute(sa.select(schema.request.c.state)).scalar_one() == "reserved"
         assert connection.execute(sa.select(sa.func.count()).select_from(schema.audit)
                                   .where(schema.audit.c.operation == "admit")).scalar_one() == 1
+def _wide_statement(count: int) -> sa.Select[Any]:
+    """``count`` bound values, a name used twice and a literal percent sign, in one SELECT."""
+    return sa.select(
+        sa.literal("100%"),
+        *(sa.bindparam(f"value_{index}", type_=sa.Integer) for index in range(count)),
+        sa.bindparam("value_0", type_=sa.Integer),
+    )
+
+
+def test_a_statement_of_many_parameters_keeps_every_value(db_url: str) -> None:
+    """More parameters than psycopg caches a parse for (50), each where it was bound."""
+    count = 70
+    statement = _wide_statement(count)
+    engine = create_engine(db_url)
+    try:
+        row = run_driver_transaction(engine, lambda t: t.rows(
+            statement, {f"value_{index}": index * 7 for index in range(count)})[0])
+        assert tuple(row) == ("100%", *(index * 7 for index in range(count)), 0)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_psycopg_parses_no_statement_at_execution(
+    gate: Quotagate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The statements reach psycopg numbered (``$1``): nothing to parse per execution.
+
+    psycopg's default cursor parses ``%(name)s`` placeholders in Python at every
+    execution, with no cache for a statement of more than 50 parameters, such as
+    admit(16)'s outbox and audit rows (docs/performance.md).
+    """
+    from psycopg import _queries
+
+    parsed: list[bytes] = []
+    for name in ("_query2pg", "_query2pg_nocache"):
+        original = getattr(_queries, name)
+        monkeypatch.setattr(_queries, name, lambda query, encoding, original=original: (
+            parsed.append(query), original(query, encoding))[1])
+    gate.set_tenant("team-a", {"gpu": 100})
+    gate.set_pool("pool-1", {"gpu": 100})
+    for index in range(20):
+        gate.submit(f"job-{index}", "team-a", {"gpu": 1})
+    assert len(gate.admit(1)) == 1  # and the expiry pass, on SQLAlchemy's connection, is done
+    parsed.clear()
+    assert len(gate.admit(16)) == 16
+    assert parsed == []

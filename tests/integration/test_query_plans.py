@@ -77,13 +77,14 @@ def test_reserving_runs_its_locking_subquery_once_per_chosen_row_before_any_anal
         gate.submit_many("team-a", [{"id": f"b-{index}", "cost": {"gpu": 1}}
                                     for index in range(start, start + 500)])
     plan_of = [Placement(f"b-{index}", "team-a", "main", {"gpu": 1}) for index in range(8)]
-    statement = statements.reserve_statement(len(plan_of), lock=True)
+    statement = statements.reserve_and_record_statement(len(plan_of))
     compiled = statement.compile(gate.engine)
     raw = gate.engine.raw_connection()
     try:
         cursor = raw.cursor()
         cursor.execute(f"EXPLAIN (ANALYZE) {compiled}",
-                       compiled.construct_params(statements.reserve_parameters(plan_of, 1.0)))
+                       compiled.construct_params(statements.reserve_parameters(plan_of, 1.0)
+                                                 | {"actor": "test"}))
         plan = "\n".join(row[0] for row in cursor.fetchall())
     finally:
         raw.rollback()

@@ -153,6 +153,13 @@ class AdmissionReads:
         self._local.attempt = _Attempt(transaction, reads, heads_kept=False)
         return snapshot
 
+    def keeping(self, transaction: DriverTransaction) -> bool:
+        """Does ``transaction``'s attempt keep its head reads (:meth:`head_rows`)? If not,
+        the ledger may read heads as it likes."""
+        attempt: _Attempt | None = getattr(self._local, "attempt", None)
+        return (attempt is not None and attempt.transaction is transaction
+                and attempt.reads is not None)
+
     def head_rows(
         self, transaction: DriverTransaction, tenants: Sequence[str], window: int
     ) -> list[Any]:

@@ -94,8 +94,20 @@ def batches_writes(engine: HasDialect) -> bool:
     return engine.dialect.name == "mysql" and bool(getattr(engine.dialect, "is_mariadb", False))
 
 
-def supports_dml_cte(engine: HasDialect) -> bool:
-    """Can an INSERT carry another INSERT in a WITH clause (one round trip for both)?"""
+def code_point_collation(engine: HasDialect) -> str | None:
+    """The collation that orders text by code point, as Python compares ``str``, if a
+    column's own may not: PostgreSQL's ``C`` (UTF-8 bytes sort in code point order).
+    MySQL/MariaDB columns are binary already (docs/decisions/801), SQLite's BINARY
+    is its default."""
+    return "C" if engine.dialect.name == "postgresql" else None
+
+
+def reserve_writes_records(engine: HasDialect) -> bool:
+    """Can the reserving UPDATE write the outbox rows and audit entries too?
+
+    PostgreSQL: INSERTs in data-modifying WITH clauses read the UPDATE's
+    RETURNING rows (docs/decisions/050-reserve-and-record-in-one-statement.md).
+    """
     return engine.dialect.name == "postgresql"
 
 
@@ -107,6 +119,20 @@ def keeps_idle_connections(engine: HasDialect) -> bool:
     would (docs/decisions/025-ping-after-idle.md, 048-servers-keep-admissions-connection.md).
     """
     return engine.dialect.name in ("sqlite", "postgresql", "mysql", "mariadb")
+
+
+def raw_cursor(engine: HasDialect) -> type | None:
+    """The driver's cursor that takes numbered placeholders (``$1``) and sends the SQL as given.
+
+    psycopg's ``RawCursor``: its default cursor parses every statement for
+    ``%(name)s`` placeholders at every execution — in Python, and uncached for
+    a statement of more than 50 parameters (admit(16)'s records statement cost
+    about 20 µs per admission that way). None where the driver has no such cursor.
+    """
+    if engine.dialect.driver != "psycopg":
+        return None
+    raw: type | None = getattr(engine.dialect.loaded_dbapi, "RawCursor", None)
+    return raw
 
 
 def drops_idle_connections(engine: HasDialect) -> bool:

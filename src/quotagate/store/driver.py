@@ -40,6 +40,7 @@ from quotagate.store.dialect import (
     begin_statement,
     drops_idle_connections,
     keeps_idle_connections,
+    raw_cursor,
     rerun_on_conflict,
 )
 from quotagate.store.engine import PING_AFTER_IDLE
@@ -133,6 +134,36 @@ def _compile(dialect: Dialect, statement: sa.Executable) -> _Compiled:
     return result
 
 
+# A placeholder of a named paramstyle, or the escaped percent sign (matched first, left to right).
+_NAMED_PLACEHOLDER = re.compile(r"%%|%\(([^)]+)\)s")
+
+
+@lru_cache(maxsize=1024)
+def _numbered(dialect: Dialect, statement: sa.Executable) -> _Compiled:
+    """``statement`` for a raw cursor (:func:`quotagate.store.dialect.raw_cursor`).
+
+    The named placeholders become ``$1`` … once, here, with ``%%`` back to
+    ``%``; a name used twice keeps its one number. The parameters are then a
+    tuple picked in that order, which the driver takes as they are.
+    """
+    compiled = _compile(dialect, statement)
+    numbers: dict[str, str] = {}
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name is None:
+            return "%"
+        return numbers.setdefault(name, f"${len(numbers) + 1}")
+
+    sql = _NAMED_PLACEHOLDER.sub(number, compiled.sql)
+    positions = tuple(numbers)
+    result = dataclasses.replace(compiled, sql=sql, positions=positions,
+                                 pick=_picker(positions), bare=None)
+    if set(positions) <= set(compiled.fixed):
+        result = dataclasses.replace(result, bare=result.parameters({}))
+    return result
+
+
 def compiled_for_driver(dialect: Dialect, statement: sa.Executable) -> _Compiled:
     """``statement`` compiled for ``dialect``'s driver, once (the rate store's held connection)."""
     return _compile(dialect, statement)
@@ -148,7 +179,9 @@ class DriverTransaction:
     """Statements of one transaction, executed on the DBAPI cursor.
 
     ``dialect`` is there for the capability questions of
-    :mod:`quotagate.store.dialect`, which ask ``x.dialect.name``.
+    :mod:`quotagate.store.dialect`, which ask ``x.dialect.name``. With
+    ``numbered`` the cursor is the driver's raw cursor, which takes ``$1``
+    placeholders and a tuple (:func:`_numbered`).
 
     Writes whose only answer is "did they change the rows they should"
     (:meth:`expect`, :meth:`write`, :meth:`write_many`) may wait and go to
@@ -161,9 +194,11 @@ class DriverTransaction:
     it was given then, and the whole transaction rolls back as before.
     """
 
-    def __init__(self, dialect: Dialect, cursor: Any, *, hide_parameters: bool = False) -> None:
+    def __init__(self, dialect: Dialect, cursor: Any, *, numbered: bool = False,
+                 hide_parameters: bool = False) -> None:
         self.dialect = dialect
         self._cursor = cursor
+        self._compile = _numbered if numbered else _compile
         # The engine's hide_parameters: an error's message leaves the values out.
         self._hide_parameters = hide_parameters
         self._statement: str | None = None
@@ -181,7 +216,7 @@ class DriverTransaction:
         """Run one statement; the cursor, for ``fetchall``/``rowcount``."""
         if self._pending:
             self.flush()
-        compiled = _compile(self.dialect, statement)
+        compiled = self._compile(self.dialect, statement)
         self._statement, self._parameters = compiled.sql, compiled.parameters(parameters)
         self._cursor.execute(self._statement, self._parameters)
         return self._cursor
@@ -201,7 +236,7 @@ class DriverTransaction:
             return
         if self._pending:
             self.flush()
-        compiled = _compile(self.dialect, statement)
+        compiled = self._compile(self.dialect, statement)
         self._statement = compiled.sql
         self._parameters = [compiled.parameters(row) for row in rows]
         self._cursor.executemany(self._statement, self._parameters)
@@ -421,8 +456,10 @@ def _attempt(
         driver_connection: Any = pooled.driver_connection
         if autocommit:
             driver_connection.autocommit = True
-        cursor = pooled.cursor()
-        transaction = DriverTransaction(dialect, cursor, hide_parameters=engine.hide_parameters)
+        raw = raw_cursor(engine)
+        cursor = pooled.cursor() if raw is None else raw(driver_connection)
+        transaction = DriverTransaction(dialect, cursor, numbered=raw is not None,
+                                        hide_parameters=engine.hide_parameters)
         try:
             if begin is not None:
                 cursor.execute(begin)

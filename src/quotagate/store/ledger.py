@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
+from operator import itemgetter
 from typing import Any
 
 import sqlalchemy as sa
@@ -55,10 +56,11 @@ from quotagate.store.admission_reads import QUEUE_ORDER, AdmissionReads
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
 from quotagate.store.dialect import (
+    code_point_collation,
     locks_in_lateral_join,
+    reserve_writes_records,
     reserves_with_lock,
     run_transaction,
-    supports_dml_cte,
     supports_skip_locked,
 )
 from quotagate.store.driver import DriverTransaction, KeptConnection, run_driver_transaction
@@ -85,6 +87,8 @@ DEFAULT_TTL = 3600.0
 # waits until the head of that tenant's queue moves (see docs/admission.md).
 DEFAULT_ADMISSION_WINDOW = 32
 _MAX_EXPIRED_PER_PASS = 1000
+# statements.head_query's row without the order's columns: statements.ordered_head_query's.
+_ORDERED_HEAD_COLUMNS = itemgetter(0, 1, 2, 5, 6, 7)
 
 
 class CapacityChanged(Exception):
@@ -487,11 +491,12 @@ class Ledger:
         narrow = supports_skip_locked(transaction) and (not claim or self._contention.recent())
         if narrow:
             admitted, targets, floors, narrowed = self._fill_narrow(
-                transaction, open_tenants, snapshot, limit, now, guard, wait=not claim)
+                transaction, open_tenants, snapshot, limit, now, guard, wait=not claim,
+                actor=actor)
         else:
             admitted, targets, floors, narrowed = self._fill(
                 transaction, open_tenants, snapshot, limit, now, guard,
-                claim=claim and bool(snapshot.slices))
+                claim=claim and bool(snapshot.slices), actor=actor)
         if narrowed:
             self._contention.seen()
         if not admitted and narrowed:
@@ -502,7 +507,8 @@ class Ledger:
             self._charge(transaction, admitted, snapshot)
             if snapshot.budgets and not budgets.charge(transaction, admitted, snapshot.budgets):
                 raise CapacityChanged("budget")
-        self._record_admissions(transaction, admitted, targets, now, actor)
+        if not reserve_writes_records(transaction):  # else _reserve wrote them
+            self._record_admissions(transaction, admitted, targets, now, actor)
         if transaction.pending:
             # MariaDB batched the reserve, the charges and the records: their lock waits are here.
             with admission_stats.lock_wait():
@@ -521,7 +527,7 @@ class Ledger:
     def _fill(
         self, transaction: DriverTransaction, open_tenants: Sequence[str],
         snapshot: cohorts.Snapshot, limit: int, now: float, guard: HeldRoom | None,
-        *, claim: bool = False,
+        *, claim: bool = False, actor: str,
     ) -> tuple[list[Placement], dict[str, str | None], dict[str, int], bool]:
         """Plan and reserve up to ``limit`` from the heads of ``open_tenants``' queues.
 
@@ -552,7 +558,7 @@ class Ledger:
                     narrowed = len(claimed) < len(waiting)
                 candidates = [c for c in candidates if c.tenant in claimed]
             admitted += self._plan_and_reserve(
-                transaction, candidates, snapshot, limit - len(admitted), now, guard
+                transaction, candidates, snapshot, limit - len(admitted), now, guard, actor=actor
             )
             if len(admitted) == limit or window >= self.admission_window:
                 break
@@ -567,7 +573,7 @@ class Ledger:
     def _fill_narrow(
         self, transaction: DriverTransaction, open_tenants: Sequence[str],
         snapshot: cohorts.Snapshot, limit: int, now: float, guard: HeldRoom | None,
-        *, wait: bool = False,
+        *, wait: bool = False, actor: str,
     ) -> tuple[list[Placement], dict[str, str | None], dict[str, int], bool]:
         """:meth:`_fill` for an admitter that saw others: claim plain tenants one by one.
 
@@ -664,7 +670,7 @@ class Ledger:
             targets.update(window_targets)
             floors.update(window_floors)
             admitted += self._plan_and_reserve(
-                transaction, candidates, snapshot, limit - len(admitted), now, guard)
+                transaction, candidates, snapshot, limit - len(admitted), now, guard, actor=actor)
             if claimed is None:
                 break
             reading = []
@@ -678,6 +684,8 @@ class Ledger:
         limit: int,
         now: float,
         guard: HeldRoom | None = None,
+        *,
+        actor: str,
     ) -> list[Placement]:
         """Plan on the snapshot and reserve what was planned; charge the snapshot with it.
 
@@ -700,7 +708,7 @@ class Ledger:
             if not plan:
                 return []
             with admission_stats.lock_wait():
-                got = self._reserve(transaction, plan, now)
+                got = self._reserve(transaction, plan, now, actor)
             if len(got) < len(plan):
                 self._contention.seen()  # another admitter holds some of these requests
             if got:
@@ -726,17 +734,27 @@ class Ledger:
         the length of the waiting queue. ``read``: heads read already, in the
         head read's columns (a claim's, tenant_claims.claim_first), merged in.
         """
-        rows = self._reads.head_rows(transaction, tenants, window) if tenants else []
-        if read:
-            rows = [*read, *rows]
-        rows.sort(key=QUEUE_ORDER)
+        if read is None and not self._reads.keeping(transaction):
+            rows = transaction.rows(
+                statements.ordered_head_query(len(tenants), window,
+                                              code_point_collation(transaction)),
+                statements.head_parameters(tenants),
+            ) if tenants else []
+        else:
+            # Heads kept from an earlier admission (SQLite) or read with a claim are
+            # merged into queue order here, on head_query's columns.
+            rows = self._reads.head_rows(transaction, tenants, window) if tenants else []
+            if read:
+                rows = [*read, *rows]
+            rows.sort(key=QUEUE_ORDER)
+            rows = list(map(_ORDERED_HEAD_COLUMNS, rows))
         # One pass over the rows for all three: a head read is a few rows per tenant,
         # at every admission.
         candidates: list[Candidate] = []
         targets: dict[str, str | None] = {}
         floors: dict[str, int] = {}
         add = candidates.append
-        for request_id, tenant, cost, _key, _created, target, runtime, floor in rows:
+        for request_id, tenant, cost, target, runtime, floor in rows:
             add(_candidate(request_id, tenant, cost, runtime))
             targets[request_id] = target
             if floor:
@@ -745,18 +763,22 @@ class Ledger:
 
     @staticmethod
     def _reserve(
-        transaction: DriverTransaction, plan: Sequence[Placement], now: float
+        transaction: DriverTransaction, plan: Sequence[Placement], now: float, actor: str
     ) -> set[str]:
         """Set the planned requests reserved; return the ids that were.
 
         A request another admitter holds (or has just admitted) is skipped, not
-        waited for. PostgreSQL locks and reserves in one statement; MySQL and
-        MariaDB lock with a SELECT first; SQLite's transaction began IMMEDIATE
-        and holds the only write lock, so the rows it read as waiting still are.
+        waited for. PostgreSQL locks and reserves in one statement, which also
+        writes the outbox rows and audit entries of what it reserved
+        (:meth:`_record_admissions` elsewhere); MySQL and MariaDB lock with a
+        SELECT first; SQLite's transaction began IMMEDIATE and holds the only
+        write lock, so the rows it read as waiting still are.
         """
-        if reserves_with_lock(transaction):
-            statement = statements.reserve_statement(len(plan), lock=True)
-            rows = transaction.rows(statement, statements.reserve_parameters(plan, now))
+        if reserve_writes_records(transaction):
+            parameters = statements.reserve_parameters(plan, now)
+            parameters["actor"] = actor
+            rows = transaction.rows(
+                statements.reserve_and_record_statement(len(plan)), parameters)
             return {row[0] for row in rows}
         chosen = list(plan)
         if supports_skip_locked(transaction):
@@ -826,11 +848,8 @@ class Ledger:
         now: float,
         actor: str,
     ) -> None:
-        """The outbox row and the audit entry of every admission (docs/invariants.md, 2)."""
-        if supports_dml_cte(transaction):
-            transaction.execute(*statements.admission_records_parameters(
-                placements, targets, now, actor))
-            return
+        """The outbox row and the audit entry of every admission (docs/invariants.md, 2),
+        where the reserve did not write them (:meth:`_reserve`)."""
         # Batched with the reserve and the charges where the server checks their row
         # counts (DriverTransaction.write_many): one round trip for all of them on MariaDB.
         transaction.write_many(statements.outbox_insert(), [

@@ -9,7 +9,7 @@ by that shape and filled in with parameters.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -80,6 +80,28 @@ def head_query(tenant_count: int, window: int) -> sa.Select[Any] | sa.CompoundSe
     return sa.union_all(*(sa.select(head) for head in heads))
 
 
+@lru_cache(maxsize=256)
+def ordered_head_query(tenant_count: int, window: int, collation: str | None) -> sa.Select[Any]:
+    """:func:`head_query` merged into queue order by the database, without the order's columns.
+
+    ``id, tenant, cost, target, reserved_runtime, token_floor``, ordered by
+    ``queue_key, created, id``: the client neither fetches the two floats
+    (about a third of psycopg's fetch of a head read) nor sorts. Ties on the
+    id are broken by code point, as Python sorts strings: ``collation`` names
+    the database's byte-order collation where the column's own may differ
+    (:func:`quotagate.store.dialect.code_point_collation`).
+    """
+    heads = head_query(tenant_count, window).subquery("heads")
+    request_id: sa.ColumnElement[Any] = heads.c.id
+    if collation is not None:
+        request_id = sa.collate(request_id, collation)
+    return (
+        sa.select(heads.c.id, heads.c.tenant, heads.c.cost, heads.c.target,
+                  heads.c.reserved_runtime, heads.c.token_floor)
+        .order_by(heads.c.queue_key, heads.c.created, request_id)
+    )
+
+
 def head_parameters(tenants: Sequence[str]) -> dict[str, str]:
     """The values of :func:`head_query`'s ``tenant_i`` parameters."""
     return dict(zip(_names("tenant", len(tenants)), tenants, strict=True))
@@ -105,18 +127,22 @@ def lock_waiting_query(count: int) -> sa.Select[Any]:
 
 
 @lru_cache(maxsize=128)
-def reserve_statement(count: int, *, lock: bool = False) -> sa.Update:
+def reserve_statement(count: int) -> sa.Update:
     """Set ``count`` waiting requests reserved, each with its pool (``id_i`` → ``pool_i``).
 
-    With ``lock`` (PostgreSQL) the statement also takes the row locks itself,
-    skipping rows another admitter holds, and returns the ids it reserved: lock
-    and reserve are one round trip instead of two. Without it the caller has
-    locked the rows already (MySQL/MariaDB, whose UPDATE can neither read its
-    own table in a subquery nor return rows) or holds the database write lock
-    (SQLite), and checks the row count. The ids are ``id_0`` … as plain
-    parameters, not an expanding IN: a cached statement needs no per-call
-    rewriting.
+    The caller has locked the rows already (MySQL/MariaDB, whose UPDATE can
+    neither read its own table in a subquery nor return rows) or holds the
+    database write lock (SQLite), and checks the row count; PostgreSQL's
+    statement is :func:`reserve_and_record_statement`. The ids are ``id_0`` …
+    as plain parameters, not an expanding IN: a cached statement needs no
+    per-call rewriting.
     """
+    return _reserve_update(count, lock=False)
+
+
+def _reserve_update(count: int, *, lock: bool) -> sa.Update:
+    """The reserving UPDATE; with ``lock`` it takes the row locks itself, skipping rows
+    another admitter holds (lock and reserve in one round trip instead of two)."""
     request = schema.request
     ids: list[sa.BindParameter[Any]] = [sa.bindparam(f"id_{i}") for i in range(count)]
     pool_of = sa.case(*((request.c.id == ids[i], sa.bindparam(f"pool_{i}")) for i in range(count)))
@@ -137,13 +163,45 @@ def reserve_statement(count: int, *, lock: bool = False) -> sa.Update:
         # waiting row — 0.8 s for 8 rows of a 2,000-row queue. With them the outer
         # scan yields only these rows whatever the plan (tests/integration/test_query_plans.py).
         statement = statement.where(request.c.id.in_(ids))
-    statement = (
+    return (
         statement
         .where(request.c.id.in_(chosen), request.c.state == _WAITING)
         .values(state=RequestState.RESERVED.value, pool=pool_of, updated=sa.bindparam("now"),
                 admitted=sa.bindparam("now"))
     )
-    return statement.returning(request.c.id) if lock else statement
+
+
+@lru_cache(maxsize=128)
+def reserve_and_record_statement(count: int) -> sa.Select[Any]:
+    """PostgreSQL: lock and reserve ``count`` waiting requests, skipping those another
+    admitter holds, and write the outbox row and the audit entry of every request
+    reserved, in one statement; returns the ids reserved.
+
+    The two INSERTs read the UPDATE's RETURNING rows in data-modifying CTEs, so an
+    admission batch costs one round trip and one statement fewer than reserving
+    and recording apart (docs/decisions/050-reserve-and-record-in-one-statement.md).
+    Only reserved requests get records: one another admitter held is skipped by
+    the UPDATE and so by both INSERTs. The entries are written in plan order (the
+    ``id_i`` order), as the placements are. Parameters: those of
+    :func:`reserve_parameters`, and ``actor``.
+    """
+    request, outbox, audit = schema.request, schema.outbox, schema.audit
+    reserved = _reserve_update(count, lock=True).returning(
+        request.c.id, request.c.tenant, request.c.target, request.c.pool).cte("reserved")
+    now = sa.bindparam("now", type_=sa.Double)
+    plan_order = sa.case(*((reserved.c.id == sa.bindparam(f"id_{i}"), i) for i in range(count)))
+    outbox_rows = outbox.insert().from_select(
+        ["request_id", "tenant", "target", "created", "attempts", "next_attempt_at", "delivered"],
+        sa.select(reserved.c.id, reserved.c.tenant, reserved.c.target, now, sa.literal(0), now,
+                  sa.false()).order_by(plan_order),
+    ).cte("outbox_rows")
+    audit_rows = audit.insert().from_select(
+        ["at", "actor", "tenant", "operation", "target", "outcome", "reason"],
+        sa.select(now, sa.bindparam("actor", type_=sa.String), reserved.c.tenant,
+                  sa.literal("admit"), reserved.c.id, sa.literal(RequestState.RESERVED.value),
+                  sa.literal("pool=") + reserved.c.pool).order_by(plan_order),
+    ).cte("audit_rows")
+    return sa.select(reserved.c.id).add_cte(outbox_rows, audit_rows)
 
 
 def reserve_parameters(plan: Sequence[Placement], now: float) -> dict[str, Any]:
@@ -212,73 +270,6 @@ def sliced_charge_parameters(amounts: dict[tuple[str, int, str], int]) -> dict[s
         parameters[resources[index]] = resource
         parameters[charges[index]] = amount
     return parameters
-
-
-# Up to this many admissions, one statement per batch size with a parameter per value
-# (admission_records_statement); larger batches share the one with arrays.
-RECORDS_AS_VALUES = 16
-
-
-@lru_cache(maxsize=RECORDS_AS_VALUES + 1)
-def admission_records_statement(count: int | None = None) -> sa.TextClause:
-    """PostgreSQL: the outbox rows and audit entries of a batch of admissions, one statement.
-
-    The outbox INSERT rides in a data-modifying CTE of the audit INSERT, so the
-    two writes that end every admission cost one round trip. A batch of
-    ``count`` (up to :data:`RECORDS_AS_VALUES`) comes as a VALUES list of
-    ``request_i``, ``tenant_i``, ``target_i``, ``reason_i``; with ``count``
-    None, as arrays (``requests``, ``tenants``, ``targets``, ``reasons``), so
-    one statement serves every larger size: psycopg finds an array's element
-    type and dumps it in Python, four arrays costing more of admit(1)'s CPU
-    than the statement's other work. Plus ``now`` and ``actor``
-    (:func:`admission_records_parameters`). It is text because SQLAlchemy does
-    not cache a multi-row VALUES INSERT and compiling one costs more than the
-    round trip it saves.
-    """
-    if count is None:
-        admitted = (
-            "admitted AS ("
-            " SELECT * FROM unnest(CAST(:requests AS varchar[]), CAST(:tenants AS varchar[]),"
-            " CAST(:targets AS varchar[]), CAST(:reasons AS varchar[]))"
-            " AS batch(request_id, tenant, target, reason))"
-        )
-    else:
-        admitted = "admitted(request_id, tenant, target, reason) AS (VALUES " + ", ".join(
-            f"(CAST(:request_{index} AS varchar), CAST(:tenant_{index} AS varchar),"
-            f" CAST(:target_{index} AS varchar), CAST(:reason_{index} AS varchar))"
-            for index in range(count)
-        ) + ")"
-    return sa.text(
-        f"WITH {admitted}, outbox_rows AS ("
-        f" INSERT INTO {schema.outbox.name} (request_id, tenant, target, created, attempts,"
-        " next_attempt_at, delivered)"
-        " SELECT request_id, tenant, target, :now, 0, :now, false FROM admitted"
-        ")"
-        f" INSERT INTO {schema.audit.name} (at, actor, tenant, operation, target, outcome, reason)"
-        " SELECT :now, :actor, tenant, 'admit', request_id, 'reserved', reason FROM admitted"
-    ).bindparams(sa.bindparam("now", type_=sa.Double))
-
-
-def admission_records_parameters(
-    placements: Sequence[Placement], targets: Mapping[str, str | None], now: float, actor: str
-) -> tuple[sa.TextClause, dict[str, Any]]:
-    """:func:`admission_records_statement` for ``placements`` and its parameters."""
-    parameters: dict[str, Any] = {"now": now, "actor": actor}
-    count = len(placements)
-    if count > RECORDS_AS_VALUES:
-        parameters["requests"] = [placement.id for placement in placements]
-        parameters["tenants"] = [placement.tenant for placement in placements]
-        parameters["targets"] = [targets.get(placement.id) for placement in placements]
-        parameters["reasons"] = [f"pool={placement.pool}" for placement in placements]
-        return admission_records_statement(), parameters
-    requests, tenants = _names("request", count), _names("tenant", count)
-    target_names, reasons = _names("target", count), _names("reason", count)
-    for index, placement in enumerate(placements):
-        parameters[requests[index]] = placement.id
-        parameters[tenants[index]] = placement.tenant
-        parameters[target_names[index]] = targets.get(placement.id)
-        parameters[reasons[index]] = f"pool={placement.pool}"
-    return admission_records_statement(count), parameters
 
 
 @lru_cache(maxsize=1)
