@@ -34,10 +34,10 @@ def _audit(gate: Quotagate, operation: str) -> list[dict[str, Any]]:
     return [row for row in table(gate, schema.audit) if row["operation"] == operation]
 
 
-def _running_out(gate: Quotagate) -> None:
+def _running_out(gate: Quotagate, overrun_priority: int = 0) -> None:
     """team-a runs ``overrun`` (2 gpu, past its 1 s max-runtime, now ``timing_out``) and
-    ``running`` (2 gpu, no limit), both priority 0, filling the pool of 4. Admitted
-    together (or ``overrun`` later), ``overrun`` comes first in the victims' order: it
+    ``running`` (2 gpu, no limit, priority 0), filling the pool of 4. At equal priority
+    ``overrun`` comes first in the victims' order (admitted together, or later): it
     would be chosen if it were a victim at all. Whatever the clock, the look for
     overruns is made 5 s ahead."""
     gate.set_pool("pool-1", {"gpu": 4})
@@ -45,7 +45,7 @@ def _running_out(gate: Quotagate) -> None:
                     stop_at_max_runtime=True)
     gate.submit("running", "team-a", {"gpu": 2}, priority=0)
     gate.admit()
-    gate.submit("overrun", "team-a", {"gpu": 2}, priority=0, max_runtime=1)
+    gate.submit("overrun", "team-a", {"gpu": 2}, priority=overrun_priority, max_runtime=1)
     gate.admit()
     ahead = gate.clock.now() + 5
     assert stop_overruns(gate.engine, ahead, actor="worker:w1") == ["overrun"]
@@ -78,9 +78,11 @@ def test_timing_out_work_is_never_a_victim(running_out: Quotagate) -> None:
 
 
 def test_a_preemptor_that_fits_once_timing_out_work_is_back_stops_nothing(
-    running_out: Quotagate,
+    gate: Quotagate,
 ) -> None:
-    gate = running_out
+    # "running" is the first victim here: had the overrun's cost not been counted as
+    # coming back, it would be stopped for "high".
+    _running_out(gate, overrun_priority=1)
     gate.submit("high", "team-a", {"gpu": 2}, priority=5)
     for _ in range(3):  # every pass waits for the overrun's cost
         assert gate.admit() == []
