@@ -14,20 +14,10 @@ from quotagate.store import schema
 from quotagate.store.overruns import stop_overruns
 from support import cohort_workers
 from support.racing import race_mixed
+from support.stops import confirm as _confirm
+from support.stops import state as _state
+from support.stops import used as _used
 from support.worker_processes import table
-
-
-def _state(gate: Quotagate, request_id: str) -> str:
-    return gate.show(request_id).state.value
-
-
-def _used(gate: Quotagate, tenant: str) -> int:
-    return next(row["used"] for row in gate.usage()["tenants"] if row["tenant"] == tenant)
-
-
-def _confirm(gate: Quotagate, request_id: str) -> dict[str, int]:
-    """The worker's confirmed stop (quotagate.delivery.dispatcher._stopped)."""
-    return gate.ledger.release(request_id, RequestState.CANCELLED, stopped=True).released
 
 
 def _audit(gate: Quotagate, operation: str) -> list[dict[str, Any]]:
