@@ -8,21 +8,10 @@ from pathlib import Path
 import pytest
 
 from quotagate import ManualClock, Quotagate
-from quotagate.domain.model import RequestState
 from quotagate.errors import Conflict, InvalidInput
-
-
-def _state(gate: Quotagate, request_id: str) -> str:
-    return gate.show(request_id).state.value
-
-
-def _used(gate: Quotagate, tenant: str) -> int:
-    return next(row["used"] for row in gate.usage()["tenants"] if row["tenant"] == tenant)
-
-
-def _confirm(gate: Quotagate, request_id: str) -> dict[str, int]:
-    """The worker's confirmed stop (quotagate.delivery.dispatcher._stopped)."""
-    return gate.ledger.release(request_id, RequestState.CANCELLED, stopped=True).released
+from support.stops import confirm as _confirm
+from support.stops import state as _state
+from support.stops import used as _used
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from quotagate.domain.placement import Candidate
 from quotagate.domain.preemption import HeldRoom, Running
 from quotagate.store import identity, schema
 from quotagate.store.driver import DriverTransaction
+from quotagate.store.preemption import COMING_BACK
 
 __all__ = ["DEFAULT_HOLD_SECONDS", "clean", "clean_statement", "hold", "holders", "lock_query", "read_guard",
            "release_statement"]
@@ -65,7 +66,10 @@ def _stopping_query() -> sa.Select[Any]:
         sa.select(request.c.id, request.c.tenant, request.c.pool, request.c.cost,
                   request.c.priority, outbox.c.created)
         .select_from(request.join(outbox, outbox.c.request_id == request.c.id))
-        .where(request.c.state == RequestState.PREEMPTING.value)
+        # timing_out too: the decision that wrote the hold counted it as coming back
+        # and chose fewer victims for it (docs/decisions/714). Equalities, not IN: the
+        # raw driver runs statements compiled once, without expanding parameters.
+        .where(sa.or_(*(request.c.state == state for state in COMING_BACK)))
     )
 
 

@@ -23,7 +23,9 @@ from quotagate.store.dialect import supports_skip_locked
 _CANDIDATE_STATES = (RequestState.RESERVED.value, RequestState.DELIVERED.value,
                      RequestState.PREEMPTING.value, RequestState.TIMING_OUT.value)
 # Stopping already: their cost is coming back, none is a victim (docs/decisions/714).
-_STOPPING = (RequestState.PREEMPTING.value, RequestState.TIMING_OUT.value)
+# The held room's guard counts the same work as coming back (store/holds.py): it must
+# judge as the decision that wrote the hold did.
+COMING_BACK = (RequestState.PREEMPTING.value, RequestState.TIMING_OUT.value)
 
 
 def running_work(connection: sa.Connection, tenants: set[str]) -> list[Running]:
@@ -47,7 +49,7 @@ def running_work(connection: sa.Connection, tenants: set[str]) -> list[Running]:
                request.c.state.in_(_CANDIDATE_STATES))
     )
     return [Running(row.id, row.tenant, row.pool, json.loads(row.cost), int(row.priority),
-                    float(row.admitted), stopping=row.state in _STOPPING)
+                    float(row.admitted), stopping=row.state in COMING_BACK)
             for row in rows]
 
 
