@@ -231,7 +231,9 @@ def test_a_claim_dies_with_its_lease_and_the_taker_fences_the_slow_worker(
 ) -> None:
     ledger.submit("job-1", "team-a", {"gpu": 1})
     ledger.admit()
-    slow = Dispatcher(ledger, worker_name="slow", lease_ttl=0.3)
+    # Long enough that the steps up to the first claim below end within it on a loaded
+    # machine (0.3 s expired first once on MariaDB); its expiry is then waited for.
+    slow = Dispatcher(ledger, worker_name="slow", lease_ttl=3.0)
     assert slow._hold_lease() and slow.lease is not None
     [claim] = slow.outbox.claim(slow.lease, 10)
     fast = Dispatcher(ledger, worker_name="fast")
