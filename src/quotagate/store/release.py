@@ -63,6 +63,7 @@ from quotagate.store import (
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
 from quotagate.store.dialect import reserves_with_lock
+from quotagate.store.preemption import COMING_BACK
 from quotagate.store.rows import decode_cost, request_from_row
 
 __all__ = ["ENDING_STATES", "End", "ReleaseResult", "lock_decisions", "mark_stop",
@@ -70,8 +71,8 @@ __all__ = ["ENDING_STATES", "End", "ReleaseResult", "lock_decisions", "mark_stop
 
 ENDING_STATES = frozenset({RequestState.COMPLETED, RequestState.FAILED, RequestState.CANCELLED})
 _STOPPABLE = frozenset({RequestState.RESERVED, RequestState.DELIVERED})
-# Stopping work a preemption decision counts as coming back (store/preemption.py).
-_DECIDED_STOPS = frozenset({RequestState.PREEMPTING, RequestState.TIMING_OUT})
+# Stopping work a preemption decision counts as coming back: the decision's own list.
+_DECIDED_STOPS = frozenset(RequestState(state) for state in COMING_BACK)
 # Ends of a stop: confirming the stop again finds the request there and does nothing.
 _STOPPED = frozenset({RequestState.PREEMPTED, RequestState.TIMED_OUT})
 
