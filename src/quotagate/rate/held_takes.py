@@ -1,14 +1,15 @@
-"""The SQL rate store's takes on its held connection, and the refusals it reads first.
+"""The SQL rate store's takes on its kept connection, and the refusals it reads first.
 
 docs/decisions/114-sql-takes-on-a-held-connection.md. The statements are
-:mod:`quotagate.rate.sql`'s; this module runs them on
-:class:`quotagate.rate.held_connection.HeldConnection`.
+:mod:`quotagate.rate.sql`'s; this module runs them on the store's autocommit
+:class:`quotagate.store.kept_connection.KeptConnection`.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -16,8 +17,28 @@ from typing import Any
 import sqlalchemy as sa
 
 from quotagate.domain.bucket import BucketConfig, BucketState, Decision, decide, refill
-from quotagate.rate.held_connection import HeldConnection, Prepared
 from quotagate.rate.keys import BucketKey
+from quotagate.store.driver import compiled_for_driver
+from quotagate.store.kept_connection import KeptConnection
+
+
+class Prepared:
+    """A statement compiled once for one dialect, with its driver parameters built fast."""
+
+    def __init__(self, dialect: sa.Dialect, statement: sa.Executable) -> None:
+        compiled = compiled_for_driver(dialect, statement)
+        self.sql = compiled.sql
+        # The literals the statement binds itself, converted once (SQLite's floats).
+        self._fixed = {
+            name: compiled.processors[name](value) if name in compiled.processors else value
+            for name, value in compiled.fixed.items()
+        }
+        # The driver's own picker of the positional tuple (None: a named paramstyle).
+        self._pick = compiled.pick
+
+    def parameters(self, given: Mapping[str, Any]) -> Any:
+        values = {**self._fixed, **given}
+        return values if self._pick is None else self._pick(values)
 
 
 @dataclass(frozen=True)
@@ -38,7 +59,7 @@ def _shape(capacity: float, refill_per_second: float) -> BucketConfig:
 
 
 class HeldTakes:
-    """Takes on the store's held connection (:mod:`quotagate.rate.held_connection`).
+    """Takes on the store's kept autocommit connection (:mod:`quotagate.store.kept_connection`).
 
     The same statements as the store's other takes (:mod:`quotagate.rate.sql`
     hands them over), prepared once, each in autocommit. One more step: a
@@ -55,8 +76,10 @@ class HeldTakes:
     # Keys remembered as refused; past this many the memory starts again (it is a hint).
     REMEMBERED = 10_000
 
-    def __init__(self, held: HeldConnection, statements: TakeStatements) -> None:
-        self.held = held
+    def __init__(self, kept: KeptConnection, dialect: sa.Dialect,
+                 statements: TakeStatements) -> None:
+        self.kept = kept
+        self._dialect = dialect
         self._given = statements
         self._one_statement = statements.one_statement
         self._returning = statements.returning
@@ -71,7 +94,7 @@ class HeldTakes:
         """``(True, decision or None if no bucket)``, or ``(False, None)`` if the connection is busy."""
         name = key.name
         read_first = self._refused_until.get(name, 0.0) > time.monotonic()
-        done, decision = self.held.attempt(
+        done, decision = self.kept.attempt(
             lambda cursor: self._decide(cursor, name, amount, read_first))
         if decision is not None:
             self._remember(name, decision)
@@ -80,7 +103,7 @@ class HeldTakes:
     def _statements(self) -> tuple[Prepared, Prepared, Prepared]:
         """The take, the read of a granted row (MySQL) and the read of a refused one."""
         if self._prepared is None:
-            dialect, given = self.held.dialect, self._given
+            dialect, given = self._dialect, self._given
             self._prepared = (Prepared(dialect, given.take), Prepared(dialect, given.after),
                               Prepared(dialect, given.available))
         return self._prepared

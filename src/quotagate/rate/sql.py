@@ -42,7 +42,6 @@ from sqlalchemy.exc import IntegrityError
 from quotagate.domain.bucket import BucketConfig, BucketState, Decision, decide, refill
 from quotagate.errors import Conflict, NotFound
 from quotagate.rate.backend import Take
-from quotagate.rate.held_connection import HeldConnection
 from quotagate.rate.held_takes import HeldTakes, TakeStatements
 from quotagate.rate.keys import BucketKey
 from quotagate.store import schema
@@ -55,6 +54,7 @@ from quotagate.store.dialect import (
 )
 from quotagate.store.driver import DriverTransaction, run_driver_transaction
 from quotagate.store.engine import create_engine, normalise_url, redact
+from quotagate.store.kept_connection import KeptConnection
 
 bucket = schema.rate_bucket
 
@@ -308,7 +308,7 @@ class SqlRateStore:
         self._owns_engine = owns_engine
         self._pid = os.getpid()
         name, returning = engine.dialect.name, bool(engine.dialect.update_returning)
-        self._held = HeldTakes(HeldConnection(engine), TakeStatements(
+        self._held = HeldTakes(KeptConnection(engine, autocommit=True), engine.dialect, TakeStatements(
             take=_one_statement_take() if name == "postgresql" else _take_statement(name, returning),
             after=_after_statement(), available=_available_statement(name),
             one_statement=name == "postgresql", returning=returning))
@@ -333,7 +333,7 @@ class SqlRateStore:
         raise Conflict(f"rate bucket {key} is being configured concurrently; retry")
 
     def take(self, key: BucketKey, config: BucketConfig, amount: int = 1) -> Decision:
-        # On the store's held connection, in autocommit: the conditional UPDATE is
+        # On the store's kept connection, in autocommit: the conditional UPDATE is
         # atomic on its own, and a pool checkout cost more than the UPDATE
         # (docs/decisions/114-sql-takes-on-a-held-connection.md). When another
         # thread has it, through the pool on the driver connection
@@ -372,7 +372,7 @@ class SqlRateStore:
         run_transaction(self.engine, lambda connection: forget_in(connection, key))
 
     def close(self) -> None:
-        self._held.held.close()
+        self._held.kept.close()
         if self._owns_engine:
             # In a forked child the pooled connections are the parent's: let go, never close.
             self.engine.dispose(close=os.getpid() == self._pid)
