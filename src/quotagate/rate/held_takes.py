@@ -1,7 +1,7 @@
 """The SQL rate store's takes on its kept connection, and the refusals it reads first.
 
 docs/decisions/114-sql-takes-on-a-held-connection.md. The statements are
-:mod:`quotagate.rate.sql`'s; this module runs them on the store's autocommit
+:mod:`quotagate.store.rate_buckets`'s; this module runs them on the store's autocommit
 :class:`quotagate.store.kept_connection.KeptConnection`.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -20,6 +19,7 @@ from quotagate.domain.bucket import BucketConfig, BucketState, Decision, decide,
 from quotagate.rate.keys import BucketKey
 from quotagate.store.driver import compiled_for_driver
 from quotagate.store.kept_connection import KeptConnection
+from quotagate.store.rate_buckets import TakeStatements
 
 
 class Prepared:
@@ -41,17 +41,6 @@ class Prepared:
         return values if self._pick is None else self._pick(values)
 
 
-@dataclass(frozen=True)
-class TakeStatements:
-    """What a held take runs: the conditional take, the read of a granted row, the refusal's read."""
-
-    take: sa.Executable
-    after: sa.Executable  # MySQL/MariaDB: the granted row, with no UPDATE … RETURNING
-    available: sa.Executable  # the shape and the tokens now, refilled in SQL
-    one_statement: bool  # ``take`` answers granted or refused with the refused row (PostgreSQL)
-    returning: bool  # ``take`` returns the granted row
-
-
 @lru_cache(maxsize=256)
 def _shape(capacity: float, refill_per_second: float) -> BucketConfig:
     """A bucket's shape from its row, built (and validated) once per distinct shape."""
@@ -61,7 +50,7 @@ def _shape(capacity: float, refill_per_second: float) -> BucketConfig:
 class HeldTakes:
     """Takes on the store's kept autocommit connection (:mod:`quotagate.store.kept_connection`).
 
-    The same statements as the store's other takes (:mod:`quotagate.rate.sql`
+    The same statements as the store's other takes (:mod:`quotagate.store.rate_buckets`
     hands them over), prepared once, each in autocommit. One more step: a
     bucket whose last take here was refused, and whose refill cannot have
     covered a take since, is **read first**. A read that finds too few tokens

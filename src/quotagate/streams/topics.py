@@ -25,10 +25,9 @@ from quotagate.domain.bucket import BucketConfig
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import validate_name
 from quotagate.errors import Conflict, InvalidInput, NotFound
-from quotagate.rate import sql as rate_sql
 from quotagate.rate.keys import BucketKey
 from quotagate.rate.quotas import RateQuotas
-from quotagate.store import stream_settings
+from quotagate.store import rate_buckets, stream_settings
 from quotagate.store import topics as topic_rows
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.cohorts import adjust_tenant
@@ -182,7 +181,7 @@ class Topics:
             if not adjust_tenant(connection, tenant, spec.cost, charge=False):
                 raise RuntimeError(f"ledger inconsistent: cannot return {spec.cost} to {tenant}")
             key = BucketKey(tenant, name)
-            if rate_sql.forget_in(connection, key) and not self.rates.in_transaction:
+            if rate_buckets.forget_in(connection, key.name) and not self.rates.in_transaction:
                 self.rates.store.forget(key)
             record(connection, self.clock.now(), AuditEntry(
                 actor, "topic.delete", "released", tenant, f"topic/{tenant}/{name}",
@@ -207,7 +206,7 @@ class Topics:
 
     def rate_config(self, tenant: str, name: str) -> BucketConfig | None:
         with reading(self.engine) as connection:
-            return rate_sql.read_config(connection, BucketKey(tenant, name))
+            return rate_buckets.read_config(connection, BucketKey(tenant, name).name)
 
     # -- tenant settings --------------------------------------------------------------
 
@@ -316,8 +315,9 @@ class Topics:
                         code="topic_quota_exceeded")
 
     def _set_rate(self, connection: sa.Connection, key: BucketKey, config: BucketConfig) -> None:
-        existing = rate_sql.read_config(connection, key)
-        rate_sql.configure_in(connection, key, config, fresh=existing is None)
+        existing = rate_buckets.read_config(connection, key.name)
+        rate_buckets.configure_in(connection, key.name, key.tenant, config,
+                                  fresh=existing is None)
         if not self.rates.in_transaction:
             self.rates.store.configure(key, config, fresh=existing is None)
 
