@@ -43,8 +43,8 @@ from quotagate.domain.bucket import BucketConfig
 from quotagate.rate.backend import Take
 from quotagate.rate.keys import BucketKey
 from quotagate.rate.redis import RedisRateStore
-from quotagate.rate.sql import _take_statement
 from quotagate.rate.stores import rate_store_from_url
+from quotagate.store.rate_buckets import take_statement
 
 LIMIT = 100  # per second, for every limiter
 BATCHES = (100, 1000)  # takes per call in the batched rows
@@ -192,7 +192,7 @@ def raw_update_contender(
     driver sends one, the UPDATE, COMMIT — docs/decisions/114.)
     """
     engine = store.engine
-    statement = _take_statement(engine.dialect.name, False).compile(dialect=engine.dialect)
+    statement = take_statement(engine.dialect.name, False).compile(dialect=engine.dialect)
     text = statement.string
     if statement.positional:
         arguments: Any = tuple({"bucket_key": key.name, "amount": 1}.get(name, value)

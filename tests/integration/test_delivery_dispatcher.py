@@ -18,10 +18,10 @@ import sqlalchemy as sa
 from quotagate import ManualClock, Quotagate, RequestState, StaleGeneration
 from quotagate.delivery.dispatcher import Dispatcher
 from quotagate.delivery.naming import external_name
-from quotagate.delivery.outbox import Claim
 from quotagate.delivery.registry import TargetStore
 from quotagate.delivery.targets.base import ExternalObject
 from quotagate.store import schema
+from quotagate.store.outbox import Claim
 from support.waiting import wait_for
 
 # Appends one line per run to a shared log; a payload containing "fail" exits 3.

@@ -15,11 +15,12 @@ from sqlalchemy.exc import IntegrityError
 
 from quotagate import Quotagate
 from quotagate.errors import StoreUnavailable
-from quotagate.store import driver as driver_module
 from quotagate.store import engine as engine_module
+from quotagate.store import kept_connection as kept_module
 from quotagate.store import schema
-from quotagate.store.driver import DriverTransaction, KeptConnection, run_driver_transaction
+from quotagate.store.driver import DriverTransaction, run_driver_transaction
 from quotagate.store.engine import create_engine
+from quotagate.store.kept_connection import KeptConnection
 from quotagate.store.ledger import Ledger
 
 
@@ -196,7 +197,7 @@ def _kill_session(url: str, backend: str, pid: int) -> None:
 def test_servers_keep_the_committed_connection_for_the_next_transaction(
     db_url: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(driver_module, "PING_AFTER_IDLE", 3600.0)
+    monkeypatch.setattr(kept_module, "PING_AFTER_IDLE", 3600.0)
     engine = create_engine(db_url)
     kept = KeptConnection(engine)
     try:
@@ -214,7 +215,7 @@ def test_a_kept_connection_the_server_dropped_while_idle_is_replaced_before_use(
     db_url: str, backend: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Pinged after idle, as the pool's checkout would (docs/decisions/025-ping-after-idle.md)."""
-    monkeypatch.setattr(driver_module, "PING_AFTER_IDLE", 0.0)  # every take counts as idle
+    monkeypatch.setattr(kept_module, "PING_AFTER_IDLE", 0.0)  # every take counts as idle
     engine = create_engine(db_url)
     kept = KeptConnection(engine)
     try:
@@ -234,7 +235,7 @@ def test_a_kept_connection_back_in_use_at_once_is_not_pinged(
     db_url: str, backend: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Like the pool's: a drop inside the idle window fails one transaction, and only one."""
-    monkeypatch.setattr(driver_module, "PING_AFTER_IDLE", 3600.0)
+    monkeypatch.setattr(kept_module, "PING_AFTER_IDLE", 3600.0)
     engine = create_engine(db_url)
     kept = KeptConnection(engine)
     try:

@@ -15,10 +15,10 @@ import pytest
 import sqlalchemy as sa
 
 from quotagate.domain.bucket import BucketConfig
-from quotagate.rate import held_connection
 from quotagate.rate.keys import BucketKey
 from quotagate.rate.sql import SqlRateStore
 from quotagate.rate.stores import rate_store_from_url
+from quotagate.store import kept_connection
 from quotagate.store.engine import create_engine
 from support.databases import fresh_database
 from support.waiting import wait_for
@@ -114,7 +114,7 @@ def test_a_held_connection_the_server_dropped_is_replaced_before_the_next_take(
 ) -> None:
     if url.startswith("sqlite"):
         pytest.skip("an SQLite file has no session to drop")
-    monkeypatch.setattr(held_connection, "PING_AFTER_IDLE", 0.0)  # every take counts as after idle
+    monkeypatch.setattr(kept_connection, "PING_AFTER_IDLE", 0.0)  # every take counts as after idle
     store = _store(url)
     key = BucketKey("dropped")
     try:

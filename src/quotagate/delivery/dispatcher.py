@@ -34,7 +34,6 @@ from typing import TypeVar
 
 from quotagate.delivery.built_targets import BuiltTargets
 from quotagate.delivery.naming import external_name
-from quotagate.delivery.outbox import Claim, OutboxStore, RequestGone
 from quotagate.delivery.pass_report import PassReport
 from quotagate.delivery.ports import DeliveryHost
 from quotagate.delivery.reasons import public_reason, redact_text
@@ -61,6 +60,7 @@ from quotagate.domain.model import RequestState, bounded_reason
 from quotagate.errors import Conflict, InvalidInput, NotFound, QuotagateError, StaleGeneration
 from quotagate.store import overruns
 from quotagate.store.lease import LeaseStore
+from quotagate.store.outbox import Claim, OutboxStore, RequestGone
 from quotagate.store.release import End
 
 __all__ = ["CRASH_POINTS", "Dispatcher", "lease_name"]

@@ -1,34 +1,44 @@
-"""The SQL rate store's takes on its held connection, and the refusals it reads first.
+"""The SQL rate store's takes on its kept connection, and the refusals it reads first.
 
 docs/decisions/114-sql-takes-on-a-held-connection.md. The statements are
-:mod:`quotagate.rate.sql`'s; this module runs them on
-:class:`quotagate.rate.held_connection.HeldConnection`.
+:mod:`quotagate.store.rate_buckets`'s; this module runs them on the store's autocommit
+:class:`quotagate.store.kept_connection.KeptConnection`.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
 import sqlalchemy as sa
 
 from quotagate.domain.bucket import BucketConfig, BucketState, Decision, decide, refill
-from quotagate.rate.held_connection import HeldConnection, Prepared
 from quotagate.rate.keys import BucketKey
+from quotagate.store.driver import compiled_for_driver
+from quotagate.store.kept_connection import KeptConnection
+from quotagate.store.rate_buckets import TakeStatements
 
 
-@dataclass(frozen=True)
-class TakeStatements:
-    """What a held take runs: the conditional take, the read of a granted row, the refusal's read."""
+class Prepared:
+    """A statement compiled once for one dialect, with its driver parameters built fast."""
 
-    take: sa.Executable
-    after: sa.Executable  # MySQL/MariaDB: the granted row, with no UPDATE … RETURNING
-    available: sa.Executable  # the shape and the tokens now, refilled in SQL
-    one_statement: bool  # ``take`` answers granted or refused with the refused row (PostgreSQL)
-    returning: bool  # ``take`` returns the granted row
+    def __init__(self, dialect: sa.Dialect, statement: sa.Executable) -> None:
+        compiled = compiled_for_driver(dialect, statement)
+        self.sql = compiled.sql
+        # The literals the statement binds itself, converted once (SQLite's floats).
+        self._fixed = {
+            name: compiled.processors[name](value) if name in compiled.processors else value
+            for name, value in compiled.fixed.items()
+        }
+        # The driver's own picker of the positional tuple (None: a named paramstyle).
+        self._pick = compiled.pick
+
+    def parameters(self, given: Mapping[str, Any]) -> Any:
+        values = {**self._fixed, **given}
+        return values if self._pick is None else self._pick(values)
 
 
 @lru_cache(maxsize=256)
@@ -38,9 +48,9 @@ def _shape(capacity: float, refill_per_second: float) -> BucketConfig:
 
 
 class HeldTakes:
-    """Takes on the store's held connection (:mod:`quotagate.rate.held_connection`).
+    """Takes on the store's kept autocommit connection (:mod:`quotagate.store.kept_connection`).
 
-    The same statements as the store's other takes (:mod:`quotagate.rate.sql`
+    The same statements as the store's other takes (:mod:`quotagate.store.rate_buckets`
     hands them over), prepared once, each in autocommit. One more step: a
     bucket whose last take here was refused, and whose refill cannot have
     covered a take since, is **read first**. A read that finds too few tokens
@@ -55,8 +65,10 @@ class HeldTakes:
     # Keys remembered as refused; past this many the memory starts again (it is a hint).
     REMEMBERED = 10_000
 
-    def __init__(self, held: HeldConnection, statements: TakeStatements) -> None:
-        self.held = held
+    def __init__(self, kept: KeptConnection, dialect: sa.Dialect,
+                 statements: TakeStatements) -> None:
+        self.kept = kept
+        self._dialect = dialect
         self._given = statements
         self._one_statement = statements.one_statement
         self._returning = statements.returning
@@ -71,7 +83,7 @@ class HeldTakes:
         """``(True, decision or None if no bucket)``, or ``(False, None)`` if the connection is busy."""
         name = key.name
         read_first = self._refused_until.get(name, 0.0) > time.monotonic()
-        done, decision = self.held.attempt(
+        done, decision = self.kept.attempt(
             lambda cursor: self._decide(cursor, name, amount, read_first))
         if decision is not None:
             self._remember(name, decision)
@@ -80,7 +92,7 @@ class HeldTakes:
     def _statements(self) -> tuple[Prepared, Prepared, Prepared]:
         """The take, the read of a granted row (MySQL) and the read of a refused one."""
         if self._prepared is None:
-            dialect, given = self.held.dialect, self._given
+            dialect, given = self._dialect, self._given
             self._prepared = (Prepared(dialect, given.take), Prepared(dialect, given.after),
                               Prepared(dialect, given.available))
         return self._prepared

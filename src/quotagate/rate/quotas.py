@@ -29,10 +29,10 @@ from quotagate.domain.bucket import BucketConfig, Decision, validate_amount
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.rate_refusal import format_tokens
 from quotagate.errors import Conflict, NotFound, QuotagateError
-from quotagate.rate import sql
 from quotagate.rate.backend import RateStore
 from quotagate.rate.keys import BucketKey
-from quotagate.store import schema
+from quotagate.rate.sql import SqlRateStore
+from quotagate.store import rate_buckets
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.dialect import reading, run_transaction
 
@@ -46,7 +46,7 @@ class RateQuotas:
         self.engine = engine
         self.store = store
         self.clock: Clock = clock or SystemClock()
-        self._in_transaction = isinstance(store, sql.SqlRateStore) and store.shares(engine)
+        self._in_transaction = isinstance(store, SqlRateStore) and store.shares(engine)
 
     @property
     def in_transaction(self) -> bool:
@@ -72,17 +72,18 @@ class RateQuotas:
 
         def work(connection: sa.Connection, told: _Told) -> dict[str, Any] | None:
             _require_tenant(connection, tenant)
-            existing = sql.read_config(connection, key)
+            existing = rate_buckets.read_config(connection, key.name)
             if outside and told.fresh is not None and told.fresh != (existing is None):
                 raise _Changed  # created or removed since the store was told: again
             if config is None:
                 told.removed = existing is not None
                 if existing is not None:
-                    sql.forget_in(connection, key)
+                    rate_buckets.forget_in(connection, key.name)
                 self._audit(connection, actor, "rate.set", key, "none")
                 return None
             # The row is the durable shape; with the ledger as the store, also the tokens.
-            tokens = sql.configure_in(connection, key, config, fresh=existing is None)
+            tokens = rate_buckets.configure_in(connection, key.name, key.tenant, config,
+                                               fresh=existing is None)
             if outside:
                 assert told.tokens is not None  # configured before this transaction
                 tokens = told.tokens
@@ -96,7 +97,7 @@ class RateQuotas:
             if outside and config is not None:
                 with reading(self.engine) as connection:
                     _require_tenant(connection, tenant)
-                    told.fresh = sql.read_config(connection, key) is None
+                    told.fresh = rate_buckets.read_config(connection, key.name) is None
                 told.tokens = self.store.configure(key, config, fresh=told.fresh)
             try:
                 described = run_transaction(self.engine, functools.partial(work, told=told))
@@ -125,7 +126,7 @@ class RateQuotas:
         if self._in_transaction:
             def work(connection: sa.Connection) -> dict[str, Any]:
                 config = self._config_or_raise(connection, key)
-                tokens = sql.add_in(connection, key, amount)
+                tokens = rate_buckets.add_in(connection, key.name, amount)
                 assert tokens is not None  # the row was there a statement ago, in this transaction
                 self._audit(connection, actor, "tokens.add", key,
                             f"+{amount}, {format_tokens(tokens)} left")
@@ -145,7 +146,7 @@ class RateQuotas:
         key = BucketKey(tenant, topic)
         with reading(self.engine) as connection:
             _require_tenant(connection, tenant)
-            current = sql.read(connection, key)
+            current = rate_buckets.read(connection, key.name)
         if current is None:
             return None
         config, tokens = current
@@ -162,12 +163,13 @@ class RateQuotas:
         if not self._in_transaction:
             raise AssertionError("a store outside the ledger database is taken from outside "
                                  "the transaction (take_outside)")
-        return sql.take_in(connection, BucketKey(tenant), amount) or Decision.unlimited()
+        return (rate_buckets.take_in(connection, BucketKey(tenant).name, amount)
+                or Decision.unlimited())
 
     def take_outside(self, tenant: str, amount: int = 1) -> Decision:
         key = BucketKey(tenant)
         with reading(self.engine) as connection:
-            config = sql.read_config(connection, key)
+            config = rate_buckets.read_config(connection, key.name)
         # The connection is back in the pool: a silent store holds nothing of the ledger's.
         if config is None:
             return Decision.unlimited()
@@ -179,7 +181,7 @@ class RateQuotas:
         key = BucketKey(tenant)
         try:
             with reading(self.engine) as connection:
-                config = sql.read_config(connection, key)
+                config = rate_buckets.read_config(connection, key.name)
             if config is not None:
                 self.store.add(key, config, amount)
         except (QuotagateError, sa.exc.SQLAlchemyError):
@@ -202,7 +204,7 @@ class RateQuotas:
     @staticmethod
     def _config_or_raise(connection: sa.Connection, key: BucketKey) -> BucketConfig:
         _require_tenant(connection, key.tenant)
-        config = sql.read_config(connection, key)
+        config = rate_buckets.read_config(connection, key.name)
         if config is None:
             raise NotFound(
                 f"{key} has no rate quota to top up; set one with "
@@ -232,9 +234,7 @@ class _Told:
 
 
 def _require_tenant(connection: sa.Connection, tenant: str) -> None:
-    if connection.execute(
-        sa.select(schema.tenant.c.name).where(schema.tenant.c.name == tenant)
-    ).first() is None:
+    if not rate_buckets.tenant_exists(connection, tenant):
         raise NotFound(
             f"tenant {tenant!r} does not exist; create it with 'quotagate tenant set'",
             code="unknown_tenant",

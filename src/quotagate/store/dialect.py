@@ -112,7 +112,7 @@ def reserve_writes_records(engine: HasDialect) -> bool:
 
 
 def keeps_idle_connections(engine: HasDialect) -> bool:
-    """May a connection stay checked out between transactions (quotagate.store.driver.KeptConnection)?
+    """May a connection stay checked out between transactions (quotagate.store.kept_connection)?
 
     Every backend: SQLite's needs none of the checks a checkout makes; a
     server's is pinged after idle by the keeper itself, as the pool's checkout

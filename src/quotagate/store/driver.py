@@ -20,10 +20,7 @@ runs on the DBAPI connection of a pooled connection:
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
@@ -38,12 +35,10 @@ from sqlalchemy.sql.elements import _anonymous_label
 from quotagate.store.dialect import (
     batches_writes,
     begin_statement,
-    drops_idle_connections,
-    keeps_idle_connections,
     raw_cursor,
     rerun_on_conflict,
 )
-from quotagate.store.engine import PING_AFTER_IDLE
+from quotagate.store.kept_connection import KeptConnection
 
 T = TypeVar("T")
 
@@ -165,7 +160,7 @@ def _numbered(dialect: Dialect, statement: sa.Executable) -> _Compiled:
 
 
 def compiled_for_driver(dialect: Dialect, statement: sa.Executable) -> _Compiled:
-    """``statement`` compiled for ``dialect``'s driver, once (the rate store's held connection)."""
+    """``statement`` compiled for ``dialect``'s driver, once (the rate store's kept connection)."""
     return _compile(dialect, statement)
 
 
@@ -330,76 +325,6 @@ def _signalled(error: Exception, failures: Sequence[Exception]) -> Exception | N
         return None
     index = arguments[1].removeprefix(_SIGNAL_PREFIX)
     return failures[int(index)] if index.isdigit() and int(index) < len(failures) else None
-
-
-class KeptConnection:
-    """One pooled connection its owner (a Ledger) keeps checked out between transactions.
-
-    A checkout and a checkin through SQLAlchemy's pool cost about 20 µs of
-    Python together: a tenth of an ``admit(1)`` on SQLite, and a tenth of the
-    Python of one on PostgreSQL (docs/performance.md). Where the dialect allows
-    it (:func:`quotagate.store.dialect.keeps_idle_connections`) the connection
-    that committed is kept for the next transaction instead; elsewhere every
-    transaction checks out from the pool as before.
-
-    A server's connection is checked as the pool's checkout would
-    (docs/decisions/025-ping-after-idle.md): one kept for :data:`PING_AFTER_IDLE`
-    seconds or more (at every take if the engine pings at every checkout) is
-    pinged first, and dropped from the pool if the ping fails.
-
-    At most one is kept: a second thread meanwhile uses the pool. Only a
-    connection whose transaction committed is kept (a failed one goes back to
-    the pool, which resets or drops it). A kept connection goes back to the
-    pool when its owner is collected, and is not used after the engine's pool
-    was replaced (``Engine.dispose``) or in a child process.
-    """
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._enabled = keeps_idle_connections(engine)
-        self._pings = drops_idle_connections(engine)
-        # (process id, the pool it came from, the pooled connection, when kept);
-        # a list so that the finalizer can hand it back without holding this object.
-        self._slot: list[tuple[int, Any, Any, float]] = []
-        weakref.finalize(self, _give_back, self._slot)
-
-    def take(self) -> Any | None:
-        """The kept connection, or None: check one out of the pool."""
-        try:
-            pid, pool, pooled, kept_at = self._slot.pop()
-        except IndexError:
-            return None
-        if pid != os.getpid():
-            return None  # the parent's connection: never used, nor closed, here
-        if pool is not self._engine.pool:
-            pooled.close()  # the engine was disposed: back to the pool it came from
-            return None
-        if self._pings and (getattr(pool, "_pre_ping", False)
-                            or time.monotonic() - kept_at >= PING_AFTER_IDLE):
-            try:
-                self._engine.dialect.do_ping(pooled.dbapi_connection)
-            except Exception as exc:  # the server restarted or dropped it: a fresh one
-                pooled.invalidate(exc)  # which checks it in, as dropped
-                return None
-        return pooled
-
-    def close(self) -> None:
-        """Hand the kept connection back to the pool (before ``Engine.dispose`` closes it)."""
-        _give_back(self._slot)
-
-    def keep(self, pooled: Any) -> bool:
-        """Keep a connection whose transaction committed; False: hand it back as usual."""
-        if not self._enabled or self._slot or pooled.dbapi_connection is None:
-            return False
-        self._slot.append((os.getpid(), self._engine.pool, pooled, time.monotonic()))
-        return True
-
-
-def _give_back(slot: list[tuple[int, Any, Any, float]]) -> None:
-    while slot:
-        pid, _pool, pooled, _kept_at = slot.pop()
-        if pid == os.getpid():
-            pooled.close()
 
 
 def run_driver_transaction(

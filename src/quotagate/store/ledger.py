@@ -63,7 +63,8 @@ from quotagate.store.dialect import (
     run_transaction,
     supports_skip_locked,
 )
-from quotagate.store.driver import DriverTransaction, KeptConnection, run_driver_transaction
+from quotagate.store.driver import DriverTransaction, run_driver_transaction
+from quotagate.store.kept_connection import KeptConnection
 from quotagate.store.rate_gate import RateGate
 from quotagate.store.release import End, ReleaseResult, lock_decisions, release_batch
 from quotagate.store.rows import (

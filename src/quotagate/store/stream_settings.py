@@ -2,8 +2,8 @@
 
 ``tenant show`` prints these settings and nothing else of streams: reading them here, the
 facade builds no ``Streams`` (and imports none of its producers, consumers or Redis
-scripts) for it (docs/decisions/241, 243). The streams' own changes of the row stay in
-``quotagate.streams.topics``.
+scripts) for it (docs/decisions/241, 243). The streams' own changes of the row are in
+``quotagate.store.topics`` (run by ``quotagate.streams.topics``).
 """
 
 from __future__ import annotations

@@ -25,14 +25,13 @@ from quotagate.domain.bucket import BucketConfig
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import validate_name
 from quotagate.errors import Conflict, InvalidInput, NotFound
-from quotagate.rate import sql as rate_sql
 from quotagate.rate.keys import BucketKey
 from quotagate.rate.quotas import RateQuotas
-from quotagate.store import schema, stream_settings
+from quotagate.store import rate_buckets, stream_settings
+from quotagate.store import topics as topic_rows
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.cohorts import adjust_tenant
 from quotagate.store.dialect import reading, run_transaction
-from quotagate.store.rows import holder_usage
 from quotagate.store.stream_settings import StreamSettings as StreamSettings  # its old home
 from quotagate.streams.keys import validate_part
 
@@ -76,9 +75,9 @@ def _whole(value: object, what: str, low: int, high: int) -> int:
     return value
 
 
-def _spec(row: Any) -> TopicSpec:
-    return TopicSpec(row.tenant, row.name, int(row.partitions), int(row.parallelism),
-                     None if row.max_len is None else int(row.max_len), float(row.created))
+def _spec(row: topic_rows.TopicRow) -> TopicSpec:
+    return TopicSpec(row.tenant, row.name, row.partitions, row.parallelism, row.max_len,
+                     row.created)
 
 
 # Sentinel: "leave this setting as it is".
@@ -135,10 +134,7 @@ class Topics:
 
         def work(connection: sa.Connection) -> TopicSpec:
             settings = self._settings(connection, tenant, lock=True)
-            if connection.execute(
-                sa.select(schema.topic.c.name).where(
-                    schema.topic.c.tenant == tenant, schema.topic.c.name == name)
-            ).first() is not None:
+            if topic_rows.exists(connection, tenant, name):
                 raise Conflict(f"topic {name!r} of tenant {tenant!r} exists already",
                                code="topic_exists")
             spec = self._capped(requested, settings)
@@ -148,9 +144,8 @@ class Topics:
                 raise _OverQuota(spec)
             now = self.clock.now()
             spec = TopicSpec(tenant, name, partitions, parallelism, spec.max_len, now)
-            connection.execute(schema.topic.insert().values(
-                tenant=tenant, name=name, partitions=partitions, parallelism=parallelism,
-                max_len=spec.max_len, created=now))
+            topic_rows.insert(connection, topic_rows.TopicRow(
+                tenant, name, partitions, parallelism, spec.max_len, now))
             if rate is not None:
                 self._set_rate(connection, BucketKey(tenant, name), rate)
             record(connection, now, AuditEntry(
@@ -177,22 +172,16 @@ class Topics:
         validate_part(name, "topic")
 
         def work(connection: sa.Connection) -> TopicSpec:
-            row = connection.execute(
-                sa.select(schema.topic).where(
-                    schema.topic.c.tenant == tenant, schema.topic.c.name == name
-                ).with_for_update()
-            ).first()
+            row = topic_rows.read(connection, tenant, name, lock=True)
             if row is None:
                 raise _unknown(tenant, name)
             spec = _spec(row)
-            deleted = connection.execute(schema.topic.delete().where(
-                schema.topic.c.tenant == tenant, schema.topic.c.name == name))
-            if deleted.rowcount != 1:
+            if not topic_rows.delete(connection, tenant, name):
                 raise _unknown(tenant, name)
             if not adjust_tenant(connection, tenant, spec.cost, charge=False):
                 raise RuntimeError(f"ledger inconsistent: cannot return {spec.cost} to {tenant}")
             key = BucketKey(tenant, name)
-            if rate_sql.forget_in(connection, key) and not self.rates.in_transaction:
+            if rate_buckets.forget_in(connection, key.name) and not self.rates.in_transaction:
                 self.rates.store.forget(key)
             record(connection, self.clock.now(), AuditEntry(
                 actor, "topic.delete", "released", tenant, f"topic/{tenant}/{name}",
@@ -206,22 +195,18 @@ class Topics:
     def get(self, tenant: str, name: str) -> TopicSpec:
         validate_part(name, "topic")
         with reading(self.engine) as connection:
-            row = connection.execute(sa.select(schema.topic).where(
-                schema.topic.c.tenant == tenant, schema.topic.c.name == name)).first()
+            row = topic_rows.read(connection, tenant, name)
         if row is None:
             raise _unknown(tenant, name)
         return _spec(row)
 
     def specs(self, tenant: str | None = None) -> list[TopicSpec]:
-        query = sa.select(schema.topic).order_by(schema.topic.c.tenant, schema.topic.c.name)
-        if tenant is not None:
-            query = query.where(schema.topic.c.tenant == tenant)
         with reading(self.engine) as connection:
-            return [_spec(row) for row in connection.execute(query)]
+            return [_spec(row) for row in topic_rows.rows(connection, tenant)]
 
     def rate_config(self, tenant: str, name: str) -> BucketConfig | None:
         with reading(self.engine) as connection:
-            return rate_sql.read_config(connection, BucketKey(tenant, name))
+            return rate_buckets.read_config(connection, BucketKey(tenant, name).name)
 
     # -- tenant settings --------------------------------------------------------------
 
@@ -245,9 +230,7 @@ class Topics:
 
     def all_settings(self) -> list[StreamSettings]:
         with reading(self.engine) as connection:
-            rows = connection.execute(sa.select(schema.tenant_stream)).all()
-        return [StreamSettings(row.tenant, row.max_len, row.max_in_flight, row.redis_url)
-                for row in rows]
+            return topic_rows.all_settings(connection)
 
     def set_settings(
         self, tenant: str, *, max_len: int | None = KEEP, max_in_flight: int | None = KEEP,
@@ -263,14 +246,10 @@ class Topics:
 
         def work(connection: sa.Connection) -> StreamSettings:
             current = self._settings(connection, tenant, lock=True)
-            table = schema.tenant_stream
             if "redis_url" in changes and changes["redis_url"] != current.redis_url:
                 self._refuse_move(connection, tenant)
             if changes:
-                updated = connection.execute(
-                    table.update().where(table.c.tenant == tenant).values(**changes))
-                if updated.rowcount == 0:
-                    connection.execute(table.insert().values(tenant=tenant, **changes))
+                topic_rows.write_settings(connection, tenant, changes)
             # The URL may hold a password: the audit entry names only which settings changed.
             described = ",".join(
                 f"{key}={value}" if key != "redis_url" else f"redis_url={'set' if value else 'none'}"
@@ -294,9 +273,7 @@ class Topics:
 
     @staticmethod
     def _refuse_move(connection: sa.Connection, tenant: str) -> None:
-        names = connection.execute(
-            sa.select(schema.topic.c.name).where(schema.topic.c.tenant == tenant)
-            .order_by(schema.topic.c.name).limit(6)).scalars().all()
+        names = topic_rows.names(connection, tenant, 6)
         if names:
             shown = ", ".join(names[:5]) + (", …" if len(names) > 5 else "")
             raise Conflict(
@@ -321,7 +298,7 @@ class Topics:
 
     @staticmethod
     def _over_quota(connection: sa.Connection, spec: TopicSpec) -> Conflict:
-        usage = holder_usage(connection, schema.tenant_quota, "tenant", spec.tenant)
+        usage = topic_rows.tenant_usage(connection, spec.tenant)
         short: list[str] = []
         for resource, amount in sorted(spec.cost.items()):
             if resource not in usage:
@@ -338,8 +315,9 @@ class Topics:
                         code="topic_quota_exceeded")
 
     def _set_rate(self, connection: sa.Connection, key: BucketKey, config: BucketConfig) -> None:
-        existing = rate_sql.read_config(connection, key)
-        rate_sql.configure_in(connection, key, config, fresh=existing is None)
+        existing = rate_buckets.read_config(connection, key.name)
+        rate_buckets.configure_in(connection, key.name, key.tenant, config,
+                                  fresh=existing is None)
         if not self.rates.in_transaction:
             self.rates.store.configure(key, config, fresh=existing is None)
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from quotagate.domain.external_object import ExternalObject as ExternalObject  # what targets return
 from quotagate.errors import Conflict, QuotagateError
 
 
@@ -33,17 +34,6 @@ class DeliverySpec:
     ledger_id: str
     # 1, or the later attempt of a requeued request (its name differs: docs/decisions/720).
     attempt: int = 1
-
-
-@dataclass(frozen=True)
-class ExternalObject:
-    """The identity of a delivered object, as recorded in the binding."""
-
-    name: str
-    uid: str | None
-    request_id: str
-    created_now: bool = False
-    ledger_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from quotagate.delivery.targets.base import ExternalObject
 from quotagate.domain.clock import Clock
+from quotagate.domain.external_object import ExternalObject
 from quotagate.domain.lease import Lease
 from quotagate.domain.model import FINAL_STATES, RequestState
 from quotagate.errors import Conflict, StaleGeneration
