@@ -55,7 +55,7 @@ def test_a_grace_is_whole_seconds_or_a_duration_from_none_to_a_week() -> None:
     assert overrun_reason(3600, 300) == "max_runtime 3600s exceeded (grace 300s)"
 
 
-@pytest.mark.parametrize("value", [-1, "-1", 1.5, "1.5", True, None, "soon", "5 m", "８",
+@pytest.mark.parametrize("value", [-1, "-1", 1.5, "1.5", True, None, "soon", "5 m", "\uff18",
                                    604_801, "8d", 10**12])
 def test_a_malformed_grace_is_refused(value: object) -> None:
     with pytest.raises(InvalidInput) as refused:
