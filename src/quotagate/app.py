@@ -267,14 +267,18 @@ class Quotagate:
         default_max_runtime: object = KEEP,
         on_preempt: str | None = None,
         stop_at_max_runtime: bool | None = None,
+        max_runtime_grace: object = None,
     ) -> dict[str, dict[str, int]]:
         """Create or change a tenant. ``cohort`` (None: leave it), limits per resource
         (a None amount removes a limit), ``weight`` and ``max_priority`` (None: no cap):
         docs/fair-sharing.md. ``budget``: per resource ``"100h/30d"`` or None (removed);
         ``clear_budgets`` removes every budget first; ``default_max_runtime``: ``"1h"``,
         seconds, or None (removed); ``stop_at_max_runtime``: stop its running work at its
-        max-runtime (True), let it overrun (False), None: unchanged (docs/decisions/714)."""
-        change = budget_change(budget, clear_budgets, default_max_runtime, stop_at_max_runtime)
+        max-runtime (True), let it overrun (False), None: unchanged (docs/decisions/714);
+        ``max_runtime_grace``: seconds (or ``"5m"``) past the max-runtime before that stop
+        begins, 0 none, None unchanged (docs/decisions/715)."""
+        change = budget_change(budget, clear_budgets, default_max_runtime, stop_at_max_runtime,
+                               max_runtime_grace)
         sharing = TenantSharing(
             cohort=cohort,
             borrowing_limit=validate_limits(borrowing_limit, what="borrowing_limit")

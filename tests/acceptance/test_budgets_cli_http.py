@@ -117,6 +117,37 @@ def test_stopping_work_at_its_max_runtime_from_the_cli(db_url: str, tmp_path: Pa
         "stop_at_max_runtime"] is False
 
 
+def test_a_grace_past_the_max_runtime_from_the_cli(db_url: str, tmp_path: Path) -> None:
+    """A real worker stops a real process at its 1 s max-runtime plus a 1 s grace
+    (decision 715); bad values are refused with their code and change nothing."""
+    def quotagate(*args: str, expect: int = 0) -> str:
+        return run(*args, db=db_url, cwd=tmp_path, expect=expect).stdout
+
+    quotagate("pool", "set", "pool-1", "--capacity", "gpu=2")
+    quotagate("tenant", "set", "team-a", "--quota", "gpu=2", "--stop-at-max-runtime",
+              "--max-runtime-grace", "1")
+    assert json.loads(quotagate("tenant", "show", "team-a", "--json"))[
+        "max_runtime_grace"] == 1
+    assert ("work is stopped at its max-runtime (timed_out), after a grace of 1s"
+            in quotagate("tenant", "show", "team-a"))
+    for bad in ("-5", "1.5", "8d", "soon"):
+        refused = run("tenant", "set", "team-a", f"--max-runtime-grace={bad}", db=db_url,
+                      cwd=tmp_path, expect=2)
+        assert "invalid_max_runtime_grace" in refused.stderr, refused.stderr
+    assert json.loads(quotagate("tenant", "show", "team-a", "--json"))[
+        "max_runtime_grace"] == 1
+    quotagate("target", "set", "local", "--kind", "process", "--default",
+              "--command", "sleep 60", "--run-dir", "runs")
+    quotagate("submit", "--id", "job-1", "--tenant", "team-a", "--cost", "gpu=1",
+              "--max-runtime", "1s")
+    quotagate("worker", "--name", "w1", "--admit", "--until-idle", "--poll", "0.05")
+    shown = json.loads(quotagate("show", "job-1", "--json"))
+    assert (shown["state"], shown["reason"]) == ("timed_out",
+                                                 "max_runtime 1s exceeded (grace 1s)")
+    assert "invariants hold" in quotagate("check")
+    assert "max_runtime_grace=1s" in quotagate("audit")
+
+
 def test_stop_at_max_runtime_over_http(db_url: str, tmp_path: Path) -> None:
     admin_token = make_token(db_url)
     with running_server(db_url, tmp_path) as server, httpx.Client(
@@ -133,3 +164,17 @@ def test_stop_at_max_runtime_over_http(db_url: str, tmp_path: Path) -> None:
         assert admin.get("/v1/tenants/team-a").json()["stop_at_max_runtime"] is True
         off = admin.put("/v1/tenants/team-a", json={"stop_at_max_runtime": False})
         assert off.json()["stop_at_max_runtime"] is False
+        assert off.json()["max_runtime_grace"] == 0
+        grace = admin.put("/v1/tenants/team-a", json={"max_runtime_grace": 300})
+        assert grace.status_code == 200 and grace.json()["max_runtime_grace"] == 300
+        for bad, status, code in ((-1, 400, "invalid_max_runtime_grace"),
+                                  (10**9, 400, "invalid_max_runtime_grace"),
+                                  (1.5, 422, "invalid_input"), ("5m", 422, "invalid_input"),
+                                  (True, 422, "invalid_input")):
+            refused = admin.put("/v1/tenants/team-a", json={"quota": {"gpu": 1},
+                                                           "max_runtime_grace": bad})
+            assert (refused.status_code, refused.json()["code"]) == (status, code), bad
+        shown = admin.get("/v1/tenants/team-a").json()
+        assert shown["max_runtime_grace"] == 300 and shown["quota"]["gpu"]["cap"] == 8
+        kept = admin.put("/v1/tenants/team-a", json={"max_runtime_grace": None})
+        assert kept.json()["max_runtime_grace"] == 300  # null: kept

@@ -15,7 +15,9 @@ import sqlalchemy as sa
 from quotagate import ManualClock, Quotagate, RequestState
 from quotagate.delivery.dispatcher import Dispatcher
 from quotagate.delivery.registry import TargetStore
+from quotagate.errors import InvalidInput
 from quotagate.store import schema
+from quotagate.store.overruns import stop_overruns
 from support import overrun_workers
 from support.racing import race
 from support.receiver import Receiver, running_receiver
@@ -256,6 +258,64 @@ def test_tenant_setting_is_validated_and_audited(ledger: Quotagate) -> None:
     changes = [row["reason"] for row in table(ledger, schema.audit)
                if row["operation"] == "tenant.set"]
     assert any("stop_at_max_runtime=on" in (reason or "") for reason in changes)
+
+
+def test_a_grace_lets_work_run_past_its_max_runtime_before_its_stop_begins(
+    ledger: Quotagate, clock: ManualClock, receiver: Receiver
+) -> None:
+    """The tenant's max_runtime_grace (docs/decisions/715): the stop begins at admission +
+    max-runtime + grace; the budget accrues the whole time held, grace included."""
+    TargetStore(ledger.engine).set("hook", "webhook", {"url": receiver.url}, default=True)
+    ledger.set_tenant("team-a", {}, max_runtime_grace=30)
+    assert ledger.tenant("team-a")["max_runtime_grace"] == 30
+    ledger.submit("job-1", "team-a", {"gpu": 2}, max_runtime=10)
+    ledger.admit()
+    dispatcher = _dispatcher(ledger)
+    dispatcher.run_once()
+    clock.advance(39)  # past its max-runtime, within the grace: left alone
+    dispatcher.run_once()
+    assert dispatcher.last_pass is not None and dispatcher.last_pass.overruns == 0
+    assert ledger.show("job-1").state == RequestState.DELIVERED
+    clock.advance(1)  # 10 s + 30 s since admission
+    dispatcher.run_once()
+    assert dispatcher.last_pass is not None and dispatcher.last_pass.overruns == 1
+    reason = "max_runtime 10s exceeded (grace 30s)"
+    wait_for(lambda: dispatcher.run_once() is not None
+             and ledger.show("job-1").state == RequestState.TIMED_OUT, "the confirmed stop")
+    assert ledger.show("job-1").reason == reason
+    [begun] = _audit(ledger, "job-1", "timeout")
+    assert begun["reason"] == reason
+    assert _accrued(ledger) == 2 * 40  # 2 gpu x 40 s held: the grace is charged
+    assert _used(ledger) == 0 and ledger.check_invariants() == []
+    dispatcher.release()
+
+
+def test_a_changed_grace_applies_at_the_next_look(
+    ledger: Quotagate, clock: ManualClock
+) -> None:
+    ledger.set_tenant("team-a", {}, max_runtime_grace="1h")
+    ledger.submit("job-1", "team-a", {"gpu": 1}, max_runtime=60)
+    ledger.admit()
+    now = ledger.clock.now()
+    assert stop_overruns(ledger.engine, now + 120, actor="worker:w1") == []
+    ledger.set_tenant("team-a", {}, max_runtime_grace=0)  # 0: none, as before 715
+    assert stop_overruns(ledger.engine, now + 120, actor="worker:w1") == ["job-1"]
+    assert ledger.show("job-1").reason == "max_runtime 60s exceeded"
+
+
+@pytest.mark.parametrize("value", [-1, "-1", 1.5, "1.5", True, "soon", 7 * 86400 + 1, "8d",
+                                   10**12])
+def test_a_bad_grace_is_refused_and_changes_nothing(ledger: Quotagate, value: object) -> None:
+    ledger.set_tenant("team-a", {}, max_runtime_grace=300)
+    with pytest.raises(InvalidInput) as refused:
+        ledger.set_tenant("team-a", {"gpu": 1}, max_runtime_grace=value)
+    assert refused.value.code == "invalid_max_runtime_grace"
+    assert "max_runtime_grace must be" in str(refused.value)
+    described = ledger.tenant("team-a")
+    assert described["max_runtime_grace"] == 300 and described["quota"]["gpu"]["cap"] == 16
+    changes = [row["reason"] for row in table(ledger, schema.audit)
+               if row["operation"] == "tenant.set"]
+    assert changes[-1] == "max_runtime_grace=300s"
 
 
 def test_two_workers_passing_in_turn_stop_and_release_each_overrun_once(

@@ -43,3 +43,28 @@ def test_upgrading_to_binary_collation_keeps_rows_and_makes_ids_case_sensitive(
                 assert collations == {"utf8mb4_bin"}
     assert kept == ["team-a"]
     assert names == []
+
+
+def test_the_grace_migration_goes_down_and_up_again(empty_db_url: str) -> None:
+    """Migration 0013 adds the tenant's max_runtime_grace (0 for every tenant) and its
+    downgrade drops only that setting."""
+    from alembic import command
+
+    from quotagate.store.migrate import alembic_config, current_revision
+
+    with Quotagate.connect(empty_db_url) as gate:
+        upgrade(gate.engine, "0012")
+        with gate.engine.begin() as connection:
+            connection.execute(schema.tenant.insert().values(name="team-a", created=1.0))
+        assert upgrade(gate.engine, "0013") == "0013"
+        gate.set_tenant("team-a", {}, stop_at_max_runtime=True, max_runtime_grace=60)
+        config = alembic_config()
+        with gate.engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.downgrade(config, "0012")
+        assert current_revision(gate.engine) == "0012"
+        columns = {column["name"] for column in sa.inspect(gate.engine).get_columns("qg_tenant")}
+        assert "max_runtime_grace" not in columns and "stop_at_max_runtime" in columns
+        gate.init()
+        assert gate.tenant("team-a")["max_runtime_grace"] == 0
+        assert gate.tenant("team-a")["stop_at_max_runtime"] is True

@@ -126,15 +126,21 @@ def test_the_prepared_head_read_keeps_its_plan_however_long_the_queue(gate: Quot
     assert generic > 0, f"planned afresh at every run: {custom} custom plans, no generic one"
 
 
-def test_the_workers_look_for_overruns_reads_requests_through_an_index(gate: Quotagate) -> None:
+@pytest.mark.parametrize("opted_in", [False, True], ids=["none-opted-in", "one-with-grace"])
+def test_the_workers_look_for_overruns_reads_requests_through_an_index(
+    gate: Quotagate, opted_in: bool
+) -> None:
     """Every worker pass may run it (docs/decisions/714): with many requests and no tenant
-    opted in, it must not read the request table whole."""
+    opted in — or one, with a grace (715) — it must not read the request table whole."""
     from quotagate.store import overruns
 
     _fill_queue(gate, 6000)
     with gate.engine.begin() as connection:
         connection.execute(schema.tenant.insert(), [
-            {"name": f"team-{index}", "created": 1.0} for index in range(200)])
+            {"name": f"team-{index}", "created": 1.0,
+             "stop_at_max_runtime": opted_in and index == 1,
+             "max_runtime_grace": 300 if opted_in and index == 1 else 0}
+            for index in range(200)])
     query = overruns.overruns_query().params(now=5000.0, limit=256)
     compiled = query.compile(gate.engine, compile_kwargs={"literal_binds": True})
     name = gate.engine.dialect.name

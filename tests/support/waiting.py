@@ -43,3 +43,27 @@ def lock_waiters(engine: Any) -> int:
     # A connection of its own each time: PostgreSQL keeps one activity snapshot per transaction.
     with engine.connect() as connection:
         return int(connection.exec_driver_sql(query).scalar_one())
+
+
+def session_id(connection: Any) -> int:
+    """The server's id of ``connection``'s session (PostgreSQL's backend pid, MariaDB's thread)."""
+    query = ("SELECT pg_backend_pid()" if connection.dialect.name == "postgresql"
+             else "SELECT CONNECTION_ID()")
+    return int(connection.exec_driver_sql(query).scalar_one())
+
+
+def blocked_by(engine: Any, holder: int) -> int:
+    """Sessions waiting right now for a lock the session ``holder`` holds (the servers).
+
+    Poll it no faster than :data:`LOCK_POLL_SECONDS` on MariaDB (see :func:`lock_waiters`).
+    """
+    if engine.dialect.name == "postgresql":
+        query = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                 f"AND {int(holder)} = ANY(pg_blocking_pids(pid))")
+    else:
+        query = ("SELECT count(*) FROM information_schema.innodb_lock_waits AS waits "
+                 "JOIN information_schema.innodb_trx AS blocking "
+                 "ON blocking.trx_id = waits.blocking_trx_id "
+                 f"WHERE blocking.trx_mysql_thread_id = {int(holder)}")
+    with engine.connect() as connection:
+        return int(connection.exec_driver_sql(query).scalar_one())

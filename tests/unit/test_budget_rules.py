@@ -12,8 +12,10 @@ from quotagate.domain.budget import (
     BudgetState,
     buckets,
     format_duration,
+    overrun_reason,
     parse_budget,
     parse_duration,
+    parse_grace,
     reservation,
     window_start,
 )
@@ -43,6 +45,23 @@ def test_a_malformed_max_runtime_is_refused(value: object) -> None:
     with pytest.raises(InvalidInput) as refused:
         parse_duration(value, what="max_runtime")
     assert refused.value.code == "invalid_max_runtime"
+
+
+def test_a_grace_is_whole_seconds_or_a_duration_from_none_to_a_week() -> None:
+    assert parse_grace(0) == 0 and parse_grace("0") == 0
+    assert parse_grace(300) == 300 and parse_grace("300") == 300 and parse_grace("5m") == 300
+    assert parse_grace("7d") == parse_grace(604_800) == 604_800
+    assert overrun_reason(3600) == "max_runtime 3600s exceeded"
+    assert overrun_reason(3600, 300) == "max_runtime 3600s exceeded (grace 300s)"
+
+
+@pytest.mark.parametrize("value", [-1, "-1", 1.5, "1.5", True, None, "soon", "5 m", "\uff18",
+                                   604_801, "8d", 10**12])
+def test_a_malformed_grace_is_refused(value: object) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        parse_grace(value)
+    assert refused.value.code == "invalid_max_runtime_grace"
+    assert str(refused.value).startswith("max_runtime_grace must be")
 
 
 def test_held_time_is_split_over_the_hours_it_covers() -> None:

@@ -80,6 +80,11 @@ def tenant() -> None:
               default=None, help="Stop its running work once its max-runtime has passed since "
               "admission (it ends 'timed_out'); off (the default): such work keeps running "
               "and its budget accrues it.")
+@click.option("--max-runtime-grace", "max_runtime_grace", default=None, metavar="SECONDS",
+              help="With --stop-at-max-runtime: how long past its max-runtime work may run "
+              "before its stop begins (seconds or e.g. 5m, at most a week; 0, the default: "
+              "none). Not the process target's stop_grace, which comes after: SIGTERM, then "
+              "SIGKILL.")
 @stream_settings_options
 @db_option
 @rate_store_option
@@ -89,8 +94,8 @@ def tenant_set(
     borrowing: tuple[str, ...], lending: tuple[str, ...], weight: int | None,
     max_priority: str | None, reclaim: str | None, within_tenant: str | None,
     budget: tuple[str, ...], default_max_runtime: str | None,
-    on_preempt: str | None, stop_at_max_runtime: bool | None, db_url: str | None,
-    rate_store: str | None,
+    on_preempt: str | None, stop_at_max_runtime: bool | None, max_runtime_grace: str | None,
+    db_url: str | None, rate_store: str | None,
     **stream_options: str | None,
 ) -> None:
     """Create a tenant or change its quotas; its quota is its nominal share in a cohort."""
@@ -122,6 +127,7 @@ def tenant_set(
             weight=weight, max_priority=cap, reclaim=reclaim, within_tenant=within_tenant,
             budget=limits, clear_budgets=clear_budgets, default_max_runtime=runtime,
             on_preempt=on_preempt, stop_at_max_runtime=stop_at_max_runtime,
+            max_runtime_grace=max_runtime_grace,
         )
         status = gate.set_rate(name, bucket, actor="cli") if rate is not None else None
         settings = (gate.streams.set_settings(name, **stream_settings, actor="cli")
@@ -183,8 +189,13 @@ def describe_budgets(described: dict[str, Any]) -> list[str]:
     default = described.get("default_max_runtime")
     if default is not None:
         lines.append(f"default max-runtime {format_duration(default)}")
+    grace = described.get("max_runtime_grace") or 0
     if described.get("stop_at_max_runtime"):
-        lines.append("work is stopped at its max-runtime (timed_out)")
+        lines.append("work is stopped at its max-runtime (timed_out)"
+                     + (f", after a grace of {format_duration(grace)}" if grace else ""))
+    elif grace:
+        lines.append(f"max-runtime grace {format_duration(grace)} (unused: work is not "
+                     "stopped at its max-runtime)")
     for resource, state in described.get("budget", {}).items():
         frees = state["frees_at"]
         lines.append(

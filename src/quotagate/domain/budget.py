@@ -28,6 +28,9 @@ BUCKET = 3600
 SOMETHING_LEFT = 1
 # The longest max-runtime accepted: a year.
 MAX_RUNTIME = 366 * 86400
+# The longest grace past a max-runtime before its stop begins: a week. Longer is no
+# limit at all, and a typo (seconds meant as minutes) should be refused, not kept.
+MAX_GRACE = 7 * 86400
 # The longest budget window: 10,000 hours (416 days).
 MAX_WINDOW = 10_000 * 3600
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -57,6 +60,25 @@ def parse_duration(value: object, *, what: str) -> int:
     if seconds < 1 or seconds > MAX_RUNTIME:
         raise InvalidInput(f"{what} must be between 1 second and 366 days, got {value!r}",
                            code=f"invalid_{what}")
+    return seconds
+
+
+def parse_grace(value: object) -> int:
+    """A tenant's grace past the max-runtime (docs/decisions/715): whole seconds (``0``:
+    none, ``300``) or a duration (``5m``), at most a week."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        seconds = value
+    elif isinstance(value, str) and value.isascii() and value.isdigit():
+        seconds = int(value)
+    elif isinstance(value, str) and _DURATION.fullmatch(value):
+        seconds = _seconds(value)
+    else:
+        raise InvalidInput(
+            f"max_runtime_grace must be whole seconds, 0 or more (0: none), or a duration "
+            f"like 90s or 5m, got {value!r}", code="invalid_max_runtime_grace")
+    if seconds < 0 or seconds > MAX_GRACE:
+        raise InvalidInput(f"max_runtime_grace must be between 0 and {MAX_GRACE} seconds "
+                           f"(a week), got {value!r}", code="invalid_max_runtime_grace")
     return seconds
 
 
@@ -135,12 +157,15 @@ def reservation(cost: Cost, runtime: int | None) -> dict[str, int]:
     return {resource: amount * runtime for resource, amount in cost.items()}
 
 
-def overrun_reason(runtime: int) -> str:
+def overrun_reason(runtime: int, grace: int = 0) -> str:
     """Why work stopped at its max-runtime is stopped (state ``timing_out``/``timed_out``).
 
     Seconds, spelled as the HTTP API's ``max_runtime`` is, so the reason names
-    the very number the request (or its tenant's default) declared.
+    the very number the request (or its tenant's default) declared, and the
+    tenant's grace past it when it had one (docs/decisions/715).
     """
+    if grace:
+        return f"max_runtime {runtime}s exceeded (grace {grace}s)"
     return f"max_runtime {runtime}s exceeded"
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictStr
 
 from quotagate.domain.bucket import MAX_CAPACITY, MAX_REFILL_PER_SECOND, BucketConfig
-from quotagate.domain.budget import BUDGET_PATTERN, MAX_RUNTIME
+from quotagate.domain.budget import BUDGET_PATTERN, MAX_GRACE, MAX_RUNTIME
 from quotagate.domain.model import (
     MAX_AMOUNT,
     MAX_PRIORITY,
@@ -146,6 +146,13 @@ class TenantBody(_Body):
         "since admission (it ends timed_out, through the confirmed stop); false: such work "
         "keeps running and its budget accrues it; absent or null keeps the setting",
         examples=[True],
+    )
+    max_runtime_grace: WholeNumber | None = Field(
+        default=None, description="Seconds past its max-runtime that work may run before the "
+        "stop of stop_at_max_runtime begins (0: none, the default); not a process target's "
+        "stop_grace, which comes after the stop began (docs/decisions/715); absent or null "
+        "keeps it", examples=[300],
+        json_schema_extra={"minimum": 0, "maximum": MAX_GRACE},
     )
 
 

@@ -30,11 +30,13 @@ def describe(connection: sa.Connection, tenant: str, now: float) -> dict[str, An
         sa.select(budget).where(budget.c.tenant == tenant).order_by(budget.c.resource)
     ).mappings().all()
     settings = connection.execute(
-        sa.select(schema.tenant.c.default_max_runtime, schema.tenant.c.stop_at_max_runtime)
+        sa.select(schema.tenant.c.default_max_runtime, schema.tenant.c.stop_at_max_runtime,
+                  schema.tenant.c.max_runtime_grace)
         .where(schema.tenant.c.name == tenant)).first()
-    default, stops = (None, False) if settings is None else tuple(settings)
+    default, stops, grace = (None, False, 0) if settings is None else tuple(settings)
     described: dict[str, Any] = {"default_max_runtime": default,
-                                 "stop_at_max_runtime": bool(stops), "budget": {}}
+                                 "stop_at_max_runtime": bool(stops),
+                                 "max_runtime_grace": int(grace), "budget": {}}
     if not rows:
         return described
     running = running_requests(connection, tenant)

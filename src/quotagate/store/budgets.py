@@ -41,6 +41,7 @@ from quotagate.domain.budget import (
     format_duration,
     parse_budget,
     parse_duration,
+    parse_grace,
     reservation,
 )
 from quotagate.domain.model import CHARGED_STATES, validate_resource
@@ -62,13 +63,16 @@ _CHARGED = [state.value for state in CHARGED_STATES]
 class BudgetChange:
     """An admin change of a tenant's budgets: per resource a limit, or None to remove it;
     ``default_max_runtime``: seconds, None to remove it, absent (``keep``) to keep it;
-    ``stop_at_max_runtime``: on, off, or None to keep it (docs/decisions/714)."""
+    ``stop_at_max_runtime``: on, off, or None to keep it (docs/decisions/714);
+    ``max_runtime_grace``: seconds past the max-runtime before the stop, None to keep it
+    (docs/decisions/715)."""
 
     limits: Mapping[str, BudgetLimit | None]
     default_max_runtime: int | None = None
     keep_default: bool = True
     clear: bool = False  # remove every budget of the tenant first (``--budget none``)
     stop_at_max_runtime: bool | None = None
+    max_runtime_grace: int | None = None
 
     def describe(self) -> str:
         parts = ["budget=none"] if self.clear else []
@@ -80,21 +84,25 @@ class BudgetChange:
                 else format_duration(self.default_max_runtime)))
         if self.stop_at_max_runtime is not None:
             parts.append(f"stop_at_max_runtime={'on' if self.stop_at_max_runtime else 'off'}")
+        if self.max_runtime_grace is not None:
+            parts.append(f"max_runtime_grace={self.max_runtime_grace}s")
         return ",".join(parts)
 
 
 def budget_change(
     limits: Mapping[str, object] | None, clear: bool, default_max_runtime: object,
-    stop_at_max_runtime: object = None,
+    stop_at_max_runtime: object = None, max_runtime_grace: object = None,
 ) -> BudgetChange | None:
     """Validate an admin change of budgets (before anything is written); None: no change.
 
     ``limits``: per resource ``"100h/30d"`` or None (removed); ``default_max_runtime``:
     a duration, None (removed) or :data:`~quotagate.domain.sharing.KEEP`;
-    ``stop_at_max_runtime``: True, False or None (kept).
+    ``stop_at_max_runtime``: True, False or None (kept); ``max_runtime_grace``: seconds
+    or a duration, None (kept).
     """
     keep = default_max_runtime is KEEP
-    if not limits and not clear and keep and stop_at_max_runtime is None:
+    if (not limits and not clear and keep and stop_at_max_runtime is None
+            and max_runtime_grace is None):
         return None
     if stop_at_max_runtime is not None and not isinstance(stop_at_max_runtime, bool):
         raise InvalidInput(f"stop_at_max_runtime must be true or false, got "
@@ -105,8 +113,9 @@ def budget_change(
         parsed[resource] = None if text is None else parse_budget(text)
     default = None if keep or default_max_runtime is None else parse_duration(
         default_max_runtime, what="default_max_runtime")
+    grace = None if max_runtime_grace is None else parse_grace(max_runtime_grace)
     return BudgetChange(parsed, default, keep_default=keep, clear=clear,
-                        stop_at_max_runtime=stop_at_max_runtime)
+                        stop_at_max_runtime=stop_at_max_runtime, max_runtime_grace=grace)
 
 
 @lru_cache(maxsize=1)
@@ -324,6 +333,9 @@ def apply(connection: sa.Connection, tenant: str, change: BudgetChange) -> None:
     if change.stop_at_max_runtime is not None:
         connection.execute(schema.tenant.update().where(schema.tenant.c.name == tenant)
                            .values(stop_at_max_runtime=change.stop_at_max_runtime))
+    if change.max_runtime_grace is not None:
+        connection.execute(schema.tenant.update().where(schema.tenant.c.name == tenant)
+                           .values(max_runtime_grace=change.max_runtime_grace))
     if not change.limits and not change.clear:
         return
     # Running requests first (release's lock order): no release of this tenant is

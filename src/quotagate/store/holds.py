@@ -66,9 +66,10 @@ def _stopping_query() -> sa.Select[Any]:
         sa.select(request.c.id, request.c.tenant, request.c.pool, request.c.cost,
                   request.c.priority, outbox.c.created)
         .select_from(request.join(outbox, outbox.c.request_id == request.c.id))
-        # timing_out too: the decision that wrote the hold counted it as coming back
-        # and chose fewer victims for it (docs/decisions/714). Equalities, not IN: the
-        # raw driver runs statements compiled once, without expanding parameters.
+        # timing_out and cancelling too: the decision that wrote the hold counted them as
+        # coming back and chose fewer victims for them (docs/decisions/714, 716).
+        # Equalities, not IN: the raw driver runs statements compiled once, without
+        # expanding parameters.
         .where(sa.or_(*(request.c.state == state for state in COMING_BACK)))
     )
 

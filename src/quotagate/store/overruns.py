@@ -2,7 +2,8 @@
 
 A tenant with ``stop_at_max_runtime`` has its running work (``reserved`` or
 ``delivered``) stopped once its max-runtime — declared, else the tenant's
-default at submission (``reserved_runtime``) — has passed since admission. The
+default at submission (``reserved_runtime``) — and the tenant's grace past it
+(``max_runtime_grace``, docs/decisions/715) have passed since admission. The
 stop is a cancel's stop (docs/decisions/211): the request moves to
 ``timing_out`` (charged, stopping), its outbox row becomes a stop for a worker,
 and the target's confirmed stop ends it ``timed_out`` and returns its cost once
@@ -36,20 +37,22 @@ _RUNNING = (RequestState.RESERVED.value, RequestState.DELIVERED.value)
 # At most this many stops begun per pass; the rest wait for the next one.
 DEFAULT_LIMIT = 256
 
-Overrun = tuple[str, str, int, float]  # id, tenant, reserved_runtime, admitted
+Overrun = tuple[str, str, int, float, int]  # id, tenant, reserved_runtime, admitted, grace
 
 
 @lru_cache(maxsize=1)
 def overruns_query() -> sa.Select[Any]:
-    """Running work of tenants that stop at the max-runtime, past it at ``:now``."""
+    """Running work of tenants that stop at the max-runtime, past it and the grace at ``:now``."""
     tenant, request = schema.tenant, schema.request
     return (
-        sa.select(request.c.id, request.c.tenant, request.c.reserved_runtime, request.c.admitted)
+        sa.select(request.c.id, request.c.tenant, request.c.reserved_runtime, request.c.admitted,
+                  tenant.c.max_runtime_grace)
         .select_from(tenant.join(request, request.c.tenant == tenant.c.name))
         .where(tenant.c.stop_at_max_runtime == sa.true(),
                request.c.state.in_(_RUNNING),
                request.c.reserved_runtime.is_not(None),
-               request.c.admitted + request.c.reserved_runtime
+               # The grace is the tenant's, read with it: a change applies at the next look.
+               request.c.admitted + request.c.reserved_runtime + tenant.c.max_runtime_grace
                <= sa.bindparam("now", type_=sa.Double()))
         # No ORDER BY: SQLite would then walk the whole table in id order. The
         # moves are put in id order in Python (_begin).
@@ -68,7 +71,8 @@ def stop_overruns(engine: Engine, now: float, *, actor: str,
     # that saves the BEGIN and ROLLBACK round trips of every pass).
     with reading(engine, single_statement=True) as connection:
         found: list[Overrun] = [
-            (row.id, row.tenant, int(row.reserved_runtime), float(row.admitted))
+            (row.id, row.tenant, int(row.reserved_runtime), float(row.admitted),
+             int(row.max_runtime_grace))
             for row in connection.execute(overruns_query(), {"now": now, "limit": limit})]
     if not found:
         return []
@@ -80,8 +84,8 @@ def _begin(connection: sa.Connection, found: list[Overrun], now: float,
     request = schema.request
     moved: list[str] = []
     # One row at a time, in id order (the order every batch locks request rows in).
-    for request_id, tenant, runtime, admitted in sorted(found):
-        reason = overrun_reason(runtime)
+    for request_id, tenant, runtime, admitted, grace in sorted(found):
+        reason = overrun_reason(runtime, grace)
         changed = connection.execute(
             request.update()
             .where(request.c.id == request_id, request.c.state.in_(_RUNNING),

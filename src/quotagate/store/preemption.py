@@ -20,19 +20,20 @@ from quotagate.domain.preemption import Running
 from quotagate.store import schema
 from quotagate.store.dialect import supports_skip_locked
 
-_CANDIDATE_STATES = (RequestState.RESERVED.value, RequestState.DELIVERED.value,
-                     RequestState.PREEMPTING.value, RequestState.TIMING_OUT.value)
-# Stopping already: their cost is coming back, none is a victim (docs/decisions/714).
-# The held room's guard counts the same work as coming back (store/holds.py): it must
-# judge as the decision that wrote the hold did.
-COMING_BACK = (RequestState.PREEMPTING.value, RequestState.TIMING_OUT.value)
+# Stopping already: their cost is coming back, none is a victim — a victim's stop, a
+# time limit's (docs/decisions/714) and a cancel's (716). The held room's guard counts
+# the same work as coming back (store/holds.py): it must judge as the decision that
+# wrote the hold did. Their confirmed stops take the decision lock (store/release.py).
+COMING_BACK = (RequestState.CANCELLING.value, RequestState.PREEMPTING.value,
+               RequestState.TIMING_OUT.value)
+_CANDIDATE_STATES = (RequestState.RESERVED.value, RequestState.DELIVERED.value, *COMING_BACK)
 
 
 def running_work(connection: sa.Connection, tenants: set[str]) -> list[Running]:
     """Charged requests of ``tenants`` and of every member of their cohort trees.
 
     ``admitted`` is the outbox row's creation, the moment of admission; work
-    already ``preempting`` (or ``timing_out``) comes back marked ``stopping``. The cohort trees are
+    already stopping (``COMING_BACK``) comes back marked ``stopping``. The cohort trees are
     found in the same statement (quota rows' ``cohort_root``), so this read
     needs nothing read before it (the order of reads: Ledger._preempt).
     """

@@ -71,7 +71,8 @@ __all__ = ["ENDING_STATES", "End", "ReleaseResult", "lock_decisions", "mark_stop
 
 ENDING_STATES = frozenset({RequestState.COMPLETED, RequestState.FAILED, RequestState.CANCELLED})
 _STOPPABLE = frozenset({RequestState.RESERVED, RequestState.DELIVERED})
-# Stopping work a preemption decision counts as coming back: the decision's own list.
+# Stopping work a preemption decision counts as coming back: the decision's own list
+# (a victim's stop, a time limit's and a cancel's, docs/decisions/716).
 _DECIDED_STOPS = frozenset(RequestState(state) for state in COMING_BACK)
 # Ends of a stop: confirming the stop again finds the request there and does nothing.
 _STOPPED = frozenset({RequestState.PREEMPTED, RequestState.TIMED_OUT})

@@ -50,6 +50,8 @@ tenant = sa.Table(
     # Stop its running work once its max-runtime has passed since admission
     # (docs/decisions/714); false: overruns keep running and accrue (711).
     sa.Column("stop_at_max_runtime", sa.Boolean, nullable=False, server_default=sa.false()),
+    # Seconds past the max-runtime before that stop begins (docs/decisions/715); 0: none.
+    sa.Column("max_runtime_grace", sa.Integer, nullable=False, server_default="0"),
     # Workers look for overruns from the few tenants that opt in, every pass.
     sa.Index(None, "stop_at_max_runtime"),
 )

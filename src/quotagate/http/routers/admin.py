@@ -34,6 +34,7 @@ def put_tenant(
         default_max_runtime=body.default_max_runtime
         if "default_max_runtime" in body.model_fields_set else KEEP,
         stop_at_max_runtime=body.stop_at_max_runtime,
+        max_runtime_grace=body.max_runtime_grace,
     )
     if "rate" in body.model_fields_set:
         context.gate.set_rate(tenant, rate, actor=actor.name)
