@@ -32,11 +32,12 @@ EXAMPLES_PER_OPERATION = 25
 # Valid by the document, refused by what the ledger holds: a resource no pool
 # offers; a cursor the API never returned (cursors are opaque: the document can
 # say only that one is base64url text); cohort settings that depend on the
-# tenant's cohort, quota and the cohort tree (docs/fair-sharing.md). No document
+# tenant's cohort, quota and the cohort tree (docs/fair-sharing.md); slices for
+# a pool that has no capacity row yet (store/pool_slices.configure). No document
 # can list those, so these 400s are what a valid request may get.
 STATE_DEPENDENT_REFUSALS = frozenset({
     "unknown_resource", "invalid_cursor", "not_in_cohort", "unknown_quota_resource",
-    "invalid_lending_limit", "cohort_cycle",
+    "invalid_lending_limit", "cohort_cycle", "slices_without_capacity",
 })
 
 
