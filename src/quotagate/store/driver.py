@@ -259,6 +259,19 @@ class DriverTransaction:
         self._templates.append(check)
         self._failures.append(failure)
 
+    def expect_rows(self, statement: sa.Executable, rows: Sequence[Mapping[str, Any]],
+                    failure: Exception) -> None:
+        """:meth:`expect` of a one-row write run once per set of ``rows``: each must
+        change its row, else ``failure`` is raised (sqlite3 sums an executemany's
+        row counts; batched writes check each)."""
+        if self._batching:
+            for row in rows:
+                self.expect(statement, row, 1, failure)
+            return
+        self.executemany(statement, rows)
+        if self._cursor.rowcount != len(rows):
+            raise failure
+
     def write(self, statement: sa.Executable, parameters: Mapping[str, Any]) -> None:
         """A write nothing is read back from: at once, or batched (:meth:`flush`)."""
         if not self._batching:

@@ -37,6 +37,7 @@ from quotagate.domain.slices import MAX_SLICES, concentrate, spread
 from quotagate.errors import Conflict, InvalidInput
 from quotagate.store import schema, statements
 from quotagate.store.dialect import (
+    charges_row_by_row,
     locks_named_tables,
     locks_only_rows_returned,
     reserves_with_lock,
@@ -293,6 +294,11 @@ def _charge_rows(
     transaction: DriverTransaction, amounts: dict[tuple[str, int, str], int], lock_in_order: bool,
     missed: Exception,
 ) -> None:
+    if charges_row_by_row(transaction):
+        transaction.expect_rows(
+            statements.charge_row_statement(schema.pool_capacity, "pool", sliced=True),
+            statements.sliced_charge_row_parameters(amounts), missed)
+        return
     statement = statements.charge_statement(
         schema.pool_capacity, "pool", len(amounts), lock_in_order=lock_in_order, sliced=True)
     transaction.expect(statement, statements.sliced_charge_parameters(amounts), len(amounts),
