@@ -67,8 +67,13 @@ class _Compiled:
         if not given and self.bare is not None:
             return self.bare
         if self.processors:
-            given = {name: self.processors[name](value) if name in self.processors else value
-                     for name, value in given.items()}
+            # A loop over the few processed names (admission's: one float, ``now``),
+            # not a comprehension over every value given.
+            processed = dict(given)
+            for name, processor in self.processors.items():
+                if name in processed:
+                    processed[name] = processor(processed[name])
+            given = processed
         merged = {**self.fixed, **given} if self.fixed else given
         return merged if self.pick is None else self.pick(merged)
 

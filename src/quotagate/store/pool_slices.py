@@ -250,11 +250,12 @@ def charge(
     before; with one, each pool is charged in name order, a sliced pool on
     the slice it claimed, and the requests record their slice.
     """
-    per_pool: dict[str, Counter[str]] = {}
+    # Plain dicts: a Counter's missing key costs a Python call (its __missing__).
+    per_pool: dict[str, dict[str, int]] = {}
     for placement in placements:
-        amounts = per_pool.setdefault(placement.pool, Counter())
+        amounts = per_pool.setdefault(placement.pool, {})
         for resource, amount in placement.cost.items():
-            amounts[resource] += amount
+            amounts[resource] = amounts.get(resource, 0) + amount
     if not any(pool in slices for pool in per_pool):
         _charge_rows(transaction, {
             (pool, 0, resource): amount
