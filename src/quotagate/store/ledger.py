@@ -815,7 +815,8 @@ class Ledger:
     def _charge(
         transaction: DriverTransaction, placements: Sequence[Placement], snapshot: cohorts.Snapshot
     ) -> None:
-        """Charge tenants, then pools: one conditional UPDATE per table for the whole batch.
+        """Charge tenants, then pools: one conditional UPDATE per table for the whole batch
+        (on SQLite one per row: docs/decisions/051-sqlite-charges-row-by-row.md).
 
         Cohort members are charged after the other tenants and before the pools,
         with their cohorts' rooms (quotagate.store.cohorts; the lock order).
