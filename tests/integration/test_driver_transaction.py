@@ -271,6 +271,32 @@ def test_a_write_that_missed_its_row_count_raises_its_failure_and_rolls_back(
     assert _outbox_ids(gate) == []
 
 
+def test_a_write_run_row_by_row_must_change_every_row_or_raises_and_rolls_back(
+    gate: Quotagate,
+) -> None:
+    """expect_rows: the one-row form of a checked write, run once per row (SQLite's
+    charges, docs/decisions/051-sqlite-charges-row-by-row.md); one row missed is the
+    failure, and the rows written before it are rolled back with everything else."""
+    one_row = (schema.outbox.update().where(schema.outbox.c.request_id == sa.bindparam("id"))
+               .values(attempts=schema.outbox.c.attempts + 1))
+    with gate.engine.begin() as connection:
+        connection.execute(_outbox_insert_rows(), [{"id": "one"}, {"id": "two"}])
+
+    def missing_one(transaction: DriverTransaction) -> None:
+        transaction.expect_rows(one_row, [{"id": "one"}, {"id": "absent"}, {"id": "two"}],
+                                _Stop("a row missed"))
+
+    with pytest.raises(_Stop, match="a row missed"):
+        run_driver_transaction(gate.engine, missing_one)
+    run_driver_transaction(gate.engine, lambda transaction: transaction.expect_rows(
+        one_row, [{"id": "one"}, {"id": "two"}], RuntimeError("not this")))
+    with gate.engine.connect() as connection:
+        attempts = dict(connection.execute(
+            sa.select(schema.outbox.c.request_id, schema.outbox.c.attempts)).all())
+    assert {request_id: int(count) for request_id, count in attempts.items()} == {
+        "one": 1, "two": 1}
+
+
 def test_checked_writes_are_seen_by_the_next_read_of_their_transaction(gate: Quotagate) -> None:
     def work(transaction: DriverTransaction) -> list[tuple[str, int]]:
         transaction.write_many(_outbox_insert_rows(), [{"id": "one"}, {"id": "two"}])

@@ -44,11 +44,14 @@ def dominant_share(usage: Usage, weight: int = 1) -> float:
     its nominal were 1: using what one was not given weighs more than using
     what one was.
     """
+    # Comparisons, not max(): asked for every tenant at every admission.
     share = 0.0
     for used, nominal in usage.values():
         if used > 0:
-            share = max(share, used / max(nominal, 1))
-    return share / max(weight, 1)
+            ratio = used / nominal if nominal > 1 else float(used)
+            if ratio > share:
+                share = ratio
+    return share / weight if weight > 1 else share
 
 
 def decayed(value: float, since: float | None, now: float, half_life: float) -> float:

@@ -62,8 +62,13 @@ class _Compiled:
         if not given and self.bare is not None:
             return self.bare
         if self.processors:
-            given = {name: self.processors[name](value) if name in self.processors else value
-                     for name, value in given.items()}
+            # A loop over the few processed names (admission's: one float, ``now``),
+            # not a comprehension over every value given.
+            processed = dict(given)
+            for name, processor in self.processors.items():
+                if name in processed:
+                    processed[name] = processor(processed[name])
+            given = processed
         merged = {**self.fixed, **given} if self.fixed else given
         return merged if self.pick is None else self.pick(merged)
 
@@ -253,6 +258,19 @@ class DriverTransaction:
         self._pending.append(check)
         self._templates.append(check)
         self._failures.append(failure)
+
+    def expect_rows(self, statement: sa.Executable, rows: Sequence[Mapping[str, Any]],
+                    failure: Exception) -> None:
+        """:meth:`expect` of a one-row write run once per set of ``rows``: each must
+        change its row, else ``failure`` is raised (sqlite3 sums an executemany's
+        row counts; batched writes check each)."""
+        if self._batching:
+            for row in rows:
+                self.expect(statement, row, 1, failure)
+            return
+        self.executemany(statement, rows)
+        if self._cursor.rowcount != len(rows):
+            raise failure
 
     def write(self, statement: sa.Executable, parameters: Mapping[str, Any]) -> None:
         """A write nothing is read back from: at once, or batched (:meth:`flush`)."""

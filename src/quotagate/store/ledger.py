@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from operator import itemgetter
@@ -38,6 +38,7 @@ from quotagate.domain.placement import Candidate, Placement, plan_admissions
 from quotagate.domain.placement import charge as charge_usage
 from quotagate.domain.preemption import HeldRoom, Preemption, choose_preemption
 from quotagate.domain.rate_refusal import rate_limited
+from quotagate.domain.sharing import Sharing
 from quotagate.errors import Conflict, InvalidInput, QuotagateError
 from quotagate.store import (
     admission_stats,
@@ -56,6 +57,7 @@ from quotagate.store.admission_reads import QUEUE_ORDER, AdmissionReads
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
 from quotagate.store.dialect import (
+    charges_row_by_row,
     code_point_collation,
     locks_in_lateral_join,
     reserve_writes_records,
@@ -131,6 +133,25 @@ def _candidate(request_id: str, tenant: str, cost: str, runtime: int | None) -> 
     the same heads of the queues again (all but what they admitted). A Candidate is
     frozen and nothing changes its cost, so one instance serves every read."""
     return Candidate(request_id, tenant, dict(_cost_items(cost)), runtime)
+
+
+def _has_room(usage: Mapping[str, tuple[int, int]]) -> bool:
+    """Has a holder room left in any resource? A loop, not any() over a generator:
+    asked of every tenant and every pool at every admission."""
+    for used, cap in usage.values():  # noqa: SIM110 - the loop is the point (above)
+        if cap > used:
+            return True
+    return False
+
+
+def _open_tenants(tenants: Mapping[str, Mapping[str, tuple[int, int]]],
+                  sharing: Sharing) -> list[str]:
+    """The tenants that could take one more unit of something, by name."""
+    roots = sharing.roots
+    return sorted(
+        name for name, usage in tenants.items()
+        if (sharing.open(name, usage) if name in roots else _has_room(usage))
+    )
 
 
 class Ledger:
@@ -475,14 +496,8 @@ class Ledger:
             # One more read, only where some tenant has a budget.
             snapshot.budgets = budgets.budgets_from_rows(
                 transaction.rows(budgets.budget_query(), {"now": now}))
-        open_tenants = sorted(
-            name for name, usage in tenants.items()
-            if (sharing.open(name, usage) if sharing.is_member(name)
-                else any(cap > used for used, cap in usage.values()))
-        )
-        if not open_tenants or not any(
-            cap > used for usage in pools.values() for used, cap in usage.values()
-        ):
+        open_tenants = _open_tenants(tenants, sharing)
+        if not open_tenants or not any(map(_has_room, pools.values())):
             return []
         # Several admitters: plan for the tenants no other admitter is charging
         # (quotagate.store.tenant_claims) — one by one in fair order once another
@@ -801,7 +816,8 @@ class Ledger:
     def _charge(
         transaction: DriverTransaction, placements: Sequence[Placement], snapshot: cohorts.Snapshot
     ) -> None:
-        """Charge tenants, then pools: one conditional UPDATE per table for the whole batch.
+        """Charge tenants, then pools: one conditional UPDATE per table for the whole batch
+        (on SQLite one per row: docs/decisions/051-sqlite-charges-row-by-row.md).
 
         Cohort members are charged after the other tenants and before the pools,
         with their cohorts' rooms (quotagate.store.cohorts; the lock order).
@@ -834,12 +850,18 @@ class Ledger:
         transaction: DriverTransaction, table: sa.Table, holder: str,
         amounts: dict[tuple[str, str], int], lock_in_order: bool,
     ) -> None:
-        if amounts:
-            statement = statements.charge_statement(
-                table, holder, len(amounts), lock_in_order=lock_in_order
-            )
-            transaction.expect(statement, statements.charge_parameters(amounts), len(amounts),
-                               CapacityChanged(holder))
+        if not amounts:
+            return
+        if charges_row_by_row(transaction):
+            transaction.expect_rows(statements.charge_row_statement(table, holder),
+                                    statements.charge_row_parameters(amounts),
+                                    CapacityChanged(holder))
+            return
+        statement = statements.charge_statement(
+            table, holder, len(amounts), lock_in_order=lock_in_order
+        )
+        transaction.expect(statement, statements.charge_parameters(amounts), len(amounts),
+                           CapacityChanged(holder))
 
     @staticmethod
     def _record_admissions(

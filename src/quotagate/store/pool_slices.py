@@ -37,6 +37,7 @@ from quotagate.domain.slices import MAX_SLICES, concentrate, spread
 from quotagate.errors import Conflict, InvalidInput
 from quotagate.store import schema, statements
 from quotagate.store.dialect import (
+    charges_row_by_row,
     locks_named_tables,
     locks_only_rows_returned,
     reserves_with_lock,
@@ -249,11 +250,12 @@ def charge(
     before; with one, each pool is charged in name order, a sliced pool on
     the slice it claimed, and the requests record their slice.
     """
-    per_pool: dict[str, Counter[str]] = {}
+    # Plain dicts: a Counter's missing key costs a Python call (its __missing__).
+    per_pool: dict[str, dict[str, int]] = {}
     for placement in placements:
-        amounts = per_pool.setdefault(placement.pool, Counter())
+        amounts = per_pool.setdefault(placement.pool, {})
         for resource, amount in placement.cost.items():
-            amounts[resource] += amount
+            amounts[resource] = amounts.get(resource, 0) + amount
     if not any(pool in slices for pool in per_pool):
         _charge_rows(transaction, {
             (pool, 0, resource): amount
@@ -293,6 +295,11 @@ def _charge_rows(
     transaction: DriverTransaction, amounts: dict[tuple[str, int, str], int], lock_in_order: bool,
     missed: Exception,
 ) -> None:
+    if charges_row_by_row(transaction):
+        transaction.expect_rows(
+            statements.charge_row_statement(schema.pool_capacity, "pool", sliced=True),
+            statements.sliced_charge_row_parameters(amounts), missed)
+        return
     statement = statements.charge_statement(
         schema.pool_capacity, "pool", len(amounts), lock_in_order=lock_in_order, sliced=True)
     transaction.expect(statement, statements.sliced_charge_parameters(amounts), len(amounts),

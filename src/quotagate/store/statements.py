@@ -145,7 +145,10 @@ def _reserve_update(count: int, *, lock: bool) -> sa.Update:
     another admitter holds (lock and reserve in one round trip instead of two)."""
     request = schema.request
     ids: list[sa.BindParameter[Any]] = [sa.bindparam(f"id_{i}") for i in range(count)]
-    pool_of = sa.case(*((request.c.id == ids[i], sa.bindparam(f"pool_{i}")) for i in range(count)))
+    # One request (admit(1)) needs no CASE to pick its pool: SQLite spent a tenth of
+    # the statement evaluating it.
+    pool_of: Any = sa.bindparam("pool_0") if count == 1 else sa.case(
+        *((request.c.id == ids[i], sa.bindparam(f"pool_{i}")) for i in range(count)))
     if lock:
         candidate = request.alias("candidate")
         chosen: Any = (
@@ -256,6 +259,37 @@ def charge_parameters(amounts: dict[tuple[str, str], int]) -> dict[str, Any]:
         parameters[resources[index]] = resource
         parameters[charges[index]] = amount
     return parameters
+
+
+@lru_cache(maxsize=16)
+def charge_row_statement(table: sa.Table, holder_column: str, *, sliced: bool = False) -> sa.Update:
+    """:func:`charge_statement` for one row (``holder_0``, ``resource_0``, ``amount_0``,
+    ``slice_0`` with ``sliced``), run once per row where that is cheaper
+    (:func:`quotagate.store.dialect.charges_row_by_row`, SQLite): no CASE to
+    evaluate, one primary-key lookup. The caller checks that every row changed."""
+    holder, amount = table.c[holder_column], sa.bindparam("amount_0", type_=sa.BigInteger)
+    statement = table.update().where(
+        holder == sa.bindparam("holder_0"), table.c.resource == sa.bindparam("resource_0"),
+        *((table.c.slice == sa.bindparam("slice_0"),) if sliced else ()),
+        table.c.used + amount <= table.c.cap,
+    )
+    return statement.values(used=table.c.used + amount)
+
+
+def charge_row_parameters(amounts: dict[tuple[str, str], int]) -> list[dict[str, Any]]:
+    """The parameters of :func:`charge_row_statement`, one set per row, in (holder,
+    resource) order: the lock order of :func:`charge_statement`."""
+    return [{"holder_0": holder, "resource_0": resource, "amount_0": amount}
+            for (holder, resource), amount in sorted(amounts.items())]
+
+
+def sliced_charge_row_parameters(
+    amounts: dict[tuple[str, int, str], int],
+) -> list[dict[str, Any]]:
+    """:func:`charge_row_parameters` of a ``sliced`` :func:`charge_row_statement`."""
+    return [{"holder_0": holder, "slice_0": slice_number, "resource_0": resource,
+             "amount_0": amount}
+            for (holder, slice_number, resource), amount in sorted(amounts.items())]
 
 
 def sliced_charge_parameters(amounts: dict[tuple[str, int, str], int]) -> dict[str, Any]:
