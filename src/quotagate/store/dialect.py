@@ -94,6 +94,18 @@ def batches_writes(engine: HasDialect) -> bool:
     return engine.dialect.name == "mysql" and bool(getattr(engine.dialect, "is_mariadb", False))
 
 
+def materializes_derived_tables(engine: HasDialect) -> bool:
+    """Does the server fill a temporary table for each derived table with a LIMIT?
+
+    MariaDB does: the head read wrapped each tenant's read in one, and spent
+    a third of its server time there (docs/decisions/054-flat-head-read-on-mariadb.md),
+    so it reads the tenants as the UNION's own parenthesized members
+    (``statements.ordered_head_query(flat=True)``). PostgreSQL pulls such
+    subqueries into its plan; SQLite parses no parenthesized UNION member.
+    """
+    return engine.dialect.name == "mysql"
+
+
 def code_point_collation(engine: HasDialect) -> str | None:
     """The collation that orders text by code point, as Python compares ``str``, if a
     column's own may not: PostgreSQL's ``C`` (UTF-8 bytes sort in code point order).

@@ -61,9 +61,18 @@ def head_query(tenant_count: int, window: int) -> sa.Select[Any] | sa.CompoundSe
     and with long queues planned all N scans again at every admission instead
     (docs/decisions/035-head-read-window-literal.md).
     """
+    heads = [head.subquery(f"head_{index}")
+             for index, head in enumerate(_head_reads(tenant_count, window))]
+    if len(heads) == 1:
+        return sa.select(heads[0])
+    return sa.union_all(*(sa.select(head) for head in heads))
+
+
+def _head_reads(tenant_count: int, window: int) -> list[sa.Select[Any]]:
+    """Each tenant's bounded head read (``tenant_i``), in queue order, with :func:`head_query`'s columns."""
     request = schema.request
     limit: sa.ColumnElement[int] = sa.literal_column(str(int(window)))
-    heads = [
+    return [
         sa.select(
             request.c.id, request.c.tenant, request.c.cost, request.c.queue_key,
             request.c.created, request.c.target, request.c.reserved_runtime,
@@ -72,16 +81,13 @@ def head_query(tenant_count: int, window: int) -> sa.Select[Any] | sa.CompoundSe
         .where(request.c.tenant == sa.bindparam(f"tenant_{index}"), request.c.state == _WAITING)
         .order_by(request.c.queue_key, request.c.created, request.c.id)
         .limit(limit)
-        .subquery(f"head_{index}")
         for index in range(tenant_count)
     ]
-    if len(heads) == 1:
-        return sa.select(heads[0])
-    return sa.union_all(*(sa.select(head) for head in heads))
 
 
 @lru_cache(maxsize=256)
-def ordered_head_query(tenant_count: int, window: int, collation: str | None) -> sa.Select[Any]:
+def ordered_head_query(tenant_count: int, window: int, collation: str | None, *,
+                       flat: bool = False) -> sa.Select[Any]:
     """:func:`head_query` merged into queue order by the database, without the order's columns.
 
     ``id, tenant, cost, target, reserved_runtime, token_floor``, ordered by
@@ -90,16 +96,34 @@ def ordered_head_query(tenant_count: int, window: int, collation: str | None) ->
     id are broken by code point, as Python sorts strings: ``collation`` names
     the database's byte-order collation where the column's own may differ
     (:func:`quotagate.store.dialect.code_point_collation`).
+
+    ``flat``: the tenants' reads are the UNION's own members, each in
+    parentheses with its ORDER BY and LIMIT, instead of a derived table each
+    (:func:`quotagate.store.dialect.materializes_derived_tables`: MariaDB fills a
+    temporary table per derived table; docs/decisions/054-flat-head-read-on-mariadb.md).
+    SQLite parses no parenthesized member.
     """
-    heads = head_query(tenant_count, window).subquery("heads")
-    request_id: sa.ColumnElement[Any] = heads.c.id
-    if collation is not None:
-        request_id = sa.collate(request_id, collation)
+    if flat and tenant_count == 1:  # one read, in queue order already: no derived table at all
+        request = schema.request
+        (read,) = _head_reads(1, window)
+        return read.with_only_columns(
+            request.c.id, request.c.tenant, request.c.cost, request.c.target,
+            request.c.reserved_runtime, request.c.token_floor,
+        ).order_by(None).order_by(request.c.queue_key, request.c.created,
+                                  _by_code_point(request.c.id, collation))
+    if flat:
+        heads = sa.union_all(*_head_reads(tenant_count, window)).subquery("heads")
+    else:
+        heads = head_query(tenant_count, window).subquery("heads")
     return (
         sa.select(heads.c.id, heads.c.tenant, heads.c.cost, heads.c.target,
                   heads.c.reserved_runtime, heads.c.token_floor)
-        .order_by(heads.c.queue_key, heads.c.created, request_id)
+        .order_by(heads.c.queue_key, heads.c.created, _by_code_point(heads.c.id, collation))
     )
+
+
+def _by_code_point(column: sa.ColumnElement[Any], collation: str | None) -> sa.ColumnElement[Any]:
+    return column if collation is None else sa.collate(column, collation)
 
 
 def head_parameters(tenants: Sequence[str]) -> dict[str, str]:
@@ -122,6 +146,23 @@ def lock_waiting_query(count: int) -> sa.Select[Any]:
         .where(request.c.id.in_([sa.bindparam(f"id_{i}") for i in range(count)]),
                request.c.state == _WAITING)
         .order_by(request.c.id)
+        .with_for_update(skip_locked=True)
+    )
+
+
+@lru_cache(maxsize=64)
+def count_locked_waiting_query(count: int) -> sa.Select[Any]:
+    """:func:`lock_waiting_query` answering only how many it locked: one number, no rows.
+
+    For a lock whose count the server checks itself, inside MariaDB's batched
+    writes (``DriverTransaction.expect_count``); it never waits either.
+    """
+    request = schema.request
+    return (
+        sa.select(sa.func.count())
+        .select_from(request)
+        .where(request.c.id.in_([sa.bindparam(f"id_{i}") for i in range(count)]),
+               request.c.state == _WAITING)
         .with_for_update(skip_locked=True)
     )
 
