@@ -184,7 +184,8 @@ class DriverTransaction:
     placeholders and a tuple (:func:`_numbered`).
 
     Writes whose only answer is "did they change the rows they should"
-    (:meth:`expect`, :meth:`write`, :meth:`write_many`) may wait and go to
+    (:meth:`expect`, :meth:`write`, :meth:`write_many`), and locking counts
+    that must come out right (:meth:`expect_count`), may wait and go to
     the server together where it can check the row counts itself
     (:func:`quotagate.store.dialect.batches_writes`): MariaDB, whose driver
     costs about 60 µs of Python and a round trip per statement. They are
