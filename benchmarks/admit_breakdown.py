@@ -21,11 +21,18 @@ thing. This prints, on one throwaway ledger:
    parameters into the query string, reading the reply packets.
 
 The per-statement timing adds about a microsecond per call to both sides.
+
+On MariaDB (a server on this machine) the comparison also gives the server's
+CPU per admission: the CPU time of each connection's own server thread
+(``information_schema.processlist.tid``, read from ``/proc/<server>/task/<tid>/schedstat``),
+which other clients of the same server do not touch. Two thirds of an
+admission's CPU there is the server's (docs/decisions/054).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sqlite3
 import statistics
 import time
@@ -34,6 +41,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from _databases import throwaway_database
@@ -157,7 +165,7 @@ def _timed_mysql_connect(url: str, *, found_rows: bool = True) -> Any:
 
 def _admitters(
     url: str, timed: bool, batch: int = 1
-) -> tuple[dict[str, Callable[[], int]], Ledger]:
+) -> tuple[dict[str, Callable[[], int]], Ledger, dict[str, RawAdmission]]:
     raw, audited = RawAdmission(url, TENANTS), RawAdmission(url, TENANTS, audit=True)
     backend = make_url(url).get_backend_name()
     engine = create_engine(url)
@@ -172,7 +180,7 @@ def _admitters(
                  "admit(1)": lambda: len(ledger.admit(1))}
     if batch > 1:
         admitters[f"admit({batch})"] = lambda: len(ledger.admit(batch))
-    return admitters, ledger
+    return admitters, ledger, {"raw": raw, "raw + audit row": audited}
 
 
 def _timed_connection(url: str, backend: str, baseline: bool = False) -> Any:
@@ -195,35 +203,101 @@ def _timed_connection(url: str, backend: str, baseline: bool = False) -> Any:
     return connection
 
 
-def _cpu_per_admission(admit: Callable[[], int], count: int) -> float:
-    """CPU µs per admission over ``count`` admissions (the calls of a batch admit several)."""
-    started, admitted = time.process_time(), 0
+class _ServerThreads:
+    """CPU time of the MariaDB server threads serving some connections, where the server
+    runs on this machine (its threads are under /proc); else it measures nothing."""
+
+    def __init__(self) -> None:
+        self.server = next((entry for entry in os.listdir("/proc") if entry.isdigit()
+                            and _command(entry) in ("mariadbd", "mysqld")), None)
+        self.threads: dict[str, list[int]] = {}
+
+    def add(self, kind: str, connection: Any) -> None:
+        """Follow ``connection``'s (a PyMySQL connection's) server thread for ``kind``."""
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT tid FROM information_schema.processlist"
+                           " WHERE id = CONNECTION_ID()")
+            (thread,) = cursor.fetchone()
+        connection.commit()
+        if self.server and os.path.exists(f"/proc/{self.server}/task/{thread}"):
+            self.threads.setdefault(kind, []).append(int(thread))
+
+    def nanoseconds(self, kind: str) -> int | None:
+        if kind not in self.threads:
+            return None
+        total = 0
+        for thread in self.threads[kind]:
+            try:
+                with open(f"/proc/{self.server}/task/{thread}/schedstat") as stat:
+                    total += int(stat.read().split()[0])
+            except FileNotFoundError:  # the connection closed: its thread is gone
+                continue
+        return total
+
+
+def _command(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return comm.read().strip()
+    except OSError:
+        return ""
+
+
+def _cpu_per_admission(admit: Callable[[], int], count: int,
+                       server: Callable[[], int | None] = lambda: None) -> tuple[float, float | None]:
+    """Client CPU µs per admission over ``count`` admissions (the calls of a batch admit
+    several), and the server threads' (``server``: their nanoseconds so far), if known."""
+    started, admitted, server_started = time.process_time(), 0, server()
     while admitted < count:
         got = admit()
         if not got:
             break
         admitted += got
-    return (time.process_time() - started) / max(admitted, 1) * 1e6
+    client = (time.process_time() - started) / max(admitted, 1) * 1e6
+    server_now = server()
+    if server_started is None or server_now is None:
+        return client, None
+    return client, (server_now - server_started) / max(admitted, 1) / 1e3
 
 
 def compare(url: str, admissions: int, chunks: int, batch: int = 1) -> list[list[str]]:
-    admitters, ledger = _admitters(url, timed=False, batch=batch)
+    admitters, ledger, baselines = _admitters(url, timed=False, batch=batch)
+    threads = _ServerThreads()
+    if make_url(url).get_backend_name() == "mysql":
+        for kind, baseline in baselines.items():
+            threads.add(kind, baseline.connection)
+        # Every connection the ledger opens from now on (the pool emptied first).
+        sa.event.listen(ledger.engine, "connect",
+                        lambda connection, _record: threads.add("ledger", connection))
+        ledger.engine.dispose()
     for admit in admitters.values():
         for _ in range(10):  # warm up: connections, statement caches, the first expiry pass
             admit()
     spent: dict[str, list[float]] = {kind: [] for kind in admitters}
+    served: dict[str, list[float]] = {kind: [] for kind in admitters}
     for _ in range(chunks):
         for kind, admit in admitters.items():
-            spent[kind].append(_cpu_per_admission(admit, admissions))
+            client, server = _cpu_per_admission(admit, admissions, partial(
+                threads.nanoseconds, kind if kind in baselines else "ledger"))
+            spent[kind].append(client)
+            if server is not None:
+                served[kind].append(server)
     ledger.close()
     ledger.engine.dispose()
     ours = statistics.median(spent["admit(1)"])
-    return [[kind, f"{statistics.median(values):.0f}", f"{statistics.median(values) / ours:.2f}x"]
+    rows = [[kind, f"{statistics.median(values):.0f}", f"{statistics.median(values) / ours:.2f}x"]
             for kind, values in spent.items()]
+    if all(served.values()):
+        both = {kind: statistics.median(spent[kind]) + statistics.median(served[kind])
+                for kind in admitters}
+        for row, kind in zip(rows, admitters, strict=True):
+            row += [f"{statistics.median(served[kind]):.0f}", f"{both[kind]:.0f}",
+                    f"{both[kind] / both['admit(1)']:.2f}x"]
+    return rows
 
 
 def breakdown(url: str, admissions: int) -> tuple[list[str], list[list[str]]]:
-    admitters, ledger = _admitters(url, timed=True)
+    admitters, ledger, _baselines = _admitters(url, timed=True)
     columns: list[str] = []
     cells: dict[str, dict[str, float]] = {}
     totals: dict[str, float] = {}
@@ -267,7 +341,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                          start=time.time() - 600, span=300, priority=0))
         rows = compare(url, arguments.admissions, arguments.chunks, arguments.batch)
         print("CPU µs per admission (median of chunks), and as a multiple of admit(1)'s")
-        print(render_table(["kind", "µs", "of admit(1)"], rows))
+        header = ["kind", "µs", "of admit(1)"]
+        if len(rows[0]) > len(header):  # MariaDB on this machine: its server threads too
+            header += ["server µs", "client + server µs", "of admit(1)"]
+        print(render_table(header, rows))
         reset(engine)
         _columns, detail = breakdown(url, arguments.admissions * 3)
         print("\nCPU µs per admission, statement by statement (inside the driver)")

@@ -8,8 +8,11 @@ use and cap as before, and the slice count.
 
 from __future__ import annotations
 
+import pytest
+
 from quotagate import Quotagate
-from quotagate.store import cohorts, statements
+from quotagate.store import cohorts, schema, statements
+from quotagate.store.dialect import types_union_columns_from_all_parts
 
 
 def _snapshot(gate: Quotagate) -> cohorts.Snapshot:
@@ -31,3 +34,25 @@ def test_a_sliced_pool_is_planned_on_the_sums_of_its_slices(gate: Quotagate) -> 
     assert snapshot.pools["whole"] == {"gpu": (0, 3)}
     assert snapshot.slices == {"sliced": 4}
     assert snapshot.tenants["team-a"] == {"gpu": (6, 20), "cpu": (9, 40)}
+
+
+def test_the_snapshot_without_typed_nulls_reads_every_part_as_the_typed_one(gate: Quotagate) -> None:
+    """Where the server types a UNION column from all its parts (MariaDB, MySQL), admission
+    reads the snapshot with bare NULLs: the same rows, every part filled."""
+    if not types_union_columns_from_all_parts(gate.engine):
+        pytest.skip("the typed snapshot is the only one read here")
+    gate.set_cohort("research")
+    gate.set_tenant("team-a", {"gpu": 8}, cohort="research", borrowing_limit={"gpu": 2},
+                    weight=3, reclaim="any", budget={"gpu": "10h/1d"})
+    gate.set_tenant("team-b", {"gpu": 4})
+    gate.set_pool("sliced", {"gpu": 10}, slices=2)
+    gate.set_fair_share(half_life="1h")
+    with gate.engine.begin() as connection:
+        connection.execute(schema.hold.insert().values(
+            request_id="held-1", tenant="team-a", created=1.0, expires=2.0))
+    with gate.engine.connect() as connection:
+        typed = connection.execute(statements.admission_snapshot_query()).all()
+        bare = connection.execute(statements.admission_snapshot_query(typed_nulls=False)).all()
+    kinds = {row[0] for row in typed}
+    assert kinds == {"t", "p", "c", "w", "x", "g", "h", "i"}
+    assert sorted(map(tuple, bare), key=repr) == sorted(map(tuple, typed), key=repr)

@@ -339,7 +339,7 @@ def test_a_driver_error_in_batched_writes_is_sqlalchemys_and_rolls_back(gate: Qu
 def test_on_mariadb_an_admission_sends_its_reserve_charges_and_records_in_one_statement(
     gate: Quotagate, db_url: str,
 ) -> None:
-    """Snapshot, heads, the SKIP LOCKED lock, then one compound statement, then COMMIT."""
+    """Snapshot, heads, then one compound statement (the lock among its checks), then COMMIT."""
     from pymysql.cursors import Cursor
 
     sent: list[str] = []
@@ -366,8 +366,9 @@ def test_on_mariadb_an_admission_sends_its_reserve_charges_and_records_in_one_st
         ledger.close()
         engine.dispose()
     statements = [kind for kind in sent if kind != "SET"]  # the connection's own setup
-    # Before: 8 statements (reserve, two charges, outbox and audit each their own).
-    assert len(statements) == 4, sent
+    # Before: 8 statements (reserve, two charges, outbox and audit each their own), then 4
+    # (the SKIP LOCKED lock its own; an admitter alone now checks it in the batch: 053).
+    assert len(statements) == 3, sent
     assert statements[-1] == "BEGIN"
     with gate.engine.connect() as connection:
         assert connection.execute(sa.select(schema.request.c.state)).scalar_one() == "reserved"

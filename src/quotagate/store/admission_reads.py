@@ -44,7 +44,7 @@ from sqlalchemy.engine import Engine
 
 from quotagate.domain.placement import Placement
 from quotagate.store import cohorts, statements
-from quotagate.store.dialect import counts_other_commits
+from quotagate.store.dialect import counts_other_commits, types_union_columns_from_all_parts
 from quotagate.store.driver import DriverTransaction
 
 __all__ = ["QUEUE_ORDER", "AdmissionReads"]
@@ -245,8 +245,8 @@ class AdmissionReads:
 
     @staticmethod
     def _read_snapshot(transaction: DriverTransaction) -> cohorts.Snapshot:
-        return cohorts.snapshot_from_rows(
-            transaction.rows(statements.admission_snapshot_query(), {}))
+        return cohorts.snapshot_from_rows(transaction.rows(statements.admission_snapshot_query(
+            typed_nulls=not types_union_columns_from_all_parts(transaction)), {}))
 
 
 def _read_heads(transaction: DriverTransaction, tenants: Sequence[str], window: int) -> list[Any]:

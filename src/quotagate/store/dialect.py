@@ -106,6 +106,27 @@ def batches_writes(engine: HasDialect) -> bool:
     return engine.dialect.name == "mysql" and bool(getattr(engine.dialect, "is_mariadb", False))
 
 
+def materializes_derived_tables(engine: HasDialect) -> bool:
+    """Does the server fill a temporary table for each derived table with a LIMIT?
+
+    MariaDB does: the head read wrapped each tenant's read in one, and spent
+    a third of its server time there (docs/decisions/054-flat-head-read-on-mariadb.md),
+    so it reads the tenants as the UNION's own parenthesized members
+    (``statements.ordered_head_query(flat=True)``). PostgreSQL pulls such
+    subqueries into its plan; SQLite parses no parenthesized UNION member.
+    """
+    return engine.dialect.name == "mysql"
+
+
+def types_union_columns_from_all_parts(engine: HasDialect) -> bool:
+    """Does a UNION's column take its type from every part's, so that a bare NULL in a
+    later part needs no CAST? MySQL and MariaDB: the admission snapshot's empty
+    columns are then plain NULLs, 1.6 KB of SQL instead of 3 KB parsed at every
+    admission (docs/performance.md, "MariaDB `admit(1)`: three statements and a flat
+    head read"). Elsewhere the snapshot keeps its typed NULLs."""
+    return engine.dialect.name == "mysql"
+
+
 def code_point_collation(engine: HasDialect) -> str | None:
     """The collation that orders text by code point, as Python compares ``str``, if a
     column's own may not: PostgreSQL's ``C`` (UTF-8 bytes sort in code point order).

@@ -184,7 +184,8 @@ class DriverTransaction:
     placeholders and a tuple (:func:`_numbered`).
 
     Writes whose only answer is "did they change the rows they should"
-    (:meth:`expect`, :meth:`write`, :meth:`write_many`) may wait and go to
+    (:meth:`expect`, :meth:`write`, :meth:`write_many`), and locking counts
+    that must come out right (:meth:`expect_count`), may wait and go to
     the server together where it can check the row counts itself
     (:func:`quotagate.store.dialect.batches_writes`): MariaDB, whose driver
     costs about 60 µs of Python and a round trip per statement. They are
@@ -252,11 +253,36 @@ class DriverTransaction:
                 raise failure
             return
         self._pending.append(self._mogrified(statement, parameters))
+        self._check("ROW_COUNT()", rows, failure)
+
+    def expect_count(self, statement: sa.Executable, parameters: Mapping[str, Any], count: int,
+                     failure: Exception) -> None:
+        """A read of one number (a locking ``COUNT``) that must be ``count``; else ``failure``.
+
+        At once, or, where writes are batched, as a check among them: the read
+        runs on the server in its place in the batch, and its number never comes
+        back to the client (:meth:`flush`).
+        """
+        if not self._batching:
+            (found,) = self.execute(statement, parameters).fetchone()
+            if int(found) != count:
+                raise failure
+            return
+        compiled = _compile(self.dialect, statement)
+        text = self._cursor.mogrify(compiled.sql, compiled.parameters(parameters) or {})
+        self._check(f"({text})", count, failure, template=f"({compiled.sql})")
+
+    def _check(self, number: str, expected: int, failure: Exception, *,
+               template: str | None = None) -> None:
+        """Batched: SIGNAL unless the server's ``number`` is ``expected``; ``failure`` then.
+
+        ``template``: ``number`` with its placeholders, for an error's message.
+        """
         # The failure's index, not its text, goes to the server: it only has to come back.
-        check = (f"IF ROW_COUNT() <> {int(rows)} THEN SIGNAL SQLSTATE '45000'"
-                 f" SET MESSAGE_TEXT = '{_SIGNAL_PREFIX}{len(self._failures)}'; END IF")
-        self._pending.append(check)
-        self._templates.append(check)
+        then = (f" THEN SIGNAL SQLSTATE '45000'"
+                f" SET MESSAGE_TEXT = '{_SIGNAL_PREFIX}{len(self._failures)}'; END IF")
+        self._pending.append(f"IF {number} <> {int(expected)}{then}")
+        self._templates.append(f"IF {template or number} <> {int(expected)}{then}")
         self._failures.append(failure)
 
     def expect_rows(self, statement: sa.Executable, rows: Sequence[Mapping[str, Any]],
@@ -289,6 +315,11 @@ class DriverTransaction:
         self._templates.append(f"{compiled.sql} (rows: {len(rows)})")
         self._pending.append(f"{head} VALUES " + ", ".join(
             self._cursor.mogrify(values, compiled.parameters(row) or {}) for row in rows))
+
+    @property
+    def batching(self) -> bool:
+        """Do checked writes (and :meth:`expect_count`) wait for :meth:`flush`?"""
+        return self._batching
 
     @property
     def pending(self) -> bool:

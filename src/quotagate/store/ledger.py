@@ -60,6 +60,7 @@ from quotagate.store.dialect import (
     charges_row_by_row,
     code_point_collation,
     locks_in_lateral_join,
+    materializes_derived_tables,
     reserve_writes_records,
     reserves_with_lock,
     run_transaction,
@@ -573,8 +574,10 @@ class Ledger:
                         transaction, waiting, snapshot.tenants, snapshot.sharing.roots))
                     narrowed = len(claimed) < len(waiting)
                 candidates = [c for c in candidates if c.tenant in claimed]
+            # No other admitter seen lately (else Ledger._fill_narrow runs): alone.
             admitted += self._plan_and_reserve(
-                transaction, candidates, snapshot, limit - len(admitted), now, guard, actor=actor
+                transaction, candidates, snapshot, limit - len(admitted), now, guard, actor=actor,
+                alone=True,
             )
             if len(admitted) == limit or window >= self.admission_window:
                 break
@@ -702,6 +705,7 @@ class Ledger:
         guard: HeldRoom | None = None,
         *,
         actor: str,
+        alone: bool = False,
     ) -> list[Placement]:
         """Plan on the snapshot and reserve what was planned; charge the snapshot with it.
 
@@ -709,7 +713,9 @@ class Ledger:
         none could be had, the plan is made again without them, a few rounds at
         most. When only some were had, they are kept: the pools chosen for them
         still fit (the skipped ones would only have used more room), and the
-        next call takes the rest.
+        next call takes the rest. ``alone`` (no other admitter seen lately): on
+        MariaDB a pick another transaction holds reruns the admission instead
+        (:meth:`_reserve`).
         """
         tenants, pools, sharing = snapshot.tenants, snapshot.pools, snapshot.sharing
         skipped: set[str] = set()
@@ -724,7 +730,7 @@ class Ledger:
             if not plan:
                 return []
             with admission_stats.lock_wait():
-                got = self._reserve(transaction, plan, now, actor)
+                got = self._reserve(transaction, plan, now, actor, alone=alone)
             if len(got) < len(plan):
                 self._contention.seen()  # another admitter holds some of these requests
             if got:
@@ -753,7 +759,8 @@ class Ledger:
         if read is None and not self._reads.keeping(transaction):
             rows = transaction.rows(
                 statements.ordered_head_query(len(tenants), window,
-                                              code_point_collation(transaction)),
+                                              code_point_collation(transaction),
+                                              flat=materializes_derived_tables(transaction)),
                 statements.head_parameters(tenants),
             ) if tenants else []
         else:
@@ -779,7 +786,8 @@ class Ledger:
 
     @staticmethod
     def _reserve(
-        transaction: DriverTransaction, plan: Sequence[Placement], now: float, actor: str
+        transaction: DriverTransaction, plan: Sequence[Placement], now: float, actor: str,
+        *, alone: bool = False,
     ) -> set[str]:
         """Set the planned requests reserved; return the ids that were.
 
@@ -789,6 +797,12 @@ class Ledger:
         (:meth:`_record_admissions` elsewhere); MySQL and MariaDB lock with a
         SELECT first; SQLite's transaction began IMMEDIATE and holds the only
         write lock, so the rows it read as waiting still are.
+
+        An admitter ``alone`` on MariaDB sends no SELECT: the lock goes with the
+        batched writes as a count the server checks (``expect_count``), so one
+        pick held by another transaction fails the whole attempt with
+        :class:`CapacityChanged`, whose rerun narrows (the other admitter is seen)
+        and skips it as above (docs/decisions/053-mariadb-lock-in-the-write-batch.md).
         """
         if reserve_writes_records(transaction):
             parameters = statements.reserve_parameters(plan, now)
@@ -798,13 +812,17 @@ class Ledger:
             return {row[0] for row in rows}
         chosen = list(plan)
         if supports_skip_locked(transaction):
-            got = {row[0] for row in transaction.rows(
-                statements.lock_waiting_query(len(plan)),
-                {f"id_{index}": placement.id for index, placement in enumerate(plan)},
-            )}
-            chosen = [placement for placement in plan if placement.id in got]
-            if not chosen:
-                return set()
+            ids = {f"id_{index}": placement.id for index, placement in enumerate(plan)}
+            if alone and transaction.batching:
+                transaction.expect_count(
+                    statements.count_locked_waiting_query(len(plan)), ids, len(plan),
+                    CapacityChanged("held by another transaction"))
+            else:
+                got = {row[0] for row in transaction.rows(
+                    statements.lock_waiting_query(len(plan)), ids)}
+                chosen = [placement for placement in plan if placement.id in got]
+                if not chosen:
+                    return set()
         # Checked now or with the charges that follow (DriverTransaction.expect).
         transaction.expect(
             statements.reserve_statement(len(chosen)), statements.reserve_parameters(chosen, now),

@@ -61,9 +61,18 @@ def head_query(tenant_count: int, window: int) -> sa.Select[Any] | sa.CompoundSe
     and with long queues planned all N scans again at every admission instead
     (docs/decisions/035-head-read-window-literal.md).
     """
+    heads = [head.subquery(f"head_{index}")
+             for index, head in enumerate(_head_reads(tenant_count, window))]
+    if len(heads) == 1:
+        return sa.select(heads[0])
+    return sa.union_all(*(sa.select(head) for head in heads))
+
+
+def _head_reads(tenant_count: int, window: int) -> list[sa.Select[Any]]:
+    """Each tenant's bounded head read (``tenant_i``), in queue order, with :func:`head_query`'s columns."""
     request = schema.request
     limit: sa.ColumnElement[int] = sa.literal_column(str(int(window)))
-    heads = [
+    return [
         sa.select(
             request.c.id, request.c.tenant, request.c.cost, request.c.queue_key,
             request.c.created, request.c.target, request.c.reserved_runtime,
@@ -72,16 +81,13 @@ def head_query(tenant_count: int, window: int) -> sa.Select[Any] | sa.CompoundSe
         .where(request.c.tenant == sa.bindparam(f"tenant_{index}"), request.c.state == _WAITING)
         .order_by(request.c.queue_key, request.c.created, request.c.id)
         .limit(limit)
-        .subquery(f"head_{index}")
         for index in range(tenant_count)
     ]
-    if len(heads) == 1:
-        return sa.select(heads[0])
-    return sa.union_all(*(sa.select(head) for head in heads))
 
 
 @lru_cache(maxsize=256)
-def ordered_head_query(tenant_count: int, window: int, collation: str | None) -> sa.Select[Any]:
+def ordered_head_query(tenant_count: int, window: int, collation: str | None, *,
+                       flat: bool = False) -> sa.Select[Any]:
     """:func:`head_query` merged into queue order by the database, without the order's columns.
 
     ``id, tenant, cost, target, reserved_runtime, token_floor``, ordered by
@@ -90,16 +96,34 @@ def ordered_head_query(tenant_count: int, window: int, collation: str | None) ->
     id are broken by code point, as Python sorts strings: ``collation`` names
     the database's byte-order collation where the column's own may differ
     (:func:`quotagate.store.dialect.code_point_collation`).
+
+    ``flat``: the tenants' reads are the UNION's own members, each in
+    parentheses with its ORDER BY and LIMIT, instead of a derived table each
+    (:func:`quotagate.store.dialect.materializes_derived_tables`: MariaDB fills a
+    temporary table per derived table; docs/decisions/054-flat-head-read-on-mariadb.md).
+    SQLite parses no parenthesized member.
     """
-    heads = head_query(tenant_count, window).subquery("heads")
-    request_id: sa.ColumnElement[Any] = heads.c.id
-    if collation is not None:
-        request_id = sa.collate(request_id, collation)
+    if flat and tenant_count == 1:  # one read, in queue order already: no derived table at all
+        request = schema.request
+        (read,) = _head_reads(1, window)
+        return read.with_only_columns(
+            request.c.id, request.c.tenant, request.c.cost, request.c.target,
+            request.c.reserved_runtime, request.c.token_floor,
+        ).order_by(None).order_by(request.c.queue_key, request.c.created,
+                                  _by_code_point(request.c.id, collation))
+    if flat:
+        heads = sa.union_all(*_head_reads(tenant_count, window)).subquery("heads")
+    else:
+        heads = head_query(tenant_count, window).subquery("heads")
     return (
         sa.select(heads.c.id, heads.c.tenant, heads.c.cost, heads.c.target,
                   heads.c.reserved_runtime, heads.c.token_floor)
-        .order_by(heads.c.queue_key, heads.c.created, request_id)
+        .order_by(heads.c.queue_key, heads.c.created, _by_code_point(heads.c.id, collation))
     )
+
+
+def _by_code_point(column: sa.ColumnElement[Any], collation: str | None) -> sa.ColumnElement[Any]:
+    return column if collation is None else sa.collate(column, collation)
 
 
 def head_parameters(tenants: Sequence[str]) -> dict[str, str]:
@@ -122,6 +146,23 @@ def lock_waiting_query(count: int) -> sa.Select[Any]:
         .where(request.c.id.in_([sa.bindparam(f"id_{i}") for i in range(count)]),
                request.c.state == _WAITING)
         .order_by(request.c.id)
+        .with_for_update(skip_locked=True)
+    )
+
+
+@lru_cache(maxsize=64)
+def count_locked_waiting_query(count: int) -> sa.Select[Any]:
+    """:func:`lock_waiting_query` answering only how many it locked: one number, no rows.
+
+    For a lock whose count the server checks itself, inside MariaDB's batched
+    writes (``DriverTransaction.expect_count``); it never waits either.
+    """
+    request = schema.request
+    return (
+        sa.select(sa.func.count())
+        .select_from(request)
+        .where(request.c.id.in_([sa.bindparam(f"id_{i}") for i in range(count)]),
+               request.c.state == _WAITING)
         .with_for_update(skip_locked=True)
     )
 
@@ -417,8 +458,8 @@ def submission_facts_query(with_target: bool) -> sa.CompoundSelect[Any]:
 # -- cohorts (docs/fair-sharing.md) ------------------------------------------------
 
 
-@lru_cache(maxsize=1)
-def admission_snapshot_query() -> sa.CompoundSelect[Any]:
+@lru_cache(maxsize=2)
+def admission_snapshot_query(*, typed_nulls: bool = True) -> sa.CompoundSelect[Any]:
     """Everything admission plans on, in one round trip: :func:`usage_query` and cohorts.
 
     Rows ``(kind, holder, resource, used, cap, borrowing_limit, lending_limit,
@@ -434,13 +475,17 @@ def admission_snapshot_query() -> sa.CompoundSelect[Any]:
     ``used`` if one is set, ``i`` each preemptor whose freed room is held
     (quotagate.store.holds). Without cohorts, weights, policies, budgets, a
     half-life and holds the last six parts read nothing.
+
+    Without ``typed_nulls`` the empty columns are bare NULLs
+    (:func:`quotagate.store.dialect.types_union_columns_from_all_parts`: MariaDB):
+    half as much SQL for the server to parse at every admission.
     """
     quota, capacity, shared = schema.tenant_quota, schema.pool_capacity, schema.cohort_usage
     tenant, budget, meta = schema.tenant, schema.tenant_budget, schema.ledger_meta
-    none = sa.cast(sa.null(), sa.BigInteger)
-    no_root = sa.cast(sa.null(), schema.NAME)
-    no_resource = sa.cast(sa.null(), schema.RESOURCE)
-    no_time = sa.cast(sa.null(), schema.TIME)
+    none: Any = sa.cast(sa.null(), sa.BigInteger) if typed_nulls else sa.null()
+    no_root: Any = sa.cast(sa.null(), schema.NAME) if typed_nulls else sa.null()
+    no_resource: Any = sa.cast(sa.null(), schema.RESOURCE) if typed_nulls else sa.null()
+    no_time: Any = sa.cast(sa.null(), schema.TIME) if typed_nulls else sa.null()
     return sa.union_all(
         sa.select(sa.literal("t").label("kind"), quota.c.tenant.label("holder"), quota.c.resource,
                   quota.c.used, quota.c.cap, quota.c.borrowing_limit, quota.c.lending_limit,
