@@ -25,6 +25,8 @@ def start_worker(db_url: str, name: str, *extra: str, crash_at: str | None = Non
                  environment: dict[str, str] | None = None,
                  options: Sequence[str] = FAST_OPTIONS) -> subprocess.Popen[bytes]:
     env = {key: value for key, value in os.environ.items() if key != "QUOTAGATE_CRASH_AT"}
+    # A worker that hangs is dumped by finish(): faulthandler prints every thread's stack on SIGABRT.
+    env["PYTHONFAULTHANDLER"] = "1"
     env.update(environment or {})
     if crash_at is not None:
         env["QUOTAGATE_CRASH_AT"] = crash_at
@@ -52,7 +54,14 @@ def submit_and_admit(gate: Quotagate, count: int, prefix: str = "job") -> list[s
 
 def finish(worker: subprocess.Popen[bytes], timeout: float = 120,
            allowed: tuple[int, ...] = (0, -signal.SIGKILL)) -> int:
-    _out, err = worker.communicate(timeout=timeout)
+    try:
+        _out, err = worker.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # Hung: make it print where each of its threads is (start_worker's faulthandler).
+        worker.send_signal(signal.SIGABRT)
+        _out, err = worker.communicate(timeout=30)
+        raise AssertionError(f"worker did not exit within {timeout:.0f} s; its threads:\n"
+                             f"{err.decode(errors='replace')[-6000:]}") from None
     if worker.returncode not in allowed:
         raise AssertionError(f"worker exited {worker.returncode}: {err.decode()[-2000:]}")
     return worker.returncode
