@@ -56,8 +56,8 @@ from quotagate.store import preemption as preemption_reads
 from quotagate.store.admission_reads import QUEUE_ORDER, AdmissionReads
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
+from quotagate.store.charges import charge_rows
 from quotagate.store.dialect import (
-    charges_row_by_row,
     code_point_collation,
     locks_in_lateral_join,
     materializes_derived_tables,
@@ -855,31 +855,13 @@ class Ledger:
                 tenant_amounts[key] = tenant_amounts.get(key, 0) + amount
         lock_in_order = reserves_with_lock(transaction)
         if tenant_amounts:
-            Ledger._charge_rows(transaction, schema.tenant_quota, "tenant", tenant_amounts,
-                                lock_in_order)
+            charge_rows(transaction, schema.tenant_quota, "tenant", tenant_amounts,
+                        lock_in_order=lock_in_order, missed=CapacityChanged("tenant"))
         if members and not cohorts.charge_members(transaction, members, sharing.roots,
                                                   lock_in_order=lock_in_order):
             raise CapacityChanged("cohort")
         pool_slices.charge(transaction, placements, snapshot.slices, snapshot.pools,
                            lock_in_order=lock_in_order, missed=CapacityChanged("pool"))
-
-    @staticmethod
-    def _charge_rows(
-        transaction: DriverTransaction, table: sa.Table, holder: str,
-        amounts: dict[tuple[str, str], int], lock_in_order: bool,
-    ) -> None:
-        if not amounts:
-            return
-        if charges_row_by_row(transaction):
-            transaction.expect_rows(statements.charge_row_statement(table, holder),
-                                    statements.charge_row_parameters(amounts),
-                                    CapacityChanged(holder))
-            return
-        statement = statements.charge_statement(
-            table, holder, len(amounts), lock_in_order=lock_in_order
-        )
-        transaction.expect(statement, statements.charge_parameters(amounts), len(amounts),
-                           CapacityChanged(holder))
 
     @staticmethod
     def _record_admissions(

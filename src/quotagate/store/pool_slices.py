@@ -36,8 +36,8 @@ from quotagate.domain.placement import Placement
 from quotagate.domain.slices import MAX_SLICES, concentrate, spread
 from quotagate.errors import Conflict, InvalidInput
 from quotagate.store import schema, statements
+from quotagate.store.charges import charge_rows
 from quotagate.store.dialect import (
-    charges_row_by_row,
     locks_named_tables,
     locks_only_rows_returned,
     reserves_with_lock,
@@ -257,10 +257,10 @@ def charge(
         for resource, amount in placement.cost.items():
             amounts[resource] = amounts.get(resource, 0) + amount
     if not any(pool in slices for pool in per_pool):
-        _charge_rows(transaction, {
+        charge_rows(transaction, schema.pool_capacity, "pool", {
             (pool, 0, resource): amount
             for pool, amounts in per_pool.items() for resource, amount in amounts.items()
-        }, lock_in_order, missed)
+        }, lock_in_order=lock_in_order, missed=missed, sliced=True)
         return
     chosen: dict[str, int] = {}
     for pool, amounts in sorted(per_pool.items()):
@@ -280,8 +280,9 @@ def charge(
             chosen.update((placement.id, found) for placement in placements
                           if placement.pool == pool)
         rows = {(pool, slice_number, resource): amount for resource, amount in amounts.items()}
-        _charge_rows(transaction, rows, lock_in_order,
-                     SliceFragmented(pool, amounts) if pool in slices else missed)
+        charge_rows(transaction, schema.pool_capacity, "pool", rows, lock_in_order=lock_in_order,
+                    missed=SliceFragmented(pool, amounts) if pool in slices else missed,
+                    sliced=True)
     if chosen:
         ordered = sorted(chosen.items())
         parameters: dict[str, Any] = {}
@@ -289,21 +290,6 @@ def charge(
             parameters[f"id_{index}"] = request_id
             parameters[f"slice_{index}"] = slice_number
         transaction.execute(_record_statement(len(ordered)), parameters)
-
-
-def _charge_rows(
-    transaction: DriverTransaction, amounts: dict[tuple[str, int, str], int], lock_in_order: bool,
-    missed: Exception,
-) -> None:
-    if charges_row_by_row(transaction):
-        transaction.expect_rows(
-            statements.charge_row_statement(schema.pool_capacity, "pool", sliced=True),
-            statements.sliced_charge_row_parameters(amounts), missed)
-        return
-    statement = statements.charge_statement(
-        schema.pool_capacity, "pool", len(amounts), lock_in_order=lock_in_order, sliced=True)
-    transaction.expect(statement, statements.sliced_charge_parameters(amounts), len(amounts),
-                       missed)
 
 
 def return_statement_parameters(
