@@ -153,7 +153,7 @@ class AdmissionReads:
         return snapshot
 
     def keeping(self, transaction: DriverTransaction) -> bool:
-        """Does ``transaction``'s attempt keep its head reads (:meth:`head_rows`)? If not,
+        """Does ``transaction``'s attempt keep its head reads (:meth:`head_entries`)? If not,
         the ledger may read heads as it likes."""
         attempt: _Attempt | None = getattr(self._local, "attempt", None)
         return (attempt is not None and attempt.transaction is transaction
