@@ -13,8 +13,8 @@ import pytest
 
 from quotagate import Quotagate
 from quotagate.store import schema, statements
-from quotagate.store.admission_reads import QUEUE_ORDER
 from quotagate.store.dialect import code_point_collation, materializes_derived_tables
+from quotagate.store.head_rows import QUEUE_ORDER
 
 TENANTS = ["team-a", "team-b", "team-c"]
 

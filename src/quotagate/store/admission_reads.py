@@ -36,7 +36,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
 from typing import Any
 
 import sqlalchemy as sa
@@ -46,23 +45,23 @@ from quotagate.domain.placement import Placement
 from quotagate.store import cohorts, statements
 from quotagate.store.dialect import counts_other_commits, types_union_columns_from_all_parts
 from quotagate.store.driver import DriverTransaction
+from quotagate.store.head_rows import HeadEntry, head_entries
 
-__all__ = ["QUEUE_ORDER", "AdmissionReads"]
+__all__ = ["AdmissionReads"]
 
 _DATA_VERSION = sa.text("PRAGMA data_version")
-# A head row's place in queue order (queue key, created, id: quotagate.domain.ordering).
-QUEUE_ORDER = itemgetter(3, 4, 0)
 
 
 @dataclass(slots=True)
 class _Heads:
-    """One tenant's first waiting requests (head rows), in queue order."""
+    """One tenant's first waiting requests (head entries: quotagate.store.head_rows), in
+    queue order."""
 
-    rows: list[Any]
+    rows: list[HeadEntry]
     # The read that found them returned fewer than it asked for: these are all.
     complete: bool
 
-    def first(self, window: int) -> list[Any] | None:
+    def first(self, window: int) -> list[HeadEntry] | None:
         """The rows a read of ``window`` would return now, or None if not known."""
         if self.complete or len(self.rows) >= window:
             return self.rows[:window]
@@ -82,18 +81,18 @@ class _Reads:
     # settled only when reads are reused, so that an admission whose reads will not
     # be (another process commits in between, a batch takes more than a window
     # leaves) pays nothing for keeping them.
-    unsettled: list[tuple[Sequence[str], int, list[Any]]] = field(default_factory=list)
+    unsettled: list[tuple[Sequence[str], int, list[HeadEntry]]] = field(default_factory=list)
     reserved: list[tuple[str, str]] = field(default_factory=list)
 
     def settle(self) -> None:
         """Sort the head reads into ``heads``, then drop what was reserved since."""
         heads = self.heads
         for tenants, window, rows in self.unsettled:
-            by_tenant: dict[str, list[Any]] = {tenant: [] for tenant in tenants}
-            for row in rows:
-                by_tenant[row[1]].append(row)
+            by_tenant: dict[str, list[HeadEntry]] = {tenant: [] for tenant in tenants}
+            for entry in rows:
+                by_tenant[entry[3].tenant].append(entry)
             for tenant, tenant_rows in by_tenant.items():
-                tenant_rows.sort(key=QUEUE_ORDER)
+                tenant_rows.sort()  # head entries sort in queue order
                 heads[tenant] = _Heads(tenant_rows, complete=len(tenant_rows) < window)
         self.unsettled.clear()
         gone: dict[str, set[str]] = {}
@@ -103,7 +102,7 @@ class _Reads:
         for tenant, ids in gone.items():
             known = heads.get(tenant)
             if known is not None:
-                known.rows = [row for row in known.rows if row[0] not in ids]
+                known.rows = [entry for entry in known.rows if entry[2] not in ids]
 
 
 @dataclass(slots=True)
@@ -154,16 +153,17 @@ class AdmissionReads:
         return snapshot
 
     def keeping(self, transaction: DriverTransaction) -> bool:
-        """Does ``transaction``'s attempt keep its head reads (:meth:`head_rows`)? If not,
+        """Does ``transaction``'s attempt keep its head reads (:meth:`head_entries`)? If not,
         the ledger may read heads as it likes."""
         attempt: _Attempt | None = getattr(self._local, "attempt", None)
         return (attempt is not None and attempt.transaction is transaction
                 and attempt.reads is not None)
 
-    def head_rows(
+    def head_entries(
         self, transaction: DriverTransaction, tenants: Sequence[str], window: int
-    ) -> list[Any]:
-        """The first ``window`` waiting requests of each of ``tenants`` (:func:`statements.head_query`'s rows)."""
+    ) -> list[HeadEntry]:
+        """The first ``window`` waiting requests of each of ``tenants``, as head entries
+        (:mod:`quotagate.store.head_rows`), in no particular order; a new list."""
         attempt: _Attempt | None = getattr(self._local, "attempt", None)
         if attempt is None or attempt.transaction is not transaction or attempt.reads is None:
             return _read_heads(transaction, tenants, window)
@@ -178,7 +178,7 @@ class AdmissionReads:
             attempt.heads_kept = False
         if not attempt.heads_kept or attempt.heads_read:
             attempt.heads_read = True
-            rows = _read_heads(transaction, tenants, window)
+            rows: list[HeadEntry] = _read_heads(transaction, tenants, window)
             reads.unsettled.append((tuple(tenants), window, list(rows)))
             return rows
         attempt.heads_read = True
@@ -249,7 +249,9 @@ class AdmissionReads:
             typed_nulls=not types_union_columns_from_all_parts(transaction)), {}))
 
 
-def _read_heads(transaction: DriverTransaction, tenants: Sequence[str], window: int) -> list[Any]:
-    return transaction.rows(
-        statements.head_query(len(tenants), window), statements.head_parameters(tenants))
+def _read_heads(
+    transaction: DriverTransaction, tenants: Sequence[str], window: int
+) -> list[HeadEntry]:
+    return head_entries(transaction.rows(
+        statements.head_query(len(tenants), window), statements.head_parameters(tenants)))
 

@@ -18,8 +18,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache, partial
-from operator import itemgetter
+from functools import partial
 from typing import Any
 
 import sqlalchemy as sa
@@ -53,7 +52,7 @@ from quotagate.store import (
     tenant_claims,
 )
 from quotagate.store import preemption as preemption_reads
-from quotagate.store.admission_reads import QUEUE_ORDER, AdmissionReads
+from quotagate.store.admission_reads import AdmissionReads
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
 from quotagate.store.charges import charge_rows
@@ -67,13 +66,11 @@ from quotagate.store.dialect import (
     supports_skip_locked,
 )
 from quotagate.store.driver import DriverTransaction, run_driver_transaction
+from quotagate.store.head_rows import candidate, cost_items, head_entries
 from quotagate.store.kept_connection import KeptConnection
 from quotagate.store.rate_gate import RateGate
 from quotagate.store.release import End, ReleaseResult, lock_decisions, release_batch
-from quotagate.store.rows import (
-    decode_cost,
-    request_from_row,
-)
+from quotagate.store.rows import request_from_row
 from quotagate.store.submission import (
     SubmitResult,
     new_row,
@@ -91,8 +88,6 @@ DEFAULT_TTL = 3600.0
 # waits until the head of that tenant's queue moves (see docs/admission.md).
 DEFAULT_ADMISSION_WINDOW = 32
 _MAX_EXPIRED_PER_PASS = 1000
-# statements.head_query's row without the order's columns: statements.ordered_head_query's.
-_ORDERED_HEAD_COLUMNS = itemgetter(0, 1, 2, 5, 6, 7)
 
 
 class CapacityChanged(Exception):
@@ -119,21 +114,6 @@ class _TokenNeeded(Exception):
     then holds no SQLite write lock and no row lock, only its own caller
     (docs/decisions/111-outside-take-outside-the-transaction.md).
     """
-
-
-@lru_cache(maxsize=4096)
-def _cost_items(text: str) -> tuple[tuple[str, int], ...]:
-    """A stored cost, decoded once per distinct text: queues repeat a few shapes endlessly,
-    and decoding every candidate's JSON was a tenth of an admission's CPU."""
-    return tuple(decode_cost(text).items())
-
-
-@lru_cache(maxsize=4096)
-def _candidate(request_id: str, tenant: str, cost: str, runtime: int | None) -> Candidate:
-    """The candidate of a head row, built once per request: consecutive admissions read
-    the same heads of the queues again (all but what they admitted). A Candidate is
-    frozen and nothing changes its cost, so one instance serves every read."""
-    return Candidate(request_id, tenant, dict(_cost_items(cost)), runtime)
 
 
 def _has_room(usage: Mapping[str, tuple[int, int]]) -> bool:
@@ -432,7 +412,7 @@ class Ledger:
                 spared[row.id] = row.preempted_by
         now = self.clock.now()
         holds.clean(connection, now)
-        candidates = [Candidate(head.id, head.tenant, dict(_cost_items(head.cost)),
+        candidates = [Candidate(head.id, head.tenant, dict(cost_items(head.cost)),
                                 head.reserved_runtime) for head in heads]
         if snapshot.budgeted:
             # Never stop work for a request its budget keeps waiting anyway.
@@ -756,6 +736,10 @@ class Ledger:
         the length of the waiting queue. ``read``: heads read already, in the
         head read's columns (a claim's, tenant_claims.claim_first), merged in.
         """
+        candidates: list[Candidate] = []
+        targets: dict[str, str | None] = {}
+        floors: dict[str, int] = {}
+        add = candidates.append
         if read is None and not self._reads.keeping(transaction):
             rows = transaction.rows(
                 statements.ordered_head_query(len(tenants), window,
@@ -763,22 +747,23 @@ class Ledger:
                                               flat=materializes_derived_tables(transaction)),
                 statements.head_parameters(tenants),
             ) if tenants else []
-        else:
-            # Heads kept from an earlier admission (SQLite) or read with a claim are
-            # merged into queue order here, on head_query's columns.
-            rows = self._reads.head_rows(transaction, tenants, window) if tenants else []
-            if read:
-                rows = [*read, *rows]
-            rows.sort(key=QUEUE_ORDER)
-            rows = list(map(_ORDERED_HEAD_COLUMNS, rows))
-        # One pass over the rows for all three: a head read is a few rows per tenant,
-        # at every admission.
-        candidates: list[Candidate] = []
-        targets: dict[str, str | None] = {}
-        floors: dict[str, int] = {}
-        add = candidates.append
-        for request_id, tenant, cost, target, runtime, floor in rows:
-            add(_candidate(request_id, tenant, cost, runtime))
+            # One pass over the rows for all three: a head read is a few rows per
+            # tenant, at every admission.
+            for request_id, tenant, cost, target, runtime, floor in rows:
+                add(candidate(request_id, tenant, cost, runtime))
+                targets[request_id] = target
+                if floor:
+                    floors[request_id] = int(floor)
+            return candidates, targets, floors
+        # Heads kept from an earlier admission (SQLite), with their candidates built
+        # when first read (quotagate.store.head_rows), or read with a claim: merged
+        # into queue order here (head entries sort as tuples).
+        entries = self._reads.head_entries(transaction, tenants, window) if tenants else []
+        if read:
+            entries = [*head_entries(read), *entries]
+        entries.sort()
+        for _key, _created, request_id, kept, target, floor in entries:
+            add(kept)
             targets[request_id] = target
             if floor:
                 floors[request_id] = int(floor)
