@@ -355,7 +355,7 @@ def mark_stop(transaction: sa.Connection | DriverTransaction, request_id: str) -
     notices the stop or its lease dies. The caller has moved the request row to
     a stopping state first (request rows before outbox rows, the lock order).
     """
-    transaction.execute(statements.mark_stop_statement(), {"request_id": request_id})
+    transaction.execute(statements.mark_stop_statement(), {"stopped_id": request_id})
 
 
 def _begin_stop(

@@ -71,10 +71,10 @@ def begin_stop_statement() -> sa.Update:
 
 @lru_cache(maxsize=1)
 def mark_stop_statement() -> sa.Update:
-    """A request's (``request_id``) outbox row made a stop, due at once (release.mark_stop)."""
+    """A request's (``stopped_id``) outbox row made a stop, due at once (release.mark_stop)."""
     outbox = schema.outbox
     return (
-        outbox.update().where(outbox.c.request_id == sa.bindparam("request_id"))
+        outbox.update().where(outbox.c.request_id == sa.bindparam("stopped_id"))
         .values(stopping=True, attempts=0, last_error=sa.null(),
                 claimed_by=sa.case((outbox.c.delivered == sa.true(), sa.null()),
                                    else_=outbox.c.claimed_by))
