@@ -28,6 +28,10 @@ commit (docs/decisions/218). Here a batch of ends is one transaction:
 A request's cost therefore comes back once however many callers end it at the
 same time: only the transaction that moved its state counts it.
 
+The batch's own statements are built once (:mod:`quotagate.store.release_statements`)
+and run precompiled on the driver cursor of the caller's transaction; the fence,
+the guards and the rare parts stay on its ``Connection`` (docs/decisions/246).
+
 Lock order, as in :mod:`quotagate.store.ledger` (docs/decisions/041): request
 rows, the decision lock (a confirmed stop), plain tenants', members' quota rows,
 rooms, pool rows, budget rows (outbox rows of the batch's requests come after the
