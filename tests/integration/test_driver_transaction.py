@@ -18,7 +18,8 @@ from quotagate.errors import StoreUnavailable
 from quotagate.store import engine as engine_module
 from quotagate.store import kept_connection as kept_module
 from quotagate.store import schema
-from quotagate.store.driver import DriverTransaction, run_driver_transaction
+from quotagate.store.dialect import run_transaction
+from quotagate.store.driver import DriverTransaction, run_driver_transaction, run_on_connection
 from quotagate.store.engine import create_engine
 from quotagate.store.kept_connection import KeptConnection
 from quotagate.store.ledger import Ledger
@@ -50,6 +51,45 @@ def test_a_driver_error_is_sqlalchemys_and_rolls_back_everything(gate: Quotagate
     with pytest.raises(IntegrityError):
         run_driver_transaction(gate.engine, work)
     assert _outbox_ids(gate) == ["taken"]
+
+
+def test_on_a_connection_a_driver_error_is_sqlalchemys_and_rolls_back_both_sides(
+    gate: Quotagate,
+) -> None:
+    """The release's way (docs/decisions/246): the Connection's write and the driver's
+    are one transaction, and the driver's error is the one reruns and translation know."""
+    with gate.engine.begin() as connection:
+        connection.execute(_outbox_insert("taken"))
+
+    def work(connection: sa.Connection) -> None:
+        connection.execute(_outbox_insert("by-the-connection"))
+
+        def on_driver(transaction: DriverTransaction) -> None:
+            transaction.execute(_outbox_insert("by-the-driver"), {})
+            transaction.execute(_outbox_insert("taken"), {})  # duplicate key
+
+        run_on_connection(connection, on_driver)
+
+    with pytest.raises(IntegrityError):
+        run_transaction(gate.engine, work)
+    assert _outbox_ids(gate) == ["taken"]
+
+
+def test_on_a_connection_the_driver_sees_the_connections_writes_and_commits_with_them(
+    gate: Quotagate,
+) -> None:
+    def work(connection: sa.Connection) -> list[str]:
+        connection.execute(_outbox_insert("by-the-connection"))
+
+        def on_driver(transaction: DriverTransaction) -> list[str]:
+            transaction.execute(_outbox_insert("by-the-driver"), {})
+            return sorted(row[0] for row in transaction.rows(
+                sa.select(schema.outbox.c.request_id), {}))
+
+        return run_on_connection(connection, on_driver)
+
+    assert run_transaction(gate.engine, work) == ["by-the-connection", "by-the-driver"]
+    assert sorted(_outbox_ids(gate)) == ["by-the-connection", "by-the-driver"]
 
 
 def test_a_python_exception_rolls_back_and_passes_through(gate: Quotagate) -> None:

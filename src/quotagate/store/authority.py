@@ -16,6 +16,7 @@ locked, so the state it judges is the state the release changes.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import lru_cache
 from typing import Any
 
 import sqlalchemy as sa
@@ -53,29 +54,34 @@ def tenant_guard(_connection: sa.Connection, row: Mapping[str, Any], to_state: R
         )
 
 
+@lru_cache(maxsize=1)
+def _callback_facts_query() -> sa.Select[Any]:
+    """The binding, the outbox row and the default target of one request (``guarded_id``),
+    in one round trip: callbacks are hot. Built once (docs/decisions/246)."""
+    request, binding, outbox, targets = (schema.request, schema.binding, schema.outbox,
+                                         schema.delivery_target)
+    default_target = (sa.select(targets.c.name).where(targets.c.is_default == sa.true())
+                      .limit(1).scalar_subquery())
+    return (
+        sa.select(binding.c.target, binding.c.fencing_token,
+                  outbox.c.target.label("outbox_target"), outbox.c.claim_token,
+                  outbox.c.delivered.label("outbox_delivered"),
+                  outbox.c.request_id.label("queued"), default_target.label("default_target"))
+        .select_from(
+            request.outerjoin(binding, binding.c.request_id == request.c.id)
+            .outerjoin(outbox, outbox.c.request_id == request.c.id)
+        )
+        .where(request.c.id == sa.bindparam("guarded_id"))
+    )
+
+
 def executor_guard(target: str, fencing_token: int | None) -> ReleaseGuard:
     """The guard for an executor token of ``target`` calling back with ``fencing_token``."""
 
     def guard(connection: sa.Connection, row: Mapping[str, Any], to_state: RequestState) -> None:
         request_id = row["id"]
         state = RequestState(row["state"])
-        # The binding, the outbox row and the default target in one round trip:
-        # callbacks are hot.
-        request, binding, outbox, targets = (schema.request, schema.binding, schema.outbox,
-                                             schema.delivery_target)
-        default_target = (sa.select(targets.c.name).where(targets.c.is_default == sa.true())
-                          .limit(1).scalar_subquery())
-        found = connection.execute(
-            sa.select(binding.c.target, binding.c.fencing_token,
-                      outbox.c.target.label("outbox_target"), outbox.c.claim_token,
-                      outbox.c.delivered.label("outbox_delivered"),
-                      outbox.c.request_id.label("queued"), default_target.label("default_target"))
-            .select_from(
-                request.outerjoin(binding, binding.c.request_id == request.c.id)
-                .outerjoin(outbox, outbox.c.request_id == request.c.id)
-            )
-            .where(request.c.id == request_id)
-        ).one()
+        found = connection.execute(_callback_facts_query(), {"guarded_id": request_id}).one()
         if found.target is None:
             _judge_in_flight(request_id, state, found, target, fencing_token)
             return

@@ -207,12 +207,24 @@ def charge(transaction: DriverTransaction, placements: Iterable[Placement],
     return transaction.rowcount(statement, parameters) == len(amounts)
 
 
-def accrue(connection: sa.Connection, rows: Iterable[Mapping[str, Any]], now: float) -> None:
+@lru_cache(maxsize=64)
+def _budgeted_query(count: int) -> sa.Select[Any]:
+    """The budgets of ``count`` tenants (``tenant_0`` …), in (tenant, resource) order."""
+    budget = schema.tenant_budget
+    return (sa.select(budget.c.tenant, budget.c.resource, budget.c.window_length)
+            .where(budget.c.tenant.in_([sa.bindparam(f"tenant_{i}") for i in range(count)]))
+            .order_by(budget.c.tenant, budget.c.resource))
+
+
+def accrue(connection: sa.Connection, transaction: DriverTransaction,
+           rows: Iterable[Mapping[str, Any]], now: float) -> None:
     """Released requests' usage into their tenants' budgets, in the release's transaction.
 
     ``rows``: the locked request rows whose cost came back (tenant, cost,
     admitted, reserved_runtime). Usage is cost * (now - admitted), split into
-    hour buckets; the reservation made at admission is taken back.
+    hour buckets; the reservation made at admission is taken back. Which tenants
+    have budgets is read on ``transaction`` (every release asks); a budgeted
+    tenant's writes go through ``connection``, the same transaction (docs/decisions/246).
     """
     by_tenant: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for row in rows:
@@ -222,11 +234,8 @@ def accrue(connection: sa.Connection, rows: Iterable[Mapping[str, Any]], now: fl
     budget = schema.tenant_budget
     # No lock here: the UPDATE below takes the row's, and an admin change of the
     # tenant's budgets first locks its running requests, which this release holds.
-    budgeted = connection.execute(
-        sa.select(budget.c.tenant, budget.c.resource, budget.c.window_length)
-        .where(budget.c.tenant.in_(sorted(by_tenant)))
-        .order_by(budget.c.tenant, budget.c.resource)
-    ).all()
+    budgeted = transaction.rows(_budgeted_query(len(by_tenant)), {
+        f"tenant_{index}": tenant for index, tenant in enumerate(sorted(by_tenant))})
     for tenant, resource, window in budgeted:
         held: dict[int, float] = defaultdict(float)
         returned = 0

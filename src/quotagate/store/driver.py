@@ -486,3 +486,35 @@ def _rollback(pooled: Any, driver_error: type[Exception]) -> None:
         pooled.rollback()
     except driver_error as exc:
         pooled.invalidate(exc)
+
+
+def run_on_connection(connection: sa.Connection, work: Callable[[DriverTransaction], T]) -> T:
+    """Run ``work``'s statements on the driver cursor of ``connection``'s open transaction.
+
+    For a transaction whose hot statements are precompiled but whose rarer parts
+    (a fence, a guard, budgets) stay SQLAlchemy expressions on ``connection``
+    (:mod:`quotagate.store.release`, docs/decisions/246): both run on the one
+    DBAPI connection, in the one transaction that ``connection`` began and commits.
+    Driver errors come out as SQLAlchemy's, as from :func:`run_driver_transaction`,
+    so the caller's reruns and translation see the same errors; checked writes
+    left batched are sent before ``work``'s result is returned.
+    """
+    dialect = connection.dialect
+    pooled: Any = connection.connection
+    raw = raw_cursor(connection)
+    cursor = pooled.cursor() if raw is None else raw(pooled.driver_connection)
+    transaction = DriverTransaction(dialect, cursor, numbered=raw is not None,
+                                    hide_parameters=connection.engine.hide_parameters)
+    try:
+        result = work(transaction)
+        transaction.flush()
+        return result
+    except dialect.loaded_dbapi.Error as exc:
+        invalidated = dialect.is_disconnect(exc, pooled.dbapi_connection, cursor)
+        wrapped = transaction.wrap(exc, invalidated)
+        if invalidated:
+            connection.invalidate(exc)
+        raise wrapped from exc
+    finally:
+        if pooled.dbapi_connection is not None:
+            cursor.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from typing import Any
 
 import sqlalchemy as sa
@@ -20,15 +21,26 @@ import sqlalchemy as sa
 from quotagate.domain.fairness import decayed, held_decayed, past_share
 from quotagate.store import schema
 from quotagate.store.cohorts import Snapshot
+from quotagate.store.driver import DriverTransaction
 from quotagate.store.rows import decode_cost
 from quotagate.store.statements import HALF_LIFE_KEY
 
 __all__ = ["accrue", "half_life", "history", "set_half_life"]
 
 
-def half_life(connection: sa.Connection) -> int | None:
+@lru_cache(maxsize=1)
+def _half_life_query() -> sa.Select[Any]:
     meta = schema.ledger_meta
-    value = connection.execute(sa.select(meta.c.value).where(meta.c.key == HALF_LIFE_KEY)).scalar()
+    return sa.select(meta.c.value).where(meta.c.key == HALF_LIFE_KEY)
+
+
+def half_life(transaction: sa.Connection | DriverTransaction) -> int | None:
+    """The fair-share half-life in seconds, or None; every release asks (on the driver)."""
+    if isinstance(transaction, sa.Connection):
+        value = transaction.execute(_half_life_query()).scalar()
+    else:
+        rows = transaction.rows(_half_life_query(), {})
+        value = rows[0][0] if rows else None
     return None if value is None else int(value)
 
 
@@ -51,18 +63,21 @@ def history(snapshot: Snapshot, now: float) -> dict[str, float] | None:
             for tenant, use in snapshot.decayed.items()}
 
 
-def accrue(connection: sa.Connection, rows: Iterable[Mapping[str, Any]], now: float) -> None:
+def accrue(connection: sa.Connection, transaction: DriverTransaction,
+           rows: Iterable[Mapping[str, Any]], now: float) -> None:
     """Released requests' held time into their tenants' decayed past use (with a half-life).
 
     ``rows``: the locked request rows whose cost came back. Their tenants' quota
     rows were just updated by the return, in this transaction: their locks are
-    held, so reading and writing them here races with nobody.
+    held, so reading and writing them here races with nobody. Whether there is a
+    half-life is read on ``transaction`` (every release asks); the rare writes go
+    through ``connection``, the same transaction (docs/decisions/246).
     """
     added: dict[tuple[str, str], float] = defaultdict(float)
     rows = list(rows)
     if not rows:
         return
-    seconds = half_life(connection)
+    seconds = half_life(transaction)
     if seconds is None:
         return
     for row in rows:

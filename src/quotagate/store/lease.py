@@ -7,6 +7,7 @@ worker's: two machines with skewed clocks still agree on who holds a lease.
 from __future__ import annotations
 
 import contextlib
+from functools import lru_cache
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,6 +23,14 @@ from quotagate.store.dialect import database_now, reading, run_transaction
 __all__ = ["LeaseStore"]
 
 _lease = schema.lease
+
+
+@lru_cache(maxsize=1)
+def _fence_query() -> sa.Select[Any]:
+    """A lease (``fenced_name``) read under a shared lock: every fenced write asks, so it
+    is built once (docs/decisions/246)."""
+    return (sa.select(_lease.c.owner, _lease.c.generation)
+            .where(_lease.c.name == sa.bindparam("fenced_name")).with_for_update(read=True))
 
 
 def _lease_from_row(row: Any) -> Lease:
@@ -137,10 +146,7 @@ class LeaseStore:
         for it), and it lets one worker's own fenced transactions overlap: the
         batch being written and the next batch being claimed (docs/decisions/216).
         """
-        query = sa.select(_lease.c.owner, _lease.c.generation).where(
-            _lease.c.name == lease.name
-        ).with_for_update(read=True)
-        row = connection.execute(query).first()
+        row = connection.execute(_fence_query(), {"fenced_name": lease.name}).first()
         if row is None or row.owner != lease.owner or int(row.generation) != lease.generation:
             raise self._stale(lease, "fenced write")
 

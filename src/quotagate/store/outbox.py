@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import sqlalchemy as sa
@@ -80,6 +81,22 @@ def _by_token(rows: Sequence[Any]) -> dict[int, list[str]]:
     for row in rows:
         groups.setdefault(int(row.claim_token), []).append(row.request_id)
     return groups
+
+
+@lru_cache(maxsize=1)
+def _hold_query() -> sa.Select[Any]:
+    """Lock one outbox row (``held_id``) and read its claim; built once, as every
+    fenced end asks (docs/decisions/246)."""
+    return (sa.select(_outbox.c.claimed_by, _outbox.c.claim_generation, _outbox.c.claim_token,
+                      _outbox.c.delivered, _outbox.c.stopping)
+            .where(_outbox.c.request_id == sa.bindparam("held_id")).with_for_update())
+
+
+@lru_cache(maxsize=1)
+def _lock_request_query() -> sa.Select[Any]:
+    """Lock one request row (``held_id``): a fenced end's lock before its outbox row's."""
+    return (sa.select(_request.c.id).where(_request.c.id == sa.bindparam("held_id"))
+            .with_for_update())
 
 
 class RequestGone(Exception):
@@ -225,10 +242,7 @@ class OutboxStore:
             self.leases.fence(connection, claim.lease)
             # The release locks the request row next; take it before the outbox
             # row so the lock order stays lease, request, outbox.
-            connection.execute(
-                sa.select(_request.c.id).where(_request.c.id == claim.request_id)
-                .with_for_update()
-            ).first()
+            connection.execute(_lock_request_query(), {"held_id": claim.request_id}).first()
             self._hold(connection, claim)
 
         return check
@@ -456,12 +470,7 @@ class OutboxStore:
 
     def _hold(self, connection: sa.Connection, claim: Claim) -> None:
         """Lock the outbox row and check the claim is still this one."""
-        row = connection.execute(
-            sa.select(_outbox.c.claimed_by, _outbox.c.claim_generation, _outbox.c.claim_token,
-                      _outbox.c.delivered, _outbox.c.stopping)
-            .where(_outbox.c.request_id == claim.request_id)
-            .with_for_update()
-        ).first()
+        row = connection.execute(_hold_query(), {"held_id": claim.request_id}).first()
         if row is None:  # released (cancelled, say): its outbox row went with it
             raise RequestGone(claim.request_id)
         # A delivery claim is void once the row is delivered; a stop claim is

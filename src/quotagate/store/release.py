@@ -28,6 +28,10 @@ commit (docs/decisions/218). Here a batch of ends is one transaction:
 A request's cost therefore comes back once however many callers end it at the
 same time: only the transaction that moved its state counts it.
 
+The batch's own statements are built once (:mod:`quotagate.store.release_statements`)
+and run precompiled on the driver cursor of the caller's transaction; the fence,
+the guards and the rare parts stay on its ``Connection`` (docs/decisions/246).
+
 Lock order, as in :mod:`quotagate.store.ledger` (docs/decisions/041): request
 rows, the decision lock (a confirmed stop), plain tenants', members' quota rows,
 rooms, pool rows, budget rows (outbox rows of the batch's requests come after the
@@ -55,14 +59,14 @@ from quotagate.errors import Conflict, InvalidInput, NotFound
 from quotagate.store import (
     budgets,
     fair_history,
-    identity,
     requeue,
     returns,
-    schema,
 )
+from quotagate.store import release_statements as statements
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
 from quotagate.store.dialect import reserves_with_lock
+from quotagate.store.driver import DriverTransaction, run_on_connection
 from quotagate.store.preemption import COMING_BACK
 from quotagate.store.rows import decode_cost, request_from_row
 
@@ -128,11 +132,14 @@ class _Move:
     reason: str | None
 
 
-def lock_decisions(connection: sa.Connection) -> None:
+def lock_decisions(transaction: sa.Connection | DriverTransaction) -> None:
     """The ledger-wide lock of preemption decisions (the ledger's identity row)."""
-    meta = schema.ledger_meta
-    connection.execute(sa.select(meta.c.value).where(meta.c.key == identity.LEDGER_ID_KEY)
-                       .with_for_update()).all()
+    transaction.execute(statements.lock_decisions_query(), {}).fetchall()
+
+
+def _ids(ids: Sequence[str]) -> dict[str, str]:
+    """The ``id_i`` parameters of :mod:`quotagate.store.release_statements`' statements."""
+    return {f"id_{index}": request_id for index, request_id in enumerate(ids)}
 
 
 def release_batch(
@@ -143,9 +150,21 @@ def release_batch(
     A refusal (NotFound, Conflict, Forbidden, a guard's StaleGeneration …) is
     returned, not raised: it wrote nothing. A database error, or the fence
     refusing, raises and the caller's transaction rolls back whole.
+
+    The release's own statements are precompiled and run on the driver cursor of
+    ``connection``'s transaction (docs/decisions/246); the fence, guards and the
+    rare parts (requeueing, a budgeted tenant's accrual, fair history) run on
+    ``connection`` itself, in the same transaction.
     """
     if fence is not None:
         fence(connection)
+    return run_on_connection(
+        connection, lambda transaction: _rounds(connection, transaction, ends, now))
+
+
+def _rounds(
+    connection: sa.Connection, transaction: DriverTransaction, ends: Sequence[End], now: float
+) -> list[ReleaseResult | Exception]:
     results: list[ReleaseResult | Exception | None] = [None] * len(ends)
     # Ends of one request go to successive rounds, so each round moves a row at most once.
     pending = list(range(len(ends)))
@@ -156,23 +175,20 @@ def release_batch(
         for index in pending:
             (later if ends[index].request_id in seen else this_round).append(index)
             seen.add(ends[index].request_id)
-        _round(connection, ends, this_round, now, results)
+        _round(connection, transaction, ends, this_round, now, results)
         pending = later
     return [result if result is not None else RuntimeError("end not judged") for result in results]
 
 
 def _round(
-    connection: sa.Connection, ends: Sequence[End], indexes: list[int], now: float,
-    results: list[ReleaseResult | Exception | None],
+    connection: sa.Connection, transaction: DriverTransaction, ends: Sequence[End],
+    indexes: list[int], now: float, results: list[ReleaseResult | Exception | None],
 ) -> None:
-    request = schema.request
     ids = sorted({ends[index].request_id for index in indexes})
+    columns = statements.REQUEST_COLUMNS
     rows = {
-        row["id"]: dict(row)
-        for row in connection.execute(
-            sa.select(request).where(request.c.id.in_(ids)).order_by(request.c.id)
-            .with_for_update()
-        ).mappings()
+        row[0]: dict(zip(columns, row, strict=True))
+        for row in transaction.rows(statements.lock_requests_query(len(ids)), _ids(ids))
     }
     moves: list[_Move] = []
     requeuing: set[str] | None = None
@@ -188,7 +204,7 @@ def _round(
         if isinstance(judged, ReleaseResult):
             results[index] = judged
         elif judged == "stop":
-            results[index] = _begin_stop(connection, rows[end.request_id], end, now)
+            results[index] = _begin_stop(transaction, rows[end.request_id], end, now)
         else:
             row = rows[end.request_id]
             current = RequestState(row["state"])
@@ -217,26 +233,21 @@ def _round(
     if any(move.current in _DECIDED_STOPS for move in moves):
         # Not while a preemption decision reads (Ledger._preempt): it counts this
         # work as coming back, and must not see it vanish with its cost still charged.
-        lock_decisions(connection)
-    released = _move_states(connection, moves, now)
-    _return_cost(connection, released.values())
+        lock_decisions(transaction)
+    released = _move_states(transaction, moves, now)
+    _return_cost(transaction, released.values())
     # Budgets: what the released work held, admission to now (docs/fair-sharing.md#budgets).
     ended = [move.row for move in moves if move.row["id"] in released]
-    budgets.accrue(connection, ended, now)
-    fair_history.accrue(connection, ended, now)  # with a fair-share half-life only
+    budgets.accrue(connection, transaction, ended, now)
+    fair_history.accrue(connection, transaction, ended, now)  # with a half-life only
     requeue.requeue(connection, [move.row for move in moves
                                  if move.to_state == RequestState.WAITING
                                  and move.row["id"] in released], now, moves[0].end.actor)
     if released:
         # An undelivered outbox row must not be delivered any more; a stop's row is done.
-        outbox = schema.outbox
-        connection.execute(
-            outbox.delete().where(
-                outbox.c.request_id.in_(sorted(released)),
-                sa.or_(outbox.c.delivered == sa.false(), outbox.c.stopping == sa.true()),
-            )
-        )
-    record(connection, now, *(
+        gone = sorted(released)
+        transaction.execute(statements.outbox_delete_statement(len(gone)), _ids(gone))
+    record(transaction, now, *(
         AuditEntry(move.end.actor, move.to_state.value,
                    "released" if move.row["id"] in released else "ok", move.row["tenant"],
                    move.row["id"], move.reason)
@@ -291,36 +302,27 @@ def _judge(
 
 
 def _move_states(
-    connection: sa.Connection, moves: list[_Move], now: float
+    transaction: DriverTransaction, moves: list[_Move], now: float
 ) -> dict[str, _Charge]:
     """Move every row's state; what each charged row that moved gives back, by request id."""
-    request = schema.request
-    returning = reserves_with_lock(connection)
+    returning = reserves_with_lock(transaction)
     groups: dict[tuple[str, str, str | None], list[_Move]] = {}
     for move in moves:
         key = (move.current.value, move.to_state.value, move.reason)
         groups.setdefault(key, []).append(move)
     released: dict[str, _Charge] = {}
     for (current, to_state, reason), group in groups.items():
-        statement = (
-            request.update()
-            .where(request.c.id.in_([move.row["id"] for move in group]),
-                   request.c.state == current)
-            .values(state=to_state, updated=now, reason=reason)
-        )
+        statement = statements.move_statement(len(group), returning)
+        parameters: dict[str, Any] = _ids([move.row["id"] for move in group])
+        parameters.update(current=current, to_state=to_state, now=now, reason=reason)
         charged = RequestState(current) in CHARGED_STATES
         if returning:
             # Only rows this statement moved count toward the sum.
-            moved = {
-                row.id: (row.tenant, row.pool, row.pool_slice, row.cost)
-                for row in connection.execute(
-                    statement.returning(request.c.id, request.c.tenant, request.c.pool,
-                                        request.c.pool_slice, request.c.cost)
-                )
-            }
+            moved = {row[0]: (row[1], row[2], row[3], row[4])
+                     for row in transaction.rows(statement, parameters)}
         else:
             # The rows are locked (SQLite: the write lock is ours), so the count is exact.
-            count = connection.execute(statement).rowcount
+            count = transaction.rowcount(statement, parameters)
             moved = {move.row["id"]: (move.row["tenant"], move.row["pool"],
                                       move.row["pool_slice"], move.row["cost"])
                      for move in group}
@@ -337,7 +339,7 @@ def _move_states(
     return released
 
 
-def _return_cost(connection: sa.Connection, charges: Iterable[_Charge]) -> None:
+def _return_cost(transaction: DriverTransaction, charges: Iterable[_Charge]) -> None:
     """Give the summed cost back in the lock order (:mod:`quotagate.store.returns`)."""
     tenant_amounts: Counter[tuple[str, str]] = Counter()
     pool_amounts: Counter[tuple[str, int, str]] = Counter()
@@ -346,10 +348,10 @@ def _return_cost(connection: sa.Connection, charges: Iterable[_Charge]) -> None:
             tenant_amounts[charge.tenant, resource] += amount
             # Each request's cost goes back to the slice it was charged to.
             pool_amounts[charge.pool, charge.pool_slice or 0, resource] += amount
-    returns.return_cost(connection, tenant_amounts, pool_amounts)
+    returns.return_cost(transaction, tenant_amounts, pool_amounts)
 
 
-def mark_stop(connection: sa.Connection, request_id: str) -> None:
+def mark_stop(transaction: sa.Connection | DriverTransaction, request_id: str) -> None:
     """Make a charged request's outbox row a stop for a worker (docs/decisions/211).
 
     Due at once (attempts 0). A delivered row's claim is spent: free it. An
@@ -357,27 +359,18 @@ def mark_stop(connection: sa.Connection, request_id: str) -> None:
     notices the stop or its lease dies. The caller has moved the request row to
     a stopping state first (request rows before outbox rows, the lock order).
     """
-    outbox = schema.outbox
-    connection.execute(
-        outbox.update().where(outbox.c.request_id == request_id)
-        .values(stopping=True, attempts=0, last_error=None,
-                claimed_by=sa.case((outbox.c.delivered == sa.true(), sa.null()),
-                                   else_=outbox.c.claimed_by))
-    )
+    transaction.execute(statements.mark_stop_statement(), {"stopped_id": request_id})
 
 
 def _begin_stop(
-    connection: sa.Connection, row: dict[str, Any], end: End, now: float
+    transaction: DriverTransaction, row: dict[str, Any], end: End, now: float
 ) -> ReleaseResult:
     """``reserved``/``delivered`` → ``cancelling``: charged until the target confirms."""
-    request = schema.request
-    connection.execute(
-        request.update()
-        .where(request.c.id == row["id"], request.c.state == row["state"])
-        .values(state=RequestState.CANCELLING.value, updated=now, reason=end.reason)
-    )
-    mark_stop(connection, row["id"])
-    record(connection, now, AuditEntry(end.actor, "cancel", "stopping", row["tenant"],
+    transaction.execute(statements.begin_stop_statement(),
+                        {"id": row["id"], "current": row["state"], "now": now,
+                         "reason": end.reason})
+    mark_stop(transaction, row["id"])
+    record(transaction, now, AuditEntry(end.actor, "cancel", "stopping", row["tenant"],
                                        row["id"], end.reason))
     row.update(state=RequestState.CANCELLING.value, updated=now, reason=end.reason)
     return ReleaseResult(request_from_row(row), released={})

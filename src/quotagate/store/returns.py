@@ -37,6 +37,7 @@ import sqlalchemy as sa
 from quotagate.domain.sharing import MemberLimits, shared_delta
 from quotagate.store import pool_slices, schema, statements
 from quotagate.store.dialect import reserves_with_lock, update_returns_rows
+from quotagate.store.driver import DriverTransaction
 
 __all__ = ["return_cost"]
 
@@ -54,61 +55,65 @@ def _tenant_return_statement(count: int, lock_in_order: bool) -> sa.Update:
                 quota.c.borrowing_limit, quota.c.lending_limit, quota.c.cohort_root)
 
 
-@lru_cache(maxsize=1)
-def _members_query() -> sa.Select[Any]:
+@lru_cache(maxsize=64)
+def _members_query(count: int) -> sa.Select[Any]:
+    """Which of ``count`` tenants (``tenant_0`` …) are cohort members."""
     quota = schema.tenant_quota
     return (sa.select(quota.c.tenant).distinct()
-            .where(quota.c.tenant.in_(sa.bindparam("tenants", expanding=True)),
+            .where(quota.c.tenant.in_([sa.bindparam(f"tenant_{i}") for i in range(count)]),
                    quota.c.cohort_root.is_not(None)))
 
 
+def _tenant_parameters(tenants: list[str]) -> dict[str, str]:
+    return {f"tenant_{index}": tenant for index, tenant in enumerate(tenants)}
+
+
 def _limits(row: Any) -> MemberLimits:
-    return MemberLimits(int(row.cap),
-                        None if row.borrowing_limit is None else int(row.borrowing_limit),
-                        None if row.lending_limit is None else int(row.lending_limit))
+    # A member row: (tenant, resource, used, cap, borrowing_limit, lending_limit, cohort_root).
+    return MemberLimits(int(row[3]), None if row[4] is None else int(row[4]),
+                        None if row[5] is None else int(row[5]))
 
 
 def _return_group(
-    connection: sa.Connection, amounts: Mapping[tuple[str, str], int],
+    transaction: DriverTransaction, amounts: Mapping[tuple[str, str], int],
 ) -> dict[tuple[str, str], _Before]:
     """Give ``amounts`` back to tenant rows; what each row held before, as locked."""
     parameters = statements.charge_parameters(dict(amounts))
     before: dict[tuple[str, str], _Before] = {}
-    if update_returns_rows(connection):
-        rows = connection.execute(
-            _tenant_return_statement(len(amounts), reserves_with_lock(connection)),
-            parameters).all()
+    if update_returns_rows(transaction):
+        rows = transaction.rows(
+            _tenant_return_statement(len(amounts), reserves_with_lock(transaction)),
+            parameters)
         for row in rows:
-            key = (row.tenant, row.resource)
-            before[key] = (int(row.used) + amounts[key], _limits(row), row.cohort_root)
+            key = (row[0], row[1])
+            before[key] = (int(row[2]) + amounts[key], _limits(row), row[6])
         if len(rows) != len(amounts):
             raise RuntimeError(f"ledger inconsistent: cannot return {dict(amounts)} to tenants")
         return before
     tenants = sorted({tenant for tenant, _resource in amounts})
-    for row in connection.execute(
-        statements.lock_members_query(len(tenants)),
-        {f"tenant_{index}": tenant for index, tenant in enumerate(tenants)},
-    ):
-        if (row.tenant, row.resource) in amounts:
-            before[row.tenant, row.resource] = (int(row.used), _limits(row), row.cohort_root)
-    count = connection.execute(
+    for row in transaction.rows(statements.lock_members_query(len(tenants)),
+                                _tenant_parameters(tenants)):
+        if (row[0], row[1]) in amounts:
+            before[row[0], row[1]] = (int(row[2]), _limits(row), row[6])
+    count = transaction.rowcount(
         statements.charge_statement(schema.tenant_quota, "tenant", len(amounts), charge=False),
-        parameters).rowcount
+        parameters)
     if count != len(amounts):
         raise RuntimeError(f"ledger inconsistent: cannot return {dict(amounts)} to tenants")
     return before
 
 
 def return_cost(
-    connection: sa.Connection, tenant_amounts: Mapping[tuple[str, str], int],
+    transaction: DriverTransaction, tenant_amounts: Mapping[tuple[str, str], int],
     pool_amounts: Mapping[tuple[str, int, str], int],
 ) -> None:
     """Give back ``{(tenant, resource): n}`` and ``{(pool, slice, resource): n}``, in the
     lock order; a row that cannot take its return means the ledger is inconsistent."""
-    lock_in_order = reserves_with_lock(connection)
+    lock_in_order = reserves_with_lock(transaction)
     if tenant_amounts:
         tenants = sorted({tenant for tenant, _resource in tenant_amounts})
-        members = set(connection.execute(_members_query(), {"tenants": tenants}).scalars())
+        members = {row[0] for row in transaction.rows(_members_query(len(tenants)),
+                                                      _tenant_parameters(tenants))}
         room: Counter[tuple[str, str]] = Counter()
         for group in (
             {key: amount for key, amount in tenant_amounts.items() if key[0] not in members},
@@ -117,23 +122,23 @@ def return_cost(
             if not group:
                 continue
             for (tenant, resource), (used, limits, root) in _return_group(
-                    connection, group).items():
+                    transaction, group).items():
                 if root is None:
                     continue
                 delta = shared_delta(limits, used, -group[tenant, resource])
                 if delta:
                     room[root, resource] += -delta
         if room:
-            count = connection.execute(
+            count = transaction.rowcount(
                 statements.charge_statement(schema.cohort_usage, "cohort", len(room),
                                             lock_in_order=lock_in_order, charge=False),
-                statements.charge_parameters(dict(room))).rowcount
+                statements.charge_parameters(dict(room)))
             if count != len(room):
                 raise RuntimeError(f"ledger inconsistent: cannot return {dict(room)} to rooms")
     if not pool_amounts:
         return
     statement, parameters = pool_slices.return_statement_parameters(
         dict(pool_amounts), lock_in_order)
-    count = connection.execute(statement, parameters).rowcount
+    count = transaction.rowcount(statement, parameters)
     if count != len(pool_amounts):
         raise RuntimeError(f"ledger inconsistent: cannot return {dict(pool_amounts)} to pools")

@@ -1,0 +1,99 @@
+"""The statements of the release path, built once (per batch size) for the driver connection.
+
+A release ran its statements as SQLAlchemy Core expressions built at every
+call: building them, their cache keys and ``Connection.execute`` were most of
+a confirmed stop's CPU (docs/decisions/246). These are the same statements,
+with bound parameters instead of values, cached here so that
+:mod:`quotagate.store.driver` compiles each once per dialect.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import sqlalchemy as sa
+
+from quotagate.domain.model import RequestState
+from quotagate.store import identity, schema
+
+__all__ = ["REQUEST_COLUMNS", "begin_stop_statement", "lock_decisions_query",
+           "lock_requests_query", "mark_stop_statement", "move_statement",
+           "outbox_delete_statement"]
+
+# The request row as the release reads it: every column, in this order.
+REQUEST_COLUMNS: tuple[str, ...] = tuple(column.name for column in schema.request.columns)
+# What a state move returns (UPDATE … RETURNING): what the moved row gives back.
+_MOVED = ("id", "tenant", "pool", "pool_slice", "cost")
+
+
+def _ids(count: int) -> list[Any]:
+    return [sa.bindparam(f"id_{index}") for index in range(count)]
+
+
+@lru_cache(maxsize=64)
+def lock_requests_query(count: int) -> sa.Select[Any]:
+    """Lock ``count`` request rows (``id_0`` …) in id order and read them whole."""
+    request = schema.request
+    return (sa.select(*(request.c[name] for name in REQUEST_COLUMNS))
+            .where(request.c.id.in_(_ids(count))).order_by(request.c.id).with_for_update())
+
+
+@lru_cache(maxsize=128)
+def move_statement(count: int, returning: bool) -> sa.Update:
+    """Move ``count`` rows (``id_i``) that are ``current`` to ``to_state`` (``now``, ``reason``).
+
+    With ``returning`` the moved rows come back with what they give back.
+    """
+    request = schema.request
+    statement = (
+        request.update()
+        .where(request.c.id.in_(_ids(count)), request.c.state == sa.bindparam("current"))
+        .values(state=sa.bindparam("to_state"), updated=sa.bindparam("now", type_=sa.Double),
+                reason=sa.bindparam("reason"))
+    )
+    if returning:
+        return statement.returning(*(request.c[name] for name in _MOVED))
+    return statement
+
+
+@lru_cache(maxsize=1)
+def begin_stop_statement() -> sa.Update:
+    """One ``current`` request (``id``) to ``cancelling`` (``now``, ``reason``)."""
+    request = schema.request
+    return (
+        request.update()
+        .where(request.c.id == sa.bindparam("id"), request.c.state == sa.bindparam("current"))
+        .values(state=RequestState.CANCELLING.value,
+                updated=sa.bindparam("now", type_=sa.Double), reason=sa.bindparam("reason"))
+    )
+
+
+@lru_cache(maxsize=1)
+def mark_stop_statement() -> sa.Update:
+    """A request's (``stopped_id``) outbox row made a stop, due at once (release.mark_stop)."""
+    outbox = schema.outbox
+    return (
+        outbox.update().where(outbox.c.request_id == sa.bindparam("stopped_id"))
+        .values(stopping=True, attempts=0, last_error=sa.null(),
+                claimed_by=sa.case((outbox.c.delivered == sa.true(), sa.null()),
+                                   else_=outbox.c.claimed_by))
+    )
+
+
+@lru_cache(maxsize=64)
+def outbox_delete_statement(count: int) -> sa.Delete:
+    """The outbox rows of ``count`` ended requests (``id_i``): undelivered ones and stops."""
+    outbox = schema.outbox
+    return outbox.delete().where(
+        outbox.c.request_id.in_(_ids(count)),
+        sa.or_(outbox.c.delivered == sa.false(), outbox.c.stopping == sa.true()),
+    )
+
+
+@lru_cache(maxsize=1)
+def lock_decisions_query() -> sa.Select[Any]:
+    """The ledger-wide lock of preemption decisions (the ledger's identity row)."""
+    meta = schema.ledger_meta
+    return (sa.select(meta.c.value).where(meta.c.key == identity.LEDGER_ID_KEY)
+            .with_for_update())
