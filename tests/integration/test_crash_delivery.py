@@ -29,7 +29,13 @@ import sqlalchemy as sa
 from quotagate import Quotagate, RequestState
 from quotagate.delivery.registry import TargetStore
 from quotagate.store import schema
-from support.worker_processes import finish, start_crash_worker, submit_and_admit, table
+from support.worker_processes import (
+    finish,
+    start_crash_worker,
+    submit_and_admit,
+    table,
+    wait_for_generation,
+)
 
 
 @pytest.fixture
@@ -72,17 +78,6 @@ def assert_exactly_once(gate: Quotagate, tmp_path: Path, ids: list[str]) -> None
     assert releases == Counter(ids) and admissions == Counter(ids)  # charged once, returned once
     assert gate.usage()["tenants"][0]["used"] == 0
     assert gate.check_invariants() == []
-
-
-def wait_for_generation(gate: Quotagate, worker: str, above: int, timeout: float = 60) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        generation = {row["name"]: row["generation"]
-                      for row in table(gate, schema.lease)}.get(f"worker/{worker}", 0)
-        if generation > above:
-            return int(generation)
-        time.sleep(0.02)
-    raise AssertionError(f"worker {worker} never took its lease")
 
 
 def wait_until_ended(gate: Quotagate, ids: list[str], timeout: float = 120) -> None:

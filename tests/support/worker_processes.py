@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from quotagate import Quotagate
+from quotagate.store import schema
 
 WORKER = "from quotagate.cli.main import main; main()"
 FAST_OPTIONS = ["--lease-ttl", "2", "--poll", "0.05", "--retry-base", "0.2"]
@@ -83,3 +84,15 @@ def stop_all(workers: list[subprocess.Popen[bytes]]) -> None:
 def table(gate: Quotagate, which: sa.Table) -> list[Any]:
     with gate.engine.connect() as connection:
         return list(connection.execute(sa.select(which)).mappings())
+
+
+def wait_for_generation(gate: Quotagate, worker: str, above: int, timeout: float = 60) -> int:
+    """Until ``worker`` holds its lease under a generation above ``above``; that generation."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        generation = {row["name"]: row["generation"]
+                      for row in table(gate, schema.lease)}.get(f"worker/{worker}", 0)
+        if generation > above:
+            return int(generation)
+        time.sleep(0.02)
+    raise AssertionError(f"worker {worker} never took its lease")

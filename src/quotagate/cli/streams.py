@@ -8,7 +8,6 @@ its own (``quotagate tenant set T --redis URL``) is found through the ledger.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from quotagate.cli.common import (
     reports_errors,
 )
 from quotagate.cli.rate import describe_rate, rate_store_option
+from quotagate.cli.stop_signals import stop_on_signals
 from quotagate.domain.bucket import parse_rate
 from quotagate.domain.help_defaults import DEFAULT_REDIS_URL as DEFAULT_URL
 from quotagate.domain.help_defaults import REDIS_VARIABLE as ENVIRONMENT_VARIABLE
@@ -244,8 +244,7 @@ def stream_consume(
         raise click.UsageError("give exactly one of --print and --command")
     handler = _print_handler if print_data else _command_handler(command or "")
     stop = threading.Event()
-    for signal_number in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signal_number, lambda *_: stop.set())
+    stop_on_signals(stop)
     with open_gate(db_url, redis=redis_url) as gate, gate.streams.consumer(
         tenant, topic_name, group, name, batch=batch, lease_ttl=lease_ttl,
         visibility_timeout=visibility_timeout, max_deliveries=max_deliveries,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
 import socket
 import threading
 import time
@@ -19,10 +18,12 @@ from quotagate.cli.common import (
     render_table,
     reports_errors,
 )
+from quotagate.cli.stop_signals import GRACE_EXPIRED_EXIT, stop_on_signals
 from quotagate.delivery.targets import KINDS
 from quotagate.delivery.worker_defaults import (
     DEFAULT_BATCH,
     DEFAULT_CONCURRENCY,
+    DEFAULT_EXIT_GRACE,
     DEFAULT_LEASE_TTL,
     DEFAULT_MAX_ATTEMPTS,
 )
@@ -56,6 +57,13 @@ if TYPE_CHECKING:
 @click.option("--once", is_flag=True, help="Run one pass and exit.")
 @click.option("--until-idle", is_flag=True,
               help="Run passes until nothing is pending or running, then exit.")
+@click.option("--exit-grace", type=click.FloatRange(min=0.0, min_open=True),
+              default=DEFAULT_EXIT_GRACE, show_default=True,
+              help="Seconds a stop (SIGTERM/SIGINT) may take; a worker still busy then (a "
+              f"database call in a lock wait, a slow target) exits {GRACE_EXPIRED_EXIT} "
+              "without its cleanup, its work left to its lease's expiry. Keep it below the "
+              "supervisor's own grace (systemd TimeoutStopSec, Kubernetes "
+              "terminationGracePeriodSeconds).")
 @click.option("-v", "--verbose", is_flag=True, help="Log each delivery.")
 @hold_seconds_option
 @db_option
@@ -63,7 +71,7 @@ if TYPE_CHECKING:
 def worker(
     worker_name: str | None, lease_ttl: float, max_attempts: int,
     retry_base: float, batch: int, concurrency: int, poll_interval: float, admit: bool, once: bool,
-    until_idle: bool, verbose: bool, hold_seconds: float, db_url: str | None,
+    until_idle: bool, exit_grace: float, verbose: bool, hold_seconds: float, db_url: str | None,
 ) -> None:
     """Deliver admitted requests to their targets until stopped (SIGTERM/SIGINT)."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
@@ -87,8 +95,7 @@ def worker(
                 dispatcher.release()
             return
         stop = threading.Event()
-        for number in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(number, lambda *_: stop.set())
+        stop_on_signals(stop, grace=exit_grace, what=f"worker {dispatcher.worker_name}")
         if until_idle:
             _run_until_idle(dispatcher, gate, stop, poll_interval)
         else:

@@ -7,3 +7,6 @@ DEFAULT_LEASE_TTL = 15.0
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_CONCURRENCY = 32
 DEFAULT_BATCH = 64
+# Below Kubernetes' default terminationGracePeriodSeconds (30): the worker, not the
+# supervisor's SIGKILL, ends a stop that overruns (docs/decisions/906).
+DEFAULT_EXIT_GRACE = 20.0
