@@ -23,6 +23,8 @@ ways:
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import sys
 import time
 import uuid
 from typing import Any
@@ -36,17 +38,30 @@ from starlette.routing import Route
 
 _CALLBACK_ATTEMPTS = 500
 _BATCH = 500  # ends per POST …/requests:end
+_CONNECTIONS = 16  # callbacks in flight at once, each on its own connection
+
+# httpcore tries ``import sniffio`` on every async request; where it is not
+# installed, each failed import walks sys.path again (a fifth of this process's
+# samples under py-spy, docs/performance.md): make that import fail at once.
+if importlib.util.find_spec("sniffio") is None:
+    sys.modules["sniffio"] = None  # type: ignore[assignment]
 
 
-def build_app(mode: str, quotagate_url: str, executor_token: str) -> Starlette:
+def build_app(mode: str, quotagate_url: str, executor_token: str,
+              transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
+    """The receiver; ``transport`` (tests) replaces the HTTP connection pool to quotagate."""
     objects: dict[str, dict[str, Any]] = {}
     arrivals: dict[str, float] = {}
     pending: set[asyncio.Task[None]] = set()
     calls = {"callbacks": 0, "not_delivered": 0, "transport_errors": 0}
     client = httpx.AsyncClient(
         base_url=quotagate_url, headers={"Authorization": f"Bearer {executor_token}"},
-        timeout=60, limits=httpx.Limits(max_connections=16),
+        timeout=60, limits=httpx.Limits(max_connections=_CONNECTIONS), transport=transport,
     )
+    # Callbacks beyond the client's connections wait here, not in httpcore's pool,
+    # which scans every queued request on every request's start and end:
+    # hundreds queued made that scan most of this process's time.
+    in_flight = asyncio.Semaphore(_CONNECTIONS)
 
     async def complete(stored: dict[str, Any]) -> None:
         path = f"/v1/tenants/{stored['tenant']}/requests/{stored['request_id']}/complete"
@@ -54,7 +69,9 @@ def build_app(mode: str, quotagate_url: str, executor_token: str) -> Starlette:
         for _ in range(_CALLBACK_ATTEMPTS):
             calls["callbacks"] += 1
             try:
-                answer = await client.post(path, json={"fencing_token": stored["fencing_token"]})
+                async with in_flight:
+                    answer = await client.post(
+                        path, json={"fencing_token": stored["fencing_token"]})
             except httpx.TransportError:
                 # A kept-alive connection the server closed as we reused it: again.
                 calls["transport_errors"] += 1
