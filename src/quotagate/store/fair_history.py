@@ -36,11 +36,9 @@ def _half_life_query() -> sa.Select[Any]:
 
 def half_life(transaction: sa.Connection | DriverTransaction) -> int | None:
     """The fair-share half-life in seconds, or None; every release asks (on the driver)."""
-    if isinstance(transaction, sa.Connection):
-        value = transaction.execute(_half_life_query()).scalar()
-    else:
-        rows = transaction.rows(_half_life_query(), {})
-        value = rows[0][0] if rows else None
+    # Both kinds answer execute(statement, parameters) with rows to fetch.
+    rows = transaction.execute(_half_life_query(), {}).fetchall()
+    value = rows[0][0] if rows else None
     return None if value is None else int(value)
 
 
