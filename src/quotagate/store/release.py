@@ -64,7 +64,7 @@ from quotagate.store import (
 )
 from quotagate.store import release_statements as statements
 from quotagate.store.audit import AuditEntry, record
-from quotagate.store.authority import ReleaseGuard
+from quotagate.store.authority import CallbackFacts, ExecutorGuard, ReleaseGuard, callback_facts
 from quotagate.store.dialect import reserves_with_lock
 from quotagate.store.driver import DriverTransaction, run_on_connection
 from quotagate.store.preemption import COMING_BACK
@@ -190,12 +190,13 @@ def _round(
         row[0]: dict(zip(columns, row, strict=True))
         for row in transaction.rows(statements.lock_requests_query(len(ids)), _ids(ids))
     }
+    facts = _callback_facts(transaction, ends, indexes, rows)
     moves: list[_Move] = []
     requeuing: set[str] | None = None
     for index in indexes:
         end = ends[index]
         try:
-            judged = _judge(connection, end, rows.get(end.request_id))
+            judged = _judge(connection, end, rows.get(end.request_id), facts)
         except DBAPIError:
             raise
         except Exception as error:  # a refusal: this end writes nothing
@@ -260,13 +261,39 @@ def _round(
                                             released={} if charge is None else charge.cost)
 
 
+def _callback_facts(
+    transaction: DriverTransaction, ends: Sequence[End], indexes: list[int],
+    rows: dict[str, dict[str, Any]],
+) -> dict[str, CallbackFacts]:
+    """The facts every executor callback of this round is judged by, in one read.
+
+    One read per callback was one round trip per end of a group release
+    (docs/decisions/247). Read before the round writes anything: a round ends
+    each request once, and its only write before the judging is done (a stop
+    begun) touches its own request's outbox row, judged already, so every end
+    sees what its own read would have.
+    """
+    guarded = sorted({ends[index].request_id for index in indexes
+                      if isinstance(ends[index].guard, ExecutorGuard)
+                      and _in_scope(ends[index], rows.get(ends[index].request_id))})
+    return callback_facts(transaction, guarded) if guarded else {}
+
+
+def _in_scope(end: End, row: dict[str, Any] | None) -> bool:
+    """Does the end find its request (another tenant's is "not found")?"""
+    return row is not None and (end.tenant is None or row["tenant"] == end.tenant)
+
+
 def _judge(
-    connection: sa.Connection, end: End, row: dict[str, Any] | None
+    connection: sa.Connection, end: End, row: dict[str, Any] | None,
+    facts: dict[str, CallbackFacts],
 ) -> ReleaseResult | str:
     """The rules of one release on a locked row: a no-op result, ``"stop"`` or ``"move"``."""
-    if row is None or (end.tenant is not None and row["tenant"] != end.tenant):
+    if row is None or not _in_scope(end, row):
         raise NotFound(f"request {end.request_id!r} does not exist", code="unknown_request")
-    if end.guard is not None:
+    if isinstance(end.guard, ExecutorGuard):
+        end.guard.judge(row, end.to_state, facts[row["id"]])
+    elif end.guard is not None:
         end.guard(connection, row, end.to_state)
     current = RequestState(row["state"])
     if current == end.to_state or (
