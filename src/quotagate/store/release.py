@@ -118,6 +118,8 @@ class _Charge:
     # The pool slice charged (quotagate.store.pool_slices); None: slice 0.
     pool_slice: int | None
     cost: dict[str, int]
+    # Is the tenant a cohort member, as the state move read it; None: not read.
+    member: bool | None = None
 
 
 @dataclass
@@ -343,15 +345,17 @@ def _move_states(
         parameters: dict[str, Any] = _ids([move.row["id"] for move in group])
         parameters.update(current=current, to_state=to_state, now=now, reason=reason)
         charged = RequestState(current) in CHARGED_STATES
+        # By request id: tenant, pool, slice, cost, and whether the tenant is a member.
+        moved: dict[str, tuple[str, str, int | None, Any, bool | None]]
         if returning:
             # Only rows this statement moved count toward the sum.
-            moved = {row[0]: (row[1], row[2], row[3], row[4])
+            moved = {row[0]: (row[1], row[2], row[3], row[4], bool(row[5]))
                      for row in transaction.rows(statement, parameters)}
         else:
             # The rows are locked (SQLite: the write lock is ours), so the count is exact.
             count = transaction.rowcount(statement, parameters)
             moved = {move.row["id"]: (move.row["tenant"], move.row["pool"],
-                                      move.row["pool_slice"], move.row["cost"])
+                                      move.row["pool_slice"], move.row["cost"], None)
                      for move in group}
             if count != len(group):
                 moved = {}
@@ -361,8 +365,9 @@ def _move_states(
                 f"{len(moved)} moved"
             )
         if charged:
-            for request_id, (tenant, pool, pool_slice, cost) in moved.items():
-                released[request_id] = _Charge(tenant, pool, pool_slice, decode_cost(cost))
+            for request_id, (tenant, pool, pool_slice, cost, member) in moved.items():
+                released[request_id] = _Charge(tenant, pool, pool_slice, decode_cost(cost),
+                                               member)
     return released
 
 
@@ -370,12 +375,18 @@ def _return_cost(transaction: DriverTransaction, charges: Iterable[_Charge]) -> 
     """Give the summed cost back in the lock order (:mod:`quotagate.store.returns`)."""
     tenant_amounts: Counter[tuple[str, str]] = Counter()
     pool_amounts: Counter[tuple[str, int, str]] = Counter()
+    # Which tenants are cohort members, when the state move said so for every charge.
+    members: set[str] | None = set()
     for charge in charges:
+        if charge.member is None:
+            members = None
+        elif charge.member and members is not None:
+            members.add(charge.tenant)
         for resource, amount in charge.cost.items():
             tenant_amounts[charge.tenant, resource] += amount
             # Each request's cost goes back to the slice it was charged to.
             pool_amounts[charge.pool, charge.pool_slice or 0, resource] += amount
-    returns.return_cost(transaction, tenant_amounts, pool_amounts)
+    returns.return_cost(transaction, tenant_amounts, pool_amounts, members=members)
 
 
 def mark_stop(transaction: sa.Connection | DriverTransaction, request_id: str) -> None:

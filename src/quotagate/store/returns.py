@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from functools import lru_cache
 from typing import Any
 
@@ -105,15 +106,21 @@ def _return_group(
 
 def return_cost(
     transaction: DriverTransaction, tenant_amounts: Mapping[tuple[str, str], int],
-    pool_amounts: Mapping[tuple[str, int, str], int],
+    pool_amounts: Mapping[tuple[str, int, str], int], *,
+    members: AbstractSet[str] | None = None,
 ) -> None:
     """Give back ``{(tenant, resource): n}`` and ``{(pool, slice, resource): n}``, in the
-    lock order; a row that cannot take its return means the ledger is inconsistent."""
+    lock order; a row that cannot take its return means the ledger is inconsistent.
+
+    ``members``: which of the tenants are cohort members, if the caller read it
+    already without a lock (PostgreSQL's state move returns it, docs/decisions/248);
+    else it is read here, as step 1 says."""
     lock_in_order = reserves_with_lock(transaction)
     if tenant_amounts:
-        tenants = sorted({tenant for tenant, _resource in tenant_amounts})
-        members = {row[0] for row in transaction.rows(_members_query(len(tenants)),
-                                                      _tenant_parameters(tenants))}
+        if members is None:
+            tenants = sorted({tenant for tenant, _resource in tenant_amounts})
+            members = {row[0] for row in transaction.rows(_members_query(len(tenants)),
+                                                          _tenant_parameters(tenants))}
         room: Counter[tuple[str, str]] = Counter()
         for group in (
             {key: amount for key, amount in tenant_amounts.items() if key[0] not in members},
