@@ -10,11 +10,13 @@ commit (docs/decisions/218). Here a batch of ends is one transaction:
    holds its one write lock from ``BEGIN IMMEDIATE``), so a concurrent end of
    the same request waits and then sees the state this batch wrote;
 3. each end judged in order on the locked rows by the same rules as a single
-   release (its guard, then the transition); a refused end gets its error and
+   release (its guard, then the transition; the executor guards' facts read for
+   the whole round at once, docs/decisions/247); a refused end gets its error and
    writes nothing, the others go on;
 4. the state moves, one conditional UPDATE per (from, to, reason) group; on
-   PostgreSQL it returns the rows it moved (``UPDATE … RETURNING``) and only
-   those count toward the sum, elsewhere the locked rows' count is checked;
+   PostgreSQL it returns the rows it moved (``UPDATE … RETURNING``, with whether
+   their tenants are cohort members, docs/decisions/248) and only those count
+   toward the sum, elsewhere the locked rows' count is checked;
 5. the summed cost of the rows that moved given back in admission's lock
    order (:mod:`quotagate.store.returns`): plain tenants' rows, members' rows,
    their cohorts' rooms, then the pool rows, each request's cost to the slice

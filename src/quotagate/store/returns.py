@@ -10,7 +10,8 @@ for ``deadlock_timeout`` and MariaDB rolls one back. Here the return takes the
 same order:
 
 1. plain tenants' rows, then members' rows, each in (tenant, resource) order;
-   which tenants are members is read first without a lock (an admin change of
+   which tenants are members is read first without a lock (on PostgreSQL the
+   release's state move returns it, docs/decisions/248; an admin change of
    membership meanwhile at worst costs a deadlock the server breaks; the rooms
    are still computed from the rows as locked);
 2. the rooms, one conditional UPDATE in (cohort, resource) order, by the
