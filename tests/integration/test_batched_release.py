@@ -16,10 +16,18 @@ import pytest
 import sqlalchemy as sa
 
 from quotagate import Quotagate, RequestState
+from quotagate.delivery.registry import TargetStore
+from quotagate.domain.external_object import ExternalObject
 from quotagate.errors import Conflict, Forbidden, NotFound, StaleGeneration
 from quotagate.store import schema
-from quotagate.store.authority import tenant_guard
+from quotagate.store.authority import (
+    NotDeliveredYet,
+    StaleFencingToken,
+    executor_guard,
+    tenant_guard,
+)
 from quotagate.store.group_release import GroupRelease
+from quotagate.store.outbox import OutboxStore
 from quotagate.store.release import End
 from support import workers
 
@@ -184,3 +192,59 @@ def test_group_commit_answers_every_caller_with_its_own_end(gate: Quotagate) -> 
         assert answer.released == costs[request_id]  # type: ignore[attr-defined]
     _recount(gate)
     assert all(row["used"] == 0 for row in gate.usage()["tenants"])
+
+
+def test_executor_callbacks_in_one_batch_are_judged_as_each_alone(gate: Quotagate) -> None:
+    """A batch reads all its callbacks' facts at once (docs/decisions/247); every end still
+    gets the answer its own guard, reading its own facts, gives."""
+    _setup(gate, 6)
+    TargetStore(gate.engine).set("hook", "webhook", {"url": "http://127.0.0.1:9/"},
+                                 default=True)
+    outbox = OutboxStore(gate.engine, gate.leases, gate.clock)
+    lease = gate.leases.acquire("worker-1", "test", 60.0)
+    assert lease is not None
+    claims = {claim.request_id: claim for claim in outbox.claim_work(lease, 6, stops=False)}
+    assert len(claims) == 6
+    bound = ["r-000", "r-001", "r-002"]  # delivered; r-003 and r-004 in flight
+    outbox.record_deliveries(lease, [
+        (claims[request_id], "hook", ExternalObject(f"obj-{request_id}", None, request_id))
+        for request_id in bound], actor="test")
+
+    def token(request_id: str) -> int:
+        return claims[request_id].fencing_token
+
+    ends = [
+        End("r-000", RequestState.COMPLETED, guard=executor_guard("hook", token("r-000"))),
+        End("r-001", RequestState.COMPLETED, guard=executor_guard("hook", token("r-001") - 1)),
+        End("r-002", RequestState.COMPLETED, guard=executor_guard("other", token("r-002"))),
+        End("r-003", RequestState.FAILED, guard=executor_guard("hook", token("r-003"))),
+        End("r-004", RequestState.COMPLETED, guard=executor_guard("hook", token("r-004") + 1)),
+        End("r-005", RequestState.COMPLETED, guard=executor_guard("hook", None)),
+        # Again, in the batch's next round: its outbox row is gone by then.
+        End("r-000", RequestState.COMPLETED, guard=executor_guard("hook", token("r-000"))),
+        End("missing", RequestState.COMPLETED, guard=executor_guard("hook", 1)),
+    ]
+    # What each guard says alone, reading its own facts, before anything ends.
+    alone: list[type[Exception] | None] = []
+    with gate.engine.begin() as connection:
+        for end in ends[:6]:
+            row = gate.show(end.request_id)
+            try:
+                assert end.guard is not None
+                end.guard(connection, {"id": row.id, "state": row.state.value}, end.to_state)
+                alone.append(None)
+            except Exception as error:
+                alone.append(type(error))
+    assert alone == [None, StaleFencingToken, NotFound, None, NotDeliveredYet,
+                     StaleFencingToken]
+    results = gate.ledger.release_many(ends)
+    assert [None if not isinstance(result, Exception) else type(result)
+            for result in results[:6]] == alone
+    first, again, missing = results[0], results[6], results[7]
+    assert not isinstance(first, Exception) and first.released
+    assert not isinstance(again, Exception) and again.released == {}
+    assert isinstance(missing, NotFound)
+    assert gate.show("r-003").state == RequestState.FAILED
+    assert {gate.show(f"r-00{index}").state for index in (1, 2, 4, 5)} <= {
+        RequestState.RESERVED, RequestState.DELIVERED}
+    _recount(gate)

@@ -15,7 +15,8 @@ locked, so the state it judges is the state the release changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -24,6 +25,7 @@ import sqlalchemy as sa
 from quotagate.domain.model import CHARGED_STATES, RequestState
 from quotagate.errors import Conflict, Forbidden, NotFound
 from quotagate.store import schema
+from quotagate.store.driver import DriverTransaction
 
 # (connection, locked request row, the state asked for) → None, or raises. In a batch
 # of releases the row shows what the batch's earlier ends made of it.
@@ -54,16 +56,17 @@ def tenant_guard(_connection: sa.Connection, row: Mapping[str, Any], to_state: R
         )
 
 
-@lru_cache(maxsize=1)
-def _callback_facts_query() -> sa.Select[Any]:
-    """The binding, the outbox row and the default target of one request (``guarded_id``),
-    in one round trip: callbacks are hot. Built once (docs/decisions/246)."""
+@lru_cache(maxsize=64)
+def callback_facts_query(count: int) -> sa.Select[Any]:
+    """The binding, the outbox row and the default target of ``count`` requests
+    (``guarded_0`` …), one row each, in one round trip: a group release judges all its
+    callbacks with one read (docs/decisions/247). Built once per count (decision 246)."""
     request, binding, outbox, targets = (schema.request, schema.binding, schema.outbox,
                                          schema.delivery_target)
     default_target = (sa.select(targets.c.name).where(targets.c.is_default == sa.true())
                       .limit(1).scalar_subquery())
     return (
-        sa.select(binding.c.target, binding.c.fencing_token,
+        sa.select(request.c.id, binding.c.target, binding.c.fencing_token,
                   outbox.c.target.label("outbox_target"), outbox.c.claim_token,
                   outbox.c.delivered.label("outbox_delivered"),
                   outbox.c.request_id.label("queued"), default_target.label("default_target"))
@@ -71,25 +74,62 @@ def _callback_facts_query() -> sa.Select[Any]:
             request.outerjoin(binding, binding.c.request_id == request.c.id)
             .outerjoin(outbox, outbox.c.request_id == request.c.id)
         )
-        .where(request.c.id == sa.bindparam("guarded_id"))
+        .where(request.c.id.in_([sa.bindparam(f"guarded_{index}") for index in range(count)]))
     )
 
 
-def executor_guard(target: str, fencing_token: int | None) -> ReleaseGuard:
-    """The guard for an executor token of ``target`` calling back with ``fencing_token``."""
+@dataclass(frozen=True)
+class CallbackFacts:
+    """What an executor's callback is judged by, besides the locked request row."""
 
-    def guard(connection: sa.Connection, row: Mapping[str, Any], to_state: RequestState) -> None:
+    target: str | None  # the binding's; None: nothing bound yet
+    fencing_token: int | None  # the bound attempt's
+    outbox_target: str | None
+    claim_token: int | None  # the newest claim's
+    outbox_delivered: bool | None
+    queued: str | None  # the outbox row's request id: None when it has none
+    default_target: str | None
+
+
+def callback_facts(
+    transaction: sa.Connection | DriverTransaction, request_ids: Sequence[str],
+) -> dict[str, CallbackFacts]:
+    """The :class:`CallbackFacts` of existing requests, by id, in one statement."""
+    parameters = {f"guarded_{index}": request_id for index, request_id in enumerate(request_ids)}
+    rows = transaction.execute(callback_facts_query(len(request_ids)), parameters).fetchall()
+    return {row[0]: CallbackFacts(*row[1:]) for row in rows}
+
+
+@dataclass(frozen=True)
+class ExecutorGuard:
+    """The guard for an executor token of ``target`` calling back with ``fencing_token``.
+
+    Called as a :data:`ReleaseGuard` it reads its request's facts itself; a batch
+    of releases reads the facts of all its callbacks at once (:func:`callback_facts`)
+    and hands each to :meth:`judge` (docs/decisions/247): the same rules either way.
+    """
+
+    target: str
+    fencing_token: int | None
+
+    def __call__(self, connection: sa.Connection, row: Mapping[str, Any],
+                 to_state: RequestState) -> None:
+        self.judge(row, to_state, callback_facts(connection, [row["id"]])[row["id"]])
+
+    def judge(self, row: Mapping[str, Any], _to_state: RequestState,
+              found: CallbackFacts) -> None:
+        """Raise unless this callback may end the locked ``row`` (its facts: ``found``)."""
         request_id = row["id"]
-        state = RequestState(row["state"])
-        found = connection.execute(_callback_facts_query(), {"guarded_id": request_id}).one()
+        fencing_token = self.fencing_token
         if found.target is None:
-            _judge_in_flight(request_id, state, found, target, fencing_token)
+            _judge_in_flight(request_id, RequestState(row["state"]), found, self.target,
+                             fencing_token)
             return
-        if found.target != target:
+        if found.target != self.target:
             raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
         _require_token(request_id, fencing_token)
         assert fencing_token is not None
-        bound = int(found.fencing_token)
+        bound = int(found.fencing_token or 0)
         newest = max(bound, int(found.claim_token or 0))
         if not bound <= fencing_token <= newest:
             raise StaleFencingToken(
@@ -99,7 +139,10 @@ def executor_guard(target: str, fencing_token: int | None) -> ReleaseGuard:
         # Bound but not yet marked delivered (the two steps of decision 203): the
         # executor holds the object, so its word ends the request like a delivered one's.
 
-    return guard
+
+def executor_guard(target: str, fencing_token: int | None) -> ExecutorGuard:
+    """The guard for an executor token of ``target`` calling back with ``fencing_token``."""
+    return ExecutorGuard(target, fencing_token)
 
 
 def _require_token(request_id: str, fencing_token: int | None) -> None:
@@ -112,7 +155,8 @@ def _require_token(request_id: str, fencing_token: int | None) -> None:
 
 
 def _judge_in_flight(
-    request_id: str, state: RequestState, found: Any, target: str, fencing_token: int | None
+    request_id: str, state: RequestState, found: CallbackFacts, target: str,
+    fencing_token: int | None,
 ) -> None:
     """A request with no binding yet: its executor may end it only while the delivery it
     names is the one in flight (docs/decisions/225).

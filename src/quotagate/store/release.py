@@ -10,11 +10,13 @@ commit (docs/decisions/218). Here a batch of ends is one transaction:
    holds its one write lock from ``BEGIN IMMEDIATE``), so a concurrent end of
    the same request waits and then sees the state this batch wrote;
 3. each end judged in order on the locked rows by the same rules as a single
-   release (its guard, then the transition); a refused end gets its error and
+   release (its guard, then the transition; the executor guards' facts read for
+   the whole round at once, docs/decisions/247); a refused end gets its error and
    writes nothing, the others go on;
 4. the state moves, one conditional UPDATE per (from, to, reason) group; on
-   PostgreSQL it returns the rows it moved (``UPDATE … RETURNING``) and only
-   those count toward the sum, elsewhere the locked rows' count is checked;
+   PostgreSQL it returns the rows it moved (``UPDATE … RETURNING``, with whether
+   their tenants are cohort members, docs/decisions/248) and only those count
+   toward the sum, elsewhere the locked rows' count is checked;
 5. the summed cost of the rows that moved given back in admission's lock
    order (:mod:`quotagate.store.returns`): plain tenants' rows, members' rows,
    their cohorts' rooms, then the pool rows, each request's cost to the slice
@@ -64,7 +66,7 @@ from quotagate.store import (
 )
 from quotagate.store import release_statements as statements
 from quotagate.store.audit import AuditEntry, record
-from quotagate.store.authority import ReleaseGuard
+from quotagate.store.authority import CallbackFacts, ExecutorGuard, ReleaseGuard, callback_facts
 from quotagate.store.dialect import reserves_with_lock
 from quotagate.store.driver import DriverTransaction, run_on_connection
 from quotagate.store.preemption import COMING_BACK
@@ -118,6 +120,8 @@ class _Charge:
     # The pool slice charged (quotagate.store.pool_slices); None: slice 0.
     pool_slice: int | None
     cost: dict[str, int]
+    # Is the tenant a cohort member, as the state move read it; None: not read.
+    member: bool | None = None
 
 
 @dataclass
@@ -190,12 +194,13 @@ def _round(
         row[0]: dict(zip(columns, row, strict=True))
         for row in transaction.rows(statements.lock_requests_query(len(ids)), _ids(ids))
     }
+    facts = _callback_facts(transaction, ends, indexes, rows)
     moves: list[_Move] = []
     requeuing: set[str] | None = None
     for index in indexes:
         end = ends[index]
         try:
-            judged = _judge(connection, end, rows.get(end.request_id))
+            judged = _judge(connection, end, rows.get(end.request_id), facts)
         except DBAPIError:
             raise
         except Exception as error:  # a refusal: this end writes nothing
@@ -260,13 +265,39 @@ def _round(
                                             released={} if charge is None else charge.cost)
 
 
+def _callback_facts(
+    transaction: DriverTransaction, ends: Sequence[End], indexes: list[int],
+    rows: dict[str, dict[str, Any]],
+) -> dict[str, CallbackFacts]:
+    """The facts every executor callback of this round is judged by, in one read.
+
+    One read per callback was one round trip per end of a group release
+    (docs/decisions/247). Read before the round writes anything: a round ends
+    each request once, and its only write before the judging is done (a stop
+    begun) touches its own request's outbox row, judged already, so every end
+    sees what its own read would have.
+    """
+    guarded = sorted({ends[index].request_id for index in indexes
+                      if isinstance(ends[index].guard, ExecutorGuard)
+                      and _in_scope(ends[index], rows.get(ends[index].request_id))})
+    return callback_facts(transaction, guarded) if guarded else {}
+
+
+def _in_scope(end: End, row: dict[str, Any] | None) -> bool:
+    """Does the end find its request (another tenant's is "not found")?"""
+    return row is not None and (end.tenant is None or row["tenant"] == end.tenant)
+
+
 def _judge(
-    connection: sa.Connection, end: End, row: dict[str, Any] | None
+    connection: sa.Connection, end: End, row: dict[str, Any] | None,
+    facts: dict[str, CallbackFacts],
 ) -> ReleaseResult | str:
     """The rules of one release on a locked row: a no-op result, ``"stop"`` or ``"move"``."""
-    if row is None or (end.tenant is not None and row["tenant"] != end.tenant):
+    if row is None or not _in_scope(end, row):
         raise NotFound(f"request {end.request_id!r} does not exist", code="unknown_request")
-    if end.guard is not None:
+    if isinstance(end.guard, ExecutorGuard):
+        end.guard.judge(row, end.to_state, facts[row["id"]])
+    elif end.guard is not None:
         end.guard(connection, row, end.to_state)
     current = RequestState(row["state"])
     if current == end.to_state or (
@@ -316,15 +347,17 @@ def _move_states(
         parameters: dict[str, Any] = _ids([move.row["id"] for move in group])
         parameters.update(current=current, to_state=to_state, now=now, reason=reason)
         charged = RequestState(current) in CHARGED_STATES
+        # By request id: tenant, pool, slice, cost, and whether the tenant is a member.
+        moved: dict[str, tuple[str, str, int | None, Any, bool | None]]
         if returning:
             # Only rows this statement moved count toward the sum.
-            moved = {row[0]: (row[1], row[2], row[3], row[4])
+            moved = {row[0]: (row[1], row[2], row[3], row[4], bool(row[5]))
                      for row in transaction.rows(statement, parameters)}
         else:
             # The rows are locked (SQLite: the write lock is ours), so the count is exact.
             count = transaction.rowcount(statement, parameters)
             moved = {move.row["id"]: (move.row["tenant"], move.row["pool"],
-                                      move.row["pool_slice"], move.row["cost"])
+                                      move.row["pool_slice"], move.row["cost"], None)
                      for move in group}
             if count != len(group):
                 moved = {}
@@ -334,8 +367,9 @@ def _move_states(
                 f"{len(moved)} moved"
             )
         if charged:
-            for request_id, (tenant, pool, pool_slice, cost) in moved.items():
-                released[request_id] = _Charge(tenant, pool, pool_slice, decode_cost(cost))
+            for request_id, (tenant, pool, pool_slice, cost, member) in moved.items():
+                released[request_id] = _Charge(tenant, pool, pool_slice, decode_cost(cost),
+                                               member)
     return released
 
 
@@ -343,12 +377,18 @@ def _return_cost(transaction: DriverTransaction, charges: Iterable[_Charge]) -> 
     """Give the summed cost back in the lock order (:mod:`quotagate.store.returns`)."""
     tenant_amounts: Counter[tuple[str, str]] = Counter()
     pool_amounts: Counter[tuple[str, int, str]] = Counter()
+    # Which tenants are cohort members, when the state move said so for every charge.
+    members: set[str] | None = set()
     for charge in charges:
+        if charge.member is None:
+            members = None
+        elif charge.member and members is not None:
+            members.add(charge.tenant)
         for resource, amount in charge.cost.items():
             tenant_amounts[charge.tenant, resource] += amount
             # Each request's cost goes back to the slice it was charged to.
             pool_amounts[charge.pool, charge.pool_slice or 0, resource] += amount
-    returns.return_cost(transaction, tenant_amounts, pool_amounts)
+    returns.return_cost(transaction, tenant_amounts, pool_amounts, members=members)
 
 
 def mark_stop(transaction: sa.Connection | DriverTransaction, request_id: str) -> None:

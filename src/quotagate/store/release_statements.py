@@ -23,7 +23,8 @@ __all__ = ["REQUEST_COLUMNS", "begin_stop_statement", "lock_decisions_query",
 
 # The request row as the release reads it: every column, in this order.
 REQUEST_COLUMNS: tuple[str, ...] = tuple(column.name for column in schema.request.columns)
-# What a state move returns (UPDATE … RETURNING): what the moved row gives back.
+# What a state move returns (UPDATE … RETURNING): what the moved row gives back,
+# then whether its tenant is a cohort member (:func:`move_statement`).
 _MOVED = ("id", "tenant", "pool", "pool_slice", "cost")
 
 
@@ -43,9 +44,12 @@ def lock_requests_query(count: int) -> sa.Select[Any]:
 def move_statement(count: int, returning: bool) -> sa.Update:
     """Move ``count`` rows (``id_i``) that are ``current`` to ``to_state`` (``now``, ``reason``).
 
-    With ``returning`` the moved rows come back with what they give back.
+    With ``returning`` the moved rows come back with what they give back and
+    whether their tenant is a cohort member: the cost return needs to know that
+    for its lock order (:mod:`quotagate.store.returns`), and read it in a round
+    trip of its own (docs/decisions/248). Like that read, the subquery takes no lock.
     """
-    request = schema.request
+    request, quota = schema.request, schema.tenant_quota
     statement = (
         request.update()
         .where(request.c.id.in_(_ids(count)), request.c.state == sa.bindparam("current"))
@@ -53,7 +57,9 @@ def move_statement(count: int, returning: bool) -> sa.Update:
                 reason=sa.bindparam("reason"))
     )
     if returning:
-        return statement.returning(*(request.c[name] for name in _MOVED))
+        member = sa.exists().where(quota.c.tenant == request.c.tenant,
+                                   quota.c.cohort_root.is_not(None))
+        return statement.returning(*(request.c[name] for name in _MOVED), member)
     return statement
 
 

@@ -10,7 +10,8 @@ for ``deadlock_timeout`` and MariaDB rolls one back. Here the return takes the
 same order:
 
 1. plain tenants' rows, then members' rows, each in (tenant, resource) order;
-   which tenants are members is read first without a lock (an admin change of
+   which tenants are members is read first without a lock (on PostgreSQL the
+   release's state move returns it, docs/decisions/248; an admin change of
    membership meanwhile at worst costs a deadlock the server breaks; the rooms
    are still computed from the rows as locked);
 2. the rooms, one conditional UPDATE in (cohort, resource) order, by the
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from functools import lru_cache
 from typing import Any
 
@@ -105,15 +107,21 @@ def _return_group(
 
 def return_cost(
     transaction: DriverTransaction, tenant_amounts: Mapping[tuple[str, str], int],
-    pool_amounts: Mapping[tuple[str, int, str], int],
+    pool_amounts: Mapping[tuple[str, int, str], int], *,
+    members: AbstractSet[str] | None = None,
 ) -> None:
     """Give back ``{(tenant, resource): n}`` and ``{(pool, slice, resource): n}``, in the
-    lock order; a row that cannot take its return means the ledger is inconsistent."""
+    lock order; a row that cannot take its return means the ledger is inconsistent.
+
+    ``members``: which of the tenants are cohort members, if the caller read it
+    already without a lock (PostgreSQL's state move returns it, docs/decisions/248);
+    else it is read here, as step 1 says."""
     lock_in_order = reserves_with_lock(transaction)
     if tenant_amounts:
-        tenants = sorted({tenant for tenant, _resource in tenant_amounts})
-        members = {row[0] for row in transaction.rows(_members_query(len(tenants)),
-                                                      _tenant_parameters(tenants))}
+        if members is None:
+            tenants = sorted({tenant for tenant, _resource in tenant_amounts})
+            members = {row[0] for row in transaction.rows(_members_query(len(tenants)),
+                                                          _tenant_parameters(tenants))}
         room: Counter[tuple[str, str]] = Counter()
         for group in (
             {key: amount for key, amount in tenant_amounts.items() if key[0] not in members},
