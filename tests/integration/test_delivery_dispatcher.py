@@ -280,3 +280,66 @@ def test_outcomes_are_watched_page_by_page_until_every_request_ended(
     settle(dispatcher, ledger, ids)
     assert {state(ledger, i) for i in ids} == {RequestState.COMPLETED}
     assert ledger.check_invariants() == []
+
+
+def test_outcomes_are_read_again_at_once_while_the_last_read_ended_most_of_its_page(
+    gate: Quotagate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While batches keep coming, a pass reads outcomes only once per OBSERVE_INTERVAL,
+    unless the last read ended most of its page (docs/decisions/249): ends are waiting."""
+    from quotagate.delivery import dispatcher as dispatcher_module
+
+    gate.set_tenant("team-a", {"gpu": 8})
+    gate.set_pool("pool-1", {"gpu": 8})
+    runs = tmp_path / "runs"
+    # Each run waits for its own go-file, so the test decides when it ends.
+    TargetStore(gate.engine, clock=gate.clock).set(
+        "local", "process",
+        {"command": ["sh", "-c", f'while [ ! -e "{tmp_path}/go-$QUOTAGATE_REQUEST_ID" ]; '
+                                 "do sleep 0.02; done"],
+         "run_dir": str(runs)},
+        default=True,
+    )
+    dispatcher = Dispatcher(gate, worker_name="w1", observe_limit=1)
+    # No pass here reads outcomes because of the interval (the dispatcher's first
+    # read is due one second after start, now never): only a pass that delivered
+    # nothing, or a read that ended most of its page, makes a pass read.
+    monkeypatch.setattr(dispatcher_module, "OBSERVE_INTERVAL", 10**9)
+
+    def submit_and_deliver(request_id: str) -> None:
+        gate.submit(request_id, "team-a", {"gpu": 1})
+        gate.admit(10)
+        dispatcher.run_once()
+        assert state(gate, request_id) == RequestState.DELIVERED
+
+    def end(*request_ids: str) -> None:
+        """Let the runs exit and wait until the target reports them ended."""
+        objects = []
+        for request_id in request_ids:
+            (tmp_path / f"go-{request_id}").touch()
+            bound = dispatcher.outbox.binding_of(request_id)
+            assert bound is not None
+            objects.append(bound[1])
+        _config, target = dispatcher.built.get(None)
+        wait_for(lambda: len(target.outcomes(objects)) == len(objects), "the runs to exit")
+
+    submit_and_deliver("a-1")
+    submit_and_deliver("a-2")
+    end("a-1", "a-2")
+    dispatcher.run_once()  # nothing to deliver: reads a page (a-1), which ended
+    assert state(gate, "a-1") == RequestState.COMPLETED
+    assert state(gate, "a-2") == RequestState.DELIVERED
+    # Delivers b-1 and, the last read having ended its whole page, reads the next (a-2).
+    submit_and_deliver("b-1")
+    assert state(gate, "a-2") == RequestState.COMPLETED
+    # Delivers c-1 and reads b-1, which has not ended: a read that ended nothing...
+    submit_and_deliver("c-1")
+    assert state(gate, "b-1") == RequestState.DELIVERED
+    end("b-1")
+    # ...lets the next busy pass deliver without reading: b-1's end waits for a read.
+    submit_and_deliver("d-1")
+    assert state(gate, "b-1") == RequestState.DELIVERED
+    # Passes with nothing to deliver read a page each (c-1, d-1, then from the start).
+    wait_for(lambda: dispatcher.run_once() >= 0
+             and state(gate, "b-1") == RequestState.COMPLETED, "b-1's end to be read")
+    assert gate.check_invariants() == []
