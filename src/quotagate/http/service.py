@@ -27,9 +27,6 @@ from quotagate.observability.metrics import Metrics
 log = logging.getLogger("quotagate.serve")
 
 _MAX_BACKOFF = 5.0
-# A pass that comes back full doubles the next one's size up to this many, and a
-# short one goes back to ``--admit-batch`` (docs/decisions/056).
-MAX_ADMIT_BATCH = 256
 
 
 class Worker(Protocol):
@@ -43,12 +40,6 @@ class AdmissionLoop:
     read. It runs on a thread of its own (``_WaitObserver``), so the admission
     thread — the one that sets the pace when work pours in — goes straight on to
     its next batch; the count of admissions is recorded at once.
-
-    A pass costs the same round trips whether it admits 16 or 256: while passes
-    come back full (a backlog is waiting), each asks for twice as many as the last,
-    up to ``MAX_ADMIT_BATCH``; the first short pass goes back to ``batch``
-    (docs/decisions/056). Every pass is still one ``Quotagate.admit`` transaction
-    placing in fair order, so only how many a pass places changes.
     """
 
     def __init__(
@@ -57,7 +48,6 @@ class AdmissionLoop:
         self.gate = gate
         self.metrics = metrics
         self.batch = batch
-        self.max_batch = max(batch, MAX_ADMIT_BATCH)
         self.interval = interval
         self.waits = _WaitObserver(gate, metrics)
 
@@ -69,27 +59,23 @@ class AdmissionLoop:
 
     def _run(self, stop: threading.Event) -> None:
         backoff = self.interval
-        batch = self.batch
         while not stop.is_set():
             try:
                 started = time.perf_counter()
-                admitted = self.gate.admit(batch)
+                admitted = self.gate.admit(self.batch)
                 self.metrics.admission_pass.observe(time.perf_counter() - started)
-                batch = min(2 * batch, self.max_batch) if len(admitted) >= batch else self.batch
                 if admitted:
                     self.metrics.count_admissions(admitted)
                     self.waits.observe(admitted, self.gate.now())
                 backoff = self.interval
             except StoreUnavailable:
                 log.warning("admission: the ledger database cannot be reached; retrying")
-                batch = self.batch
                 stop.wait(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF)
                 continue
             except Exception:
                 # Keep the loop alive: one bad pass must not stop admissions for good.
                 log.exception("admission pass failed")
-                batch = self.batch
                 stop.wait(self.interval)
                 continue
             if not admitted:
