@@ -139,9 +139,6 @@ class Dispatcher:
         self._refreshed_at = -TARGET_REFRESH_INTERVAL
         self._observed_up_to = ""
         self._observed_at = -OBSERVE_INTERVAL
-        # The last outcome read ended most of what it read: ends are waiting to be
-        # read, so the next pass reads again without waiting out OBSERVE_INTERVAL.
-        self._ends_waiting = False
         self._overruns_at = -overrun_interval
         self._waiting_logged = False
         # What the last pass did, by kind (``quotagate worker --once`` prints it).
@@ -235,13 +232,9 @@ class Dispatcher:
         moved += delivered
         now = time.monotonic()
         # While batches keep coming, outcome reads wait their turn (at most one
-        # page a second): every read pass delays the next delivery (decisions/217)
-        # — unless the last read ended most of its page: then reading is what
-        # frees room, and one page a second would cap ends at the page size
-        # per second however fast executors end (docs/decisions/249).
+        # page a second): every read pass delays the next delivery (decisions/217).
         if self._lease is not None and self.observe_limit and (
-            delivered == 0 or self._ends_waiting
-            or now - self._observed_at >= OBSERVE_INTERVAL
+            delivered == 0 or now - self._observed_at >= OBSERVE_INTERVAL
         ):
             self._observed_at = now
             moved += self._observe()
@@ -589,7 +582,6 @@ class Dispatcher:
 
     def _observe(self) -> int:
         """Release delivered requests whose executor reports an end (fenced by the lease)."""
-        self._ends_waiting = False
         watched = self.outbox.delivered_bindings(self.observe_limit, after=self._observed_up_to)
         # Next pass goes on from here; a short page means we reached the end: wrap around.
         self._observed_up_to = (
@@ -621,7 +613,6 @@ class Dispatcher:
                                      if obtained.request_id in settled])
             if self._lease is None:
                 return ended
-        self._ends_waiting = bool(watched) and 2 * ended >= len(watched)
         return ended
 
     def _end_all(self, lease: Lease, outcomes: dict[str, Outcome]) -> tuple[int, set[str]]:
