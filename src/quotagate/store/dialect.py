@@ -269,8 +269,9 @@ def reading(engine: Engine, *, single_statement: bool = False) -> Iterator[sa.Co
     Every statement runs under the engine's read deadline (quotagate.store.read_deadline):
     past it the view raises StoreUnavailable (503) instead of hanging.
 
-    ``single_statement``: the caller reads one row by primary key with one
-    statement (the token lookup on every HTTP call), which needs no transaction
+    ``single_statement``: the caller reads rows by primary key with one
+    statement (the token lookup on every HTTP call, the admission-wait metric's
+    submission times), which needs no transaction
     around it and no deadline (a primary-key read waits on no lock). On
     PostgreSQL that saves the BEGIN, SET and ROLLBACK round trips (psycopg sends
     each on its own); switching psycopg to autocommit and back costs nothing.
