@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     import uvicorn
 
 DEFAULT_CONNECTIONS = 20
-ENVIRONMENT_VARIABLE = "QUOTAGATE_DB_CONNECTIONS"
 
 # Connections serve's own threads can hold at once beside the HTTP calls. With
 # workers: the admission loop keeps one between passes (store/kept_connection.py)
