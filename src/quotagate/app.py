@@ -191,14 +191,17 @@ class Quotagate:
 
     @classmethod
     def connect(
-        cls, url: str | None = None, *, rate_store: str | RateStore | None = None, **options: Any
+        cls, url: str | None = None, *, rate_store: str | RateStore | None = None,
+        connections: int | None = None, **options: Any
     ) -> Quotagate:
         """Open the ledger at ``url`` (default ``$QUOTAGATE_DB`` or ``./quotagate.db``).
 
         ``rate_store``: where token buckets live — a URL (``redis://…``) or a
         store; default ``$QUOTAGATE_RATE_STORE``, else the ledger database.
+        ``connections``: a fixed pool of that many database connections
+        (``serve --db-connections``); default SQLAlchemy's 5 plus 10 overflow.
         """
-        engine = create_engine(database_url(url))
+        engine = create_engine(database_url(url), connections=connections)
         if not isinstance(rate_store, RateStore):
             rate_store = rate_store_from_url(
                 rate_store or os.environ.get(RATE_STORE_VARIABLE), ledger_engine=engine

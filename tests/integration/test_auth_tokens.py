@@ -105,15 +105,16 @@ class Ticks:
         return self.now
 
 
-def token_reads(gate: Quotagate) -> list[str]:
-    """The statements on the token table, as the database receives them."""
-    seen: list[str] = []
+def token_reads(gate: Quotagate) -> list[object]:
+    """The engine's pool checkouts from now on: one per token read while nothing else
+    runs (the read runs on the driver connection, past SQLAlchemy's statement events;
+    docs/decisions/315-token-read-on-the-driver.md)."""
+    seen: list[object] = []
 
-    def note(_connection: object, _cursor: object, statement: str, *_args: object) -> None:
-        if schema.api_token.name in statement:
-            seen.append(statement)
+    def note(_dbapi_connection: object, record: object, _proxy: object) -> None:
+        seen.append(record)
 
-    sa.event.listen(gate.engine, "before_cursor_execute", note)
+    sa.event.listen(gate.engine, "checkout", note)
     return seen
 
 

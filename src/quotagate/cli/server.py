@@ -43,6 +43,14 @@ from quotagate.cli.streams import redis_option
               help="Seconds a verified API token is believed without reading its row again; "
               "a revocation made elsewhere then counts within that time (0: on the next "
               "request; docs/decisions/237).")
+# The default is connections.DEFAULT_CONNECTIONS, written out like --hold-seconds's: the
+# module is imported only once serve runs; a unit test keeps them equal.
+@click.option("--db-connections", "db_connections", default=20, show_default=True,
+              envvar="QUOTAGATE_DB_CONNECTIONS", type=click.IntRange(2, 1000),
+              help="Database connections serve opens at most, kept open once opened; HTTP "
+              "calls run as many at once as its own threads leave free (they hold up "
+              "to 6 with workers), the rest wait their turn. "
+              "Also $QUOTAGATE_DB_CONNECTIONS (docs/decisions/314).")
 @hold_seconds_option
 @db_option
 @redis_option
@@ -51,11 +59,12 @@ from quotagate.cli.streams import redis_option
 def serve(
     host: str, port: int, admit_interval: float, admit_batch: int, no_workers: bool,
     log_level: str, access_log: bool, worker_name: str | None, concurrency: int, tour: bool,
-    prune_older_than: str | None, token_cache_ttl: float, hold_seconds: float,
-    db_url: str | None, redis_url: str | None, rate_store: str | None,
+    prune_older_than: str | None, token_cache_ttl: float, db_connections: int,
+    hold_seconds: float, db_url: str | None, redis_url: str | None, rate_store: str | None,
 ) -> None:
     """Run the HTTP API, admission and delivery until SIGTERM."""
     from quotagate.http import service
+    from quotagate.http.connections import http_threads
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
     # Alembic's "Context impl…" lines say nothing to someone starting a server; in
@@ -64,7 +73,9 @@ def serve(
     for name in quiet:
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
     retention = None if prune_older_than is None else parse_duration(prune_older_than)
-    gate = open_gate(db_url, redis=redis_url, rate_store=rate_store,
+    # Refused before anything opens: a pool too small for serve's own threads.
+    http_threads(db_connections, workers=not no_workers, retention=retention is not None)
+    gate = open_gate(db_url, redis=redis_url, rate_store=rate_store, connections=db_connections,
                      token_cache_ttl=token_cache_ttl, hold_seconds=hold_seconds)
     ensure_schema(gate)
     from quotagate.store.engine import database_url, redact  # loaded already, with the gate
@@ -88,7 +99,7 @@ def serve(
         gate, host=host, port=port, admit_interval=admit_interval, admit_batch=admit_batch,
         workers=not no_workers, log_level=log_level, access_log=access_log,
         on_started=on_started, worker_name=worker_name, concurrency=concurrency,
-        prune_older_than=retention,
+        prune_older_than=retention, connections=db_connections,
     ))
 
 

@@ -157,17 +157,23 @@ def run(
     worker_name: str | None = None,
     concurrency: int = 32,
     prune_older_than: float | None = None,
+    connections: int | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT; return the exit status.
 
     ``on_started`` runs in a daemon thread next to the server (``serve --tour``).
+    ``connections``: the size of the gate's fixed pool (``--db-connections``); HTTP
+    calls run at once only as many as it leaves free (quotagate.http.connections).
     """
     try:
         import uvicorn
     except ModuleNotFoundError as exc:  # pragma: no cover - depends on extras installed
         raise ModuleNotFoundError("serve needs uvicorn: pip install 'quotagate[server]'") from exc
     from quotagate.http.app import create_app
+    from quotagate.http.connections import http_threads, run_server
 
+    call_threads = None if connections is None else http_threads(
+        connections, workers=workers, retention=prune_older_than is not None)
     metrics = gate.metrics
     app = create_app(gate, metrics=metrics)
     stop = threading.Event()
@@ -198,7 +204,10 @@ def run(
     if on_started is not None:
         threading.Thread(target=on_started, name="tour", daemon=True).start()
     try:
-        server.run()
+        if call_threads is None:
+            server.run()
+        else:
+            run_server(server, call_threads)
     finally:
         log.info("stopping workers")
         stop.set()

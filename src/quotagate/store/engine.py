@@ -89,10 +89,24 @@ def redact(text: str) -> str:
         return "<unparseable URL>"
 
 
-def create_engine(text: str, *, read_timeout: float | None = None, **options: Any) -> Engine:
+def create_engine(
+    text: str, *, read_timeout: float | None = None, connections: int | None = None,
+    **options: Any,
+) -> Engine:
     """An engine for ``text``; ``read_timeout`` (seconds, default $QUOTAGATE_READ_TIMEOUT or 5)
-    bounds every read-only view."""
+    bounds every read-only view.
+
+    ``connections``: a pool of exactly that many, kept open once opened and never
+    exceeded (``serve --db-connections``, docs/decisions/314). Without it, SQLAlchemy's
+    default: 5 kept, 10 more opened under load and closed again when handed back.
+    """
     url = normalise_url(text)
+    if connections is not None:
+        if connections < 1:
+            raise InvalidInput("the number of database connections must be at least 1",
+                               code="invalid_connections")
+        options.setdefault("pool_size", connections)
+        options.setdefault("max_overflow", 0)
     if read_timeout is None:
         read_timeout = configured_read_timeout()
     backend = url.get_backend_name()
