@@ -270,8 +270,8 @@ def reading(engine: Engine, *, single_statement: bool = False) -> Iterator[sa.Co
     past it the view raises StoreUnavailable (503) instead of hanging.
 
     ``single_statement``: the caller reads rows by primary key with one
-    statement (the token lookup on every HTTP call, the admission-wait metric's
-    submission times), which needs no transaction
+    statement (the admission-wait metric's submission times, the overrun
+    check), which needs no transaction
     around it and no deadline (a primary-key read waits on no lock). On
     PostgreSQL that saves the BEGIN, SET and ROLLBACK round trips (psycopg sends
     each on its own); switching psycopg to autocommit and back costs nothing.
