@@ -10,48 +10,24 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio.from_thread
 import anyio.to_thread
 import httpx
-import pytest
 import sqlalchemy as sa
-import uvicorn
 
 from quotagate import Quotagate
 from quotagate.auth.authorizer import Actor, default_authorizer
 from quotagate.cli.server import serve
 from quotagate.http import create_app
-from quotagate.http.connections import DEFAULT_CONNECTIONS, http_threads, run_server
+from quotagate.http.connections import DEFAULT_CONNECTIONS, http_threads
 from support import cli
-from support.http_servers import bearer, free_port, make_token
+from support.http_servers import bearer, make_token, serving
 
 CONNECTIONS = 4
 CALLERS = 24  # six times the pool, and more than AnyIO's threads left to themselves would be
-
-
-@contextmanager
-def served(app: object, threads: int) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=run_server, args=(server, threads), daemon=True)
-    thread.start()
-    until = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > until or not thread.is_alive():
-            pytest.fail("uvicorn did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def test_more_concurrent_calls_than_connections_all_succeed_on_a_warm_fixed_pool(
@@ -87,7 +63,7 @@ def test_more_concurrent_calls_than_connections_all_succeed_on_a_warm_fixed_pool
 
         sa.event.listen(gate.engine, "connect", on_connect)
         sa.event.listen(gate.engine, "checkout", on_checkout)
-        with served(create_app(gate, authorizer=authorizer), threads) as url, \
+        with serving(create_app(gate, authorizer=authorizer), threads=threads) as url, \
                 httpx.Client(base_url=url, timeout=60) as client, \
                 concurrent.futures.ThreadPoolExecutor(CALLERS) as callers:
             client.put("/v1/pools/main", json={"capacity": {"gpu": 10_000}},

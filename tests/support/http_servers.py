@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -18,6 +19,7 @@ import pytest
 import uvicorn
 
 from quotagate import Quotagate
+from quotagate.http.connections import run_server
 
 QUOTAGATE = str(Path(sys.executable).with_name("quotagate"))
 STARTUP_DEADLINE = 60.0
@@ -113,12 +115,16 @@ def bearer(token: str) -> dict[str, str]:
 
 
 @contextmanager
-def serving(app: object) -> Iterator[str]:
-    """Serve an ASGI app with uvicorn in a thread (so the test can hold its hooks); its URL."""
+def serving(app: object, *, threads: int | None = None) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn in a thread (so the test can hold its hooks); its URL.
+
+    ``threads``: run it as ``quotagate serve --db-connections`` does, through
+    ``run_server`` with AnyIO's worker threads bounded to that many."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    run = server.run if threads is None else functools.partial(run_server, server, threads)
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     until = time.monotonic() + 30
     while not server.started:
