@@ -9,7 +9,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 from quotagate.store import schema
-from quotagate.store.dialect import reading, translate
+from quotagate.store.dialect import raise_translated, reading
 from quotagate.store.driver import run_driver_transaction
 
 __all__ = ["TokenRow", "find", "insert", "list_rows", "lock", "mark_revoked", "target_exists"]
@@ -84,8 +84,5 @@ def find(engine: Engine, token_id: str) -> TokenRow | None:
             autocommit=True,
         )
     except DBAPIError as error:
-        translated = translate(error)
-        if translated is error:
-            raise
-        raise translated from error
+        raise_translated(error)
     return None if not rows else _row(dict(zip(_COLUMNS, rows[0], strict=True)))

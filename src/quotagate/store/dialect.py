@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Protocol, TypeVar
+from typing import NoReturn, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect, Engine
@@ -262,6 +262,14 @@ def translate(error: DBAPIError) -> Exception:
     return error
 
 
+def raise_translated(error: DBAPIError) -> NoReturn:
+    """Raise the domain error for ``error`` (from it), or ``error`` itself when none fits."""
+    translated = translate(error)
+    if translated is error:
+        raise error
+    raise translated from error
+
+
 @contextmanager
 def reading(engine: Engine, *, single_statement: bool = False) -> Iterator[sa.Connection]:
     """A connection for read-only views, with driver errors translated.
@@ -291,10 +299,7 @@ def reading(engine: Engine, *, single_statement: bool = False) -> Iterator[sa.Co
     except DBAPIError as error:
         if is_statement_timeout(error):
             raise timed_out(seconds) from error
-        translated = translate(error)
-        if translated is error:
-            raise
-        raise translated from error
+        raise_translated(error)
 
 
 def retry_cause(error: DBAPIError) -> str:
