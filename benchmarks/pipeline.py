@@ -7,8 +7,10 @@ its own process), which ends each one — by calling back with an executor token
 and the fencing token (``--outcome callback``, the default) or by answering the
 worker's outcome read (``--outcome read``) — until every request is
 ``completed``. Reported: submits/s (first submit to last submit answered),
-completed/s (first submit to last completion) and the p50/p99 latency from a
-client sending a submit to the receiver getting its delivery.
+completed/s (first submit to last completion), the p50/p99 latency from a
+client sending a submit to the receiver getting its delivery, and the CPU time
+``serve`` spent per completed request (user + system, from ready until every
+request ended: less noisy than the rates on a shared machine).
 
 The baseline, in the same run on the same PostgreSQL server: pgqueuer
 enqueues the same number of no-op jobs (in batches of 1,000, its fastest way)
@@ -75,9 +77,17 @@ def _wait_ready(url: str, process: Any, what: str) -> None:
         time.sleep(0.05)
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        # The command name, in parentheses, may hold spaces: count fields after it.
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
-def serve(db_url: str, port: int) -> Iterator[str]:
-    """One ``quotagate serve`` with its admission loop and delivery worker."""
+def serve(db_url: str, port: int) -> Iterator[tuple[str, int]]:
+    """One ``quotagate serve`` with its admission loop and delivery worker: its URL and pid."""
     environment = {key: value for key, value in os.environ.items()
                    if not key.startswith("QUOTAGATE_")}
     process = subprocess.Popen(
@@ -88,7 +98,7 @@ def serve(db_url: str, port: int) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(f"{url}/readyz", process, "serve")
-        yield url
+        yield url, process.pid
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -214,9 +224,12 @@ def run_pipeline(backend: str, total: int, clients: int, outcome: str, timeout: 
         with receiver(outcome, f"http://127.0.0.1:{port}", executor) as hooks:
             targets.set("receiver", "webhook", {"url": f"{hooks}/hooks", **hook_config},
                         default=True)
-            with serve(db_url, port) as url:
+            with serve(db_url, port) as (url, pid):
+                serve_cpu = _cpu_seconds(pid)
                 spans, report, done, last = _drive(gate, url, tenants, tenant_tokens, per_client,
                                                    count, timeout, hooks, batch)
+                # From ready to the last completion seen: what serve spent on the requests.
+                serve_cpu = _cpu_seconds(pid) - serve_cpu
     submit_seconds = max(end for _, end, _ in spans) - min(start for start, _, _ in spans)
     first = min(min(sent.values()) for _, _, sent in spans)
     sent_at = {key: value for _, _, sent in spans for key, value in sent.items()}
@@ -236,7 +249,8 @@ def run_pipeline(backend: str, total: int, clients: int, outcome: str, timeout: 
     return [backend, f"quotagate ({outcome}, {submits})", count, f"{count / submit_seconds:.0f}",
             f"{complete_rate:.1f}", f"{done}/{count}",
             f"{statistics.median(latencies) * 1000:.0f}" if latencies else "-",
-            f"{_percentile(latencies, 0.99) * 1000:.0f}" if latencies else "-"]
+            f"{_percentile(latencies, 0.99) * 1000:.0f}" if latencies else "-",
+            f"{serve_cpu / max(done, 1) * 1000:.2f}"]
 
 
 async def _pgqueuer(dsn: str, count: int) -> tuple[float, float]:
@@ -275,7 +289,7 @@ def run_pgqueuer(count: int) -> list[Any]:
     with throwaway_database("postgresql", create_schema=False) as url:
         enqueue_seconds, drain_seconds = asyncio.run(_pgqueuer(url, count))
     return ["postgresql", "pgqueuer (no-op jobs)", count, f"{count / enqueue_seconds:.0f}",
-            f"{count / drain_seconds:.1f}", f"{count}/{count}", "-", "-"]
+            f"{count / drain_seconds:.1f}", f"{count}/{count}", "-", "-", "-"]
 
 
 def main() -> None:
@@ -312,7 +326,7 @@ def main() -> None:
                 print(f"round {round_number + 1} of {arguments.rounds}")
             print(render_table(
                 ["backend", "system", "requests", "submits/s", "completed/s", "completed",
-                 "p50 submit→delivered ms", "p99 ms"], rows,
+                 "p50 submit→delivered ms", "p99 ms", "serve CPU ms/request"], rows,
             ))
             bar = next((float(row[4]) for row in rows if row[1].startswith("pgqueuer")), None)
             for row in rows:
