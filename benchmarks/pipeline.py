@@ -36,7 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -86,13 +86,13 @@ def _cpu_seconds(pid: int) -> float:
 
 
 @contextmanager
-def serve(db_url: str, port: int) -> Iterator[tuple[str, int]]:
+def serve(db_url: str, port: int, options: Sequence[str] = ()) -> Iterator[tuple[str, int]]:
     """One ``quotagate serve`` with its admission loop and delivery worker: its URL and pid."""
     environment = {key: value for key, value in os.environ.items()
                    if not key.startswith("QUOTAGATE_")}
     process = subprocess.Popen(
         [QUOTAGATE, "serve", "--port", str(port), "--log-level", "warning", "--db", db_url,
-         "--worker-name", "pipeline"],
+         "--worker-name", "pipeline", *options],
         env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
@@ -195,7 +195,8 @@ def _drive(gate: Quotagate, url: str, tenants: list[str], tenant_tokens: list[st
 
 
 def run_pipeline(backend: str, total: int, clients: int, outcome: str, timeout: float,
-                 batch: int = 1, batch_deliver: int = 1) -> list[Any]:
+                 batch: int = 1, batch_deliver: int = 1,
+                 serve_options: Sequence[str] = ()) -> list[Any]:
     per_client = total // clients
     count = per_client * clients
     with throwaway_database(backend) as db_url, Quotagate.connect(db_url) as gate:
@@ -224,7 +225,7 @@ def run_pipeline(backend: str, total: int, clients: int, outcome: str, timeout: 
         with receiver(outcome, f"http://127.0.0.1:{port}", executor) as hooks:
             targets.set("receiver", "webhook", {"url": f"{hooks}/hooks", **hook_config},
                         default=True)
-            with serve(db_url, port) as (url, pid):
+            with serve(db_url, port, serve_options) as (url, pid):
                 serve_cpu = _cpu_seconds(pid)
                 spans, report, done, last = _drive(gate, url, tenants, tenant_tokens, per_client,
                                                    count, timeout, hooks, batch)
@@ -310,6 +311,9 @@ def main() -> None:
                         "values give one row each, in the same run.")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="Seconds to wait for every request to complete.")
+    parser.add_argument("--serve-options", default="",
+                        help="More options for quotagate serve, space-separated "
+                        "(e.g. '--concurrency 8').")
     parser.add_argument("--rounds", type=int, default=1,
                         help="Run pgqueuer and every row this many times, in turns; with more "
                         "than one, also print each row's median and its median ratio to the "
@@ -359,7 +363,7 @@ def _round(arguments: argparse.Namespace, backends: list[str], sizes: list[int])
             print(f"{backend}: quotagate pipeline", file=sys.stderr)
             rows.append(run_pipeline(backend, arguments.requests, arguments.clients,
                                      arguments.outcome, arguments.timeout, arguments.batch,
-                                     size))
+                                     size, arguments.serve_options.split()))
     return rows
 
 
