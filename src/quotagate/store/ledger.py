@@ -65,7 +65,7 @@ from quotagate.store.dialect import (
     run_transaction,
     supports_skip_locked,
 )
-from quotagate.store.driver import DriverTransaction, run_driver_transaction
+from quotagate.store.driver import DriverTransaction, run_driver_transaction, run_on_connection
 from quotagate.store.head_rows import candidate, cost_items, head_entries
 from quotagate.store.kept_connection import KeptConnection
 from quotagate.store.rate_gate import RateGate
@@ -249,11 +249,22 @@ class Ledger:
     def _submit(
         self, connection: sa.Connection, submission: Submission, actor: str, held: _HeldDecision
     ) -> SubmitResult:
+        # The facts read and the writes on the driver cursor, in the transaction
+        # ``connection`` began; a replay and a token take stay SQLAlchemy on it.
+        return run_on_connection(connection, partial(
+            self._submit_on, connection=connection, submission=submission, actor=actor,
+            held=held))
+
+    def _submit_on(
+        self, transaction: DriverTransaction, *, connection: sa.Connection,
+        submission: Submission, actor: str, held: _HeldDecision,
+    ) -> SubmitResult:
         facts: dict[str, set[str]] = {}
-        for fact, value in connection.execute(
-            statements.submission_facts_query(submission.target is not None),
-            {"id": submission.id, "tenant": submission.tenant,
-             "resources": list(submission.cost), "target": submission.target},
+        resources = list(submission.cost)
+        for fact, value in transaction.rows(
+            statements.submission_facts_query(submission.target is not None, len(resources)),
+            statements.submission_facts_parameters(submission.id, submission.tenant, resources,
+                                                   submission.target),
         ):
             facts.setdefault(fact, set()).add(value)
         existing = None
@@ -283,7 +294,7 @@ class Ledger:
         )
         row = new_row(submission, decision, now, self.aging_interval, facts)
         if existing is None:
-            connection.execute(schema.request.insert(), row)
+            transaction.execute(statements.request_insert(tuple(row)), row)
         else:
             connection.execute(
                 schema.request.update()
@@ -291,7 +302,7 @@ class Ledger:
                 .values(state=row["state"], queue_key=row["queue_key"], created=now, updated=now,
                         reason=row["reason"], payload=row["payload"])
             )
-        record(connection, now, submit_audit(actor, row))
+        record(transaction, now, submit_audit(actor, row))
         return SubmitResult(request_from_row(row), created=True)
 
     def _take_token(

@@ -404,7 +404,9 @@ def adjust_statement(table: sa.Table, holder_column: str, resources: tuple[str, 
 
 
 @lru_cache(maxsize=16)
-def submission_facts_query(with_target: bool) -> sa.CompoundSelect[Any]:
+@lru_cache(maxsize=64)
+def submission_facts_query(with_target: bool, resources: int | None = None
+                           ) -> sa.CompoundSelect[Any]:
     """Everything submit must know before it writes, in one round trip.
 
     Rows ``(fact, value)``: ``request`` if the id exists, ``tenant`` if the
@@ -414,16 +416,22 @@ def submission_facts_query(with_target: bool) -> sa.CompoundSelect[Any]:
     other tenants, ``bucket`` if the tenant has a rate quota, ``max_priority``
     (as text) if the tenant has a maximum priority, ``default_max_runtime``
     (as text) if it has a default max-runtime. Parameters: ``id``,
-    ``tenant``, ``resources`` (a list), ``target``.
+    ``tenant``, ``resources`` (a list), ``target``; with ``resources`` given, that
+    many ``resource_i`` instead of the list, for the driver cursor (which takes no
+    expanding list: :func:`submission_facts_parameters`).
     """
     request, capacity = schema.request, schema.pool_capacity
+    offered = (capacity.c.resource.in_(sa.bindparam("resources", expanding=True))
+               if resources is None else
+               capacity.c.resource.in_([sa.bindparam(name) for name in
+                                        _names("resource", resources)]))
     parts = [
         sa.select(sa.literal("request").label("fact"), request.c.id.label("value"))
         .where(request.c.id == sa.bindparam("id")),
         sa.select(sa.literal("tenant").label("fact"), schema.tenant.c.name.label("value"))
         .where(schema.tenant.c.name == sa.bindparam("tenant")),
         sa.select(sa.literal("resource").label("fact"), capacity.c.resource.label("value"))
-        .where(capacity.c.resource.in_(sa.bindparam("resources", expanding=True)))
+        .where(offered)
         .distinct(),
         sa.select(sa.literal("bucket").label("fact"), schema.rate_bucket.c.key.label("value"))
         .where(schema.rate_bucket.c.key == sa.bindparam("tenant")),
@@ -453,6 +461,23 @@ def submission_facts_query(with_target: bool) -> sa.CompoundSelect[Any]:
             .where(target.c.is_default == sa.true(), limited, ~admitted)
         )
     return sa.union_all(*parts)
+
+
+def submission_facts_parameters(id_: str, tenant: str, resources: Sequence[str],
+                                target: str | None) -> dict[str, Any]:
+    """The parameters of :func:`submission_facts_query` with ``len(resources)`` given."""
+    parameters: dict[str, Any] = {"id": id_, "tenant": tenant, "target": target}
+    parameters.update(zip(_names("resource", len(resources)), resources, strict=True))
+    return parameters
+
+
+@lru_cache(maxsize=8)
+def request_insert(columns: tuple[str, ...]) -> sa.Insert:
+    """One new request row with these ``columns``, each its own parameter: the driver
+    cursor binds exactly what it is given (a bare ``insert()`` names every column)."""
+    request = schema.request
+    return request.insert().values(
+        {name: sa.bindparam(name, type_=request.c[name].type) for name in columns})
 
 
 # -- cohorts (docs/fair-sharing.md) ------------------------------------------------
