@@ -47,6 +47,7 @@ class Receiver(ThreadingHTTPServer):
         self.batch_reads: list[list[str]] = []
         self.fail_posts = 0
         self.drop_replies = 0
+        self.redirect_posts = 0
         self.lock = threading.Lock()
 
     @property
@@ -68,6 +69,14 @@ class Handler(JsonHandler):
             return
         with self.server.lock:
             self.server.posts.append({"body": body, "headers": dict(self.headers)})
+            if self.server.redirect_posts:
+                self.server.redirect_posts -= 1
+                self.server.answers.append(307)
+                self.send_response(307)
+                self.send_header("Location", "/elsewhere")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             if self.server.fail_posts:
                 self.server.fail_posts -= 1
                 self.server.answers.append(500)
@@ -212,14 +221,26 @@ def test_poll_every_must_not_be_negative() -> None:
         WebhookTarget({"url": "http://127.0.0.1:9/hooks", "poll_every": -1}, ledger_id=LEDGER)
 
 
-def test_an_unreachable_receiver_is_a_retryable_failure() -> None:
+def test_an_unreachable_receiver_is_a_retryable_failure_that_names_no_secret() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    target = WebhookTarget({"url": f"http://127.0.0.1:{port}/hooks", "timeout": 2},
+    target = WebhookTarget({"url": f"http://127.0.0.1:{port}/hooks?key=s3cret", "timeout": 2},
                            ledger_id=LEDGER)
-    with pytest.raises(DeliveryFailed):
+    with pytest.raises(DeliveryFailed) as failed:
         target.create_if_absent(spec())
+    assert "unreachable" in failed.value.fields["public"]
+    assert "s3cret" not in str(failed.value)
+    assert "s3cret" not in str(failed.value.fields)
+
+
+def test_a_redirect_is_not_followed_nor_the_post_sent_again(receiver: Receiver) -> None:
+    target = WebhookTarget({"url": receiver.url, "timeout": 5}, ledger_id=LEDGER)
+    receiver.redirect_posts = 1
+    with pytest.raises(DeliveryFailed, match="answered 307"):
+        target.create_if_absent(spec())
+    assert receiver.answers == [307]
+    assert [post["body"]["request_id"] for post in receiver.posts] == ["job-1"]
 
 
 def test_dispatcher_delivers_through_the_webhook_and_retries_after_a_500(
