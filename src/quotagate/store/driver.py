@@ -428,10 +428,14 @@ def _attempt(
     committed = False
     try:
         driver_connection: Any = pooled.driver_connection
+        # The DBAPI connection itself for cursor and commit: the pooled proxy would
+        # find ``commit`` through its ``__getattr__``, after a failed lookup, at every
+        # transaction.
+        dbapi_connection: Any = pooled.dbapi_connection
         if autocommit:
             driver_connection.autocommit = True
         raw = raw_cursor(engine)
-        cursor = pooled.cursor() if raw is None else raw(driver_connection)
+        cursor = dbapi_connection.cursor() if raw is None else raw(driver_connection)
         transaction = DriverTransaction(dialect, cursor, numbered=raw is not None,
                                         hide_parameters=engine.hide_parameters)
         try:
@@ -439,7 +443,7 @@ def _attempt(
                 cursor.execute(begin)
             result = work(transaction)
             transaction.flush()
-            pooled.commit()
+            dbapi_connection.commit()
             committed = True
             return result
         except driver_error as exc:
