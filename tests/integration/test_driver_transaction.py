@@ -214,6 +214,23 @@ def test_literals_written_into_the_statement_keep_their_value(db_url: str) -> No
         engine.dispose()
 
 
+def test_given_values_are_bound_in_place_beside_the_statements_own_literals(db_url: str) -> None:
+    """A typed value goes through its type's processing, a literal keeps its value beside
+    it, and a statement of given values only takes them in its own order, not the given one."""
+    typed = sa.select(sa.literal("fixed"), sa.bindparam("now", type_=sa.Double),
+                      sa.bindparam("name", type_=sa.String))
+    plain = sa.select(sa.bindparam("b", type_=sa.String), sa.bindparam("a", type_=sa.String))
+    engine = create_engine(db_url)
+    try:
+        first, second = run_driver_transaction(engine, lambda t: (
+            t.rows(typed, {"now": 2.5, "name": "given"})[0],
+            t.rows(plain, {"a": "x", "b": "y"})[0]))
+        assert tuple(first) == ("fixed", 2.5, "given")
+        assert tuple(second) == ("y", "x")
+    finally:
+        engine.dispose()
+
+
 _PID = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
 _KILL = {"postgresql": "SELECT pg_terminate_backend({pid})", "mysql": "KILL {pid}"}
 

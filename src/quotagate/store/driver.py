@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from operator import itemgetter
 from typing import Any, TypeVar
@@ -57,20 +57,37 @@ class _Compiled:
     # The driver's parameters when none are given (a statement of literals only).
     bare: Any = None
 
+    # ``parameters`` as one callable chosen here, once per statement (_binder): the
+    # itemgetter itself for a statement with nothing fixed or processed.
+    bind: Callable[[Mapping[str, Any]], Any] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bind", _binder(self))
+
     def parameters(self, given: Mapping[str, Any]) -> Any:
         """The driver's parameters: a dict (named styles) or a tuple (positional)."""
-        if not given and self.bare is not None:
-            return self.bare
-        if self.processors:
-            # A loop over the few processed names (admission's: one float, ``now``),
-            # not a comprehension over every value given.
-            processed = dict(given)
-            for name, processor in self.processors.items():
-                if name in processed:
-                    processed[name] = processor(processed[name])
-            given = processed
-        merged = {**self.fixed, **given} if self.fixed else given
-        return merged if self.pick is None else self.pick(merged)
+        return self.bind(given)
+
+
+def _binder(compiled: _Compiled) -> Callable[[Mapping[str, Any]], Any]:
+    """``given -> the driver's parameters`` for ``compiled``: its literals merged under the
+    values given, processors (admission's: one float, ``now``) applied to the values given,
+    picked into a tuple for positional styles."""
+    fixed, pick, bare = compiled.fixed, compiled.pick, compiled.bare
+    processors = tuple(compiled.processors.items())
+    if pick is not None and not fixed and not processors and bare is None:
+        return pick
+
+    def bind(given: Mapping[str, Any]) -> Any:
+        if not given and bare is not None:
+            return bare
+        merged = {**fixed, **given} if fixed else dict(given) if processors else given
+        for name, processor in processors:
+            if name in given:
+                merged[name] = processor(given[name])  # type: ignore[index]
+        return merged if pick is None else pick(merged)
+
+    return bind
 
 
 def _picker(positions: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
@@ -218,7 +235,7 @@ class DriverTransaction:
         if self._pending:
             self.flush()
         compiled = self._compile(self.dialect, statement)
-        self._statement, self._parameters = compiled.sql, compiled.parameters(parameters)
+        self._statement, self._parameters = compiled.sql, compiled.bind(parameters)
         self._cursor.execute(self._statement, self._parameters)
         return self._cursor
 
@@ -239,7 +256,8 @@ class DriverTransaction:
             self.flush()
         compiled = self._compile(self.dialect, statement)
         self._statement = compiled.sql
-        self._parameters = [compiled.parameters(row) for row in rows]
+        bind = compiled.bind
+        self._parameters = [bind(row) for row in rows]
         self._cursor.executemany(self._statement, self._parameters)
 
     def expect(self, statement: sa.Executable, parameters: Mapping[str, Any], rows: int,
@@ -428,10 +446,14 @@ def _attempt(
     committed = False
     try:
         driver_connection: Any = pooled.driver_connection
+        # The DBAPI connection itself for cursor and commit: the pooled proxy would
+        # find ``commit`` through its ``__getattr__``, after a failed lookup, at every
+        # transaction.
+        dbapi_connection: Any = pooled.dbapi_connection
         if autocommit:
             driver_connection.autocommit = True
         raw = raw_cursor(engine)
-        cursor = pooled.cursor() if raw is None else raw(driver_connection)
+        cursor = dbapi_connection.cursor() if raw is None else raw(driver_connection)
         transaction = DriverTransaction(dialect, cursor, numbered=raw is not None,
                                         hide_parameters=engine.hide_parameters)
         try:
@@ -439,7 +461,7 @@ def _attempt(
                 cursor.execute(begin)
             result = work(transaction)
             transaction.flush()
-            pooled.commit()
+            dbapi_connection.commit()
             committed = True
             return result
         except driver_error as exc:

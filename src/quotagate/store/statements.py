@@ -250,8 +250,11 @@ def reserve_and_record_statement(count: int) -> sa.Select[Any]:
 
 def reserve_parameters(plan: Sequence[Placement], now: float) -> dict[str, Any]:
     """The parameters of :func:`reserve_statement` for planned placements."""
-    parameters: dict[str, Any] = {"now": now}
     count = len(plan)
+    if count == 1:  # admit(1): one dict literal
+        (only,) = plan
+        return {"now": now, "id_0": only.id, "pool_0": only.pool}
+    parameters: dict[str, Any] = {"now": now}
     parameters.update(zip(_names("id", count), [placement.id for placement in plan], strict=True))
     parameters.update(zip(_names("pool", count), [placement.pool for placement in plan],
                           strict=True))
