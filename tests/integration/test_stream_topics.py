@@ -12,8 +12,8 @@ import sqlalchemy as sa
 from quotagate import Conflict, InvalidInput, NotFound, Quotagate, StoreUnavailable
 from quotagate.domain.bucket import parse_rate
 from quotagate.store import schema
+from quotagate.store.stream_settings import StreamSettings
 from quotagate.streams.keys import StreamKeys
-from quotagate.streams.topics import StreamSettings
 from support.streams import keys_of, shared_redis_url, stream_gate, tenant_with_quota
 
 

@@ -19,12 +19,13 @@ from quotagate.domain.bucket import BucketConfig
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.errors import QuotagateError, StoreUnavailable
 from quotagate.rate.quotas import RateQuotas
+from quotagate.store.stream_settings import StreamSettings
 from quotagate.streams.connection import DEFAULT_URL, StreamRedis
 from quotagate.streams.consumer import Consumer
 from quotagate.streams.keys import StreamKeys
 from quotagate.streams.producer import Producer, TopicHandle
 from quotagate.streams.status import TopicStatus, topic_status
-from quotagate.streams.topics import StreamSettings, Topics, TopicSpec
+from quotagate.streams.topics import Topics, TopicSpec
 
 log = logging.getLogger("quotagate.streams")
 

@@ -32,7 +32,7 @@ from quotagate.store import topics as topic_rows
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.cohorts import adjust_tenant
 from quotagate.store.dialect import reading, run_transaction
-from quotagate.store.stream_settings import StreamSettings as StreamSettings  # its old home
+from quotagate.store.stream_settings import StreamSettings
 from quotagate.streams.keys import validate_part
 
 PARTITIONS = "partitions"
