@@ -280,3 +280,51 @@ def test_outcomes_are_watched_page_by_page_until_every_request_ended(
     settle(dispatcher, ledger, ids)
     assert {state(ledger, i) for i in ids} == {RequestState.COMPLETED}
     assert ledger.check_invariants() == []
+
+
+class _EndsAtOnce:
+    """A target whose objects have all ended (``ends``) or all still run; counts the reads."""
+
+    def __init__(self, ends: bool) -> None:
+        self.ends = ends
+        self.reads: list[int] = []
+
+    def create_if_absent(self, spec: Any) -> ExternalObject:
+        return ExternalObject(spec.external_name, "uid", spec.request_id, created_now=True)
+
+    def outcomes(self, objects: Any) -> dict[str, Any]:
+        from quotagate.delivery.targets.base import Outcome
+
+        self.reads.append(len(objects))
+        return {obtained.request_id: Outcome(completed=True) for obtained in objects} \
+            if self.ends else {}
+
+
+@pytest.mark.parametrize("ends", [True, False], ids=["page-ended", "nothing-ended"])
+def test_a_delivering_pass_reads_outcomes_again_after_a_full_page_that_ended(
+    ledger: Quotagate, monkeypatch: pytest.MonkeyPatch, ends: bool
+) -> None:
+    """While batches keep coming, outcome reads are spaced (decisions 217, 249), unless
+    the last read was a full page that ended at least half of it (docs/decisions/251)."""
+    from quotagate.delivery import dispatcher as dispatching
+
+    # No pass here is a second after another, however slow the machine.
+    monkeypatch.setattr(dispatching, "OBSERVE_INTERVAL", 3600.0)
+    ledger.set_tenant("team-a", {"gpu": 100})
+    ledger.set_pool("pool-1", {"gpu": 100})
+    dispatcher = Dispatcher(ledger, worker_name="w1", observe_limit=2)
+    config, _process = dispatcher.built.get(None)
+    target = _EndsAtOnce(ends)
+    monkeypatch.setattr(dispatcher.built, "get", lambda _name: (config, target))
+    for index in range(4):
+        ledger.submit(f"job-{index}", "team-a", {"gpu": 1})
+    ledger.admit(10)
+    dispatcher.run_once()  # delivers 4, then its first read: a full page of 2
+    assert target.reads == [2]
+    ledger.submit("job-4", "team-a", {"gpu": 1})
+    ledger.admit(10)
+    dispatcher.run_once()  # delivers 1: reads again only if the first read ended its page
+    assert target.reads == ([2, 2] if ends else [2])
+    ended = {i for i in (f"job-{n}" for n in range(5)) if state(ledger, i) == RequestState.COMPLETED}
+    assert len(ended) == (4 if ends else 0)
+    assert ledger.check_invariants() == []

@@ -64,11 +64,15 @@ def test_admission_reads_each_tenant_queue_through_the_index(gate: Quotagate) ->
             assert "TEMP B-TREE FOR ORDER BY" not in plan.split("COMPOUND")[0], plan
 
 
-def test_reserving_runs_its_locking_subquery_once_per_chosen_row_before_any_analyze(
-    gate: Quotagate,
+@pytest.mark.parametrize("plan_mode", ["custom", "generic"])
+def test_reserving_finds_each_chosen_row_by_its_key_before_any_analyze(
+    gate: Quotagate, plan_mode: str,
 ) -> None:
     """PostgreSQL, a burst of 2,000 waiting requests that its statistics do not know yet
-    (never analyzed): the reserve statement must not visit the queue once per row."""
+    (never analyzed): the reserve statement reads no row of the queue but the chosen
+    ones, each once through the primary key, in the plan for the values and in the
+    prepared statement's generic plan alike. It filtered the whole waiting queue
+    through the state index once per chosen row before (docs/decisions/250)."""
     if gate.engine.dialect.name != "postgresql":
         pytest.skip("the locking reserve statement is PostgreSQL's (reserves_with_lock)")
     gate.set_pool("main", {"gpu": 10**6})
@@ -76,21 +80,39 @@ def test_reserving_runs_its_locking_subquery_once_per_chosen_row_before_any_anal
     for start in range(0, 2000, 500):
         gate.submit_many("team-a", [{"id": f"b-{index}", "cost": {"gpu": 1}}
                                     for index in range(start, start + 500)])
-    plan_of = [Placement(f"b-{index}", "team-a", "main", {"gpu": 1}) for index in range(8)]
-    statement = statements.reserve_and_record_statement(len(plan_of))
-    compiled = statement.compile(gate.engine)
+    plan_of = [Placement(f"b-{index}", "team-a", "main", {"gpu": 1}) for index in range(16)]
+    compiled = statements.reserve_and_record_statement().compile(gate.engine)
+    parameters = compiled.construct_params(statements.reserve_arrays(plan_of, 1.0, "test"))
     raw = gate.engine.raw_connection()
     try:
         cursor = raw.cursor()
-        cursor.execute(f"EXPLAIN (ANALYZE) {compiled}",
-                       compiled.construct_params(statements.reserve_parameters(plan_of, 1.0)
-                                                 | {"actor": "test"}))
+        cursor.execute(f"SET LOCAL plan_cache_mode = force_{plan_mode}_plan")
+        # PREPARE and EXECUTE, as psycopg runs a statement from its fifth time on.
+        names: list[str] = []
+        numbered = re.sub(r"%\((\w+)\)s", lambda found: f"${_number(names, found.group(1))}",
+                          str(compiled))
+        cursor.execute(f"PREPARE reserve AS {numbered}")
+        from psycopg import sql
+
+        values = ", ".join(sql.Literal(parameters[name]).as_string(cursor) for name in names)
+        cursor.execute(f"EXPLAIN (ANALYZE) EXECUTE reserve({values})")
         plan = "\n".join(row[0] for row in cursor.fetchall())
     finally:
         raw.rollback()
         raw.close()
-    loops = [int(found) for found in re.findall(r"loops=(\d+)", plan)]
-    assert loops and max(loops) <= len(plan_of), plan
+    reserved = re.search(r"CTE Scan on reserved .*rows=(\d+)", plan)
+    assert reserved and int(reserved.group(1)) == len(plan_of), plan
+    assert "Seq Scan" not in plan and "ix_qg_request_state" not in plan, plan
+    scans = re.findall(r"Index Scan using pk_qg_request .*rows=(\d+) loops=(\d+)", plan)
+    assert scans and all(int(rows) <= 1 for rows, _loops in scans), plan
+    assert sum(int(loops) for _rows, loops in scans) <= 2 * len(plan_of), plan
+
+
+def _number(names: list[str], name: str) -> int:
+    """``name``'s placeholder number, numbered in order of first use."""
+    if name not in names:
+        names.append(name)
+    return names.index(name) + 1
 
 
 def test_the_prepared_head_read_keeps_its_plan_however_long_the_queue(gate: Quotagate) -> None:

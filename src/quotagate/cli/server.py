@@ -20,7 +20,8 @@ from quotagate.cli.streams import redis_option
 @click.option("--admit-interval", default=0.2, show_default=True, type=click.FloatRange(0.01),
               help="Seconds between admission polls when nothing fits.")
 @click.option("--admit-batch", default=16, show_default=True, type=click.IntRange(1, 1000),
-              help="Requests admitted per transaction.")
+              help="Requests admitted per transaction; while passes come back full, each "
+              "next one asks for twice as many, up to 256 (or this, if larger).")
 @click.option("--no-workers", is_flag=True,
               help="Serve the API only; run admission and delivery elsewhere.")
 @click.option("--log-level", default="info", show_default=True,

@@ -72,6 +72,8 @@ CRASH_POINTS = ("after_claim", "after_create", "after_binding", "after_stop")
 DEFAULT_STOP_POLL = 1.0
 TARGET_REFRESH_INTERVAL = 1.0
 MAX_BATCHES_PER_PASS = 16
+# Batches a pass delivers before it reads outcomes, when the last read ended a full page.
+BATCHES_BEFORE_ENDS = 4
 END_BATCH = 256  # ends released per transaction
 OBSERVE_INTERVAL = 1.0
 # Max-runtimes are whole seconds: looking for overruns once a second stops them
@@ -139,6 +141,9 @@ class Dispatcher:
         self._refreshed_at = -TARGET_REFRESH_INTERVAL
         self._observed_up_to = ""
         self._observed_at = -OBSERVE_INTERVAL
+        # The last outcome read was a full page and ended most of it: more ends wait.
+        self._observe_again = False
+        self._watched = 0  # delivered requests the last outcome read looked at
         self._overruns_at = -overrun_interval
         self._waiting_logged = False
         # What the last pass did, by kind (``quotagate worker --once`` prints it).
@@ -232,12 +237,16 @@ class Dispatcher:
         moved += delivered
         now = time.monotonic()
         # While batches keep coming, outcome reads wait their turn (at most one
-        # page a second): every read pass delays the next delivery (decisions/217).
+        # page a second): every read pass delays the next delivery (decisions/217);
+        # unless the last read was a full page that ended most of what it read,
+        # where the ends are what falls behind (docs/decisions/251).
         if self._lease is not None and self.observe_limit and (
-            delivered == 0 or now - self._observed_at >= OBSERVE_INTERVAL
+            delivered == 0 or self._observe_again or now - self._observed_at >= OBSERVE_INTERVAL
         ):
             self._observed_at = now
-            moved += self._observe()
+            ended = self._observe()
+            self._observe_again = self._watched == self.observe_limit and 2 * ended >= self._watched
+            moved += ended
         return moved
 
     def _work_through(self, lease: Lease) -> int:
@@ -246,7 +255,8 @@ class Dispatcher:
         Writing batch N (a database round trip) overlaps claiming and
         delivering batch N+1; they hold different rows (not on SQLite, or with
         a crash point set). A pass goes on while batches come back full, up to
-        ``MAX_BATCHES_PER_PASS``.
+        ``MAX_BATCHES_PER_PASS``, or ``BATCHES_BEFORE_ENDS`` when the last outcome read
+        ended a full page.
         """
         moved = 0
         writing: concurrent.futures.Future[int] | None = None
@@ -268,6 +278,8 @@ class Dispatcher:
             self._hold_lease()
             if len(claims) < self.batch or self._lease is None or self._crash_at is not None:
                 break
+            if self._observe_again and _batch + 1 >= BATCHES_BEFORE_ENDS:
+                break  # ends are waiting to be read: their turn comes sooner (decisions/251)
         if writing is not None:
             moved += writing.result()
         return moved
@@ -583,6 +595,7 @@ class Dispatcher:
     def _observe(self) -> int:
         """Release delivered requests whose executor reports an end (fenced by the lease)."""
         watched = self.outbox.delivered_bindings(self.observe_limit, after=self._observed_up_to)
+        self._watched = len(watched)
         # Next pass goes on from here; a short page means we reached the end: wrap around.
         self._observed_up_to = (
             watched[-1][2].request_id if len(watched) == self.observe_limit else ""

@@ -27,6 +27,8 @@ from quotagate.observability.metrics import Metrics
 log = logging.getLogger("quotagate.serve")
 
 _MAX_BACKOFF = 5.0
+# The largest admission pass a backlog grows to (AdmissionLoop).
+MAX_ADMIT_BATCH = 256
 
 
 class Worker(Protocol):
@@ -35,6 +37,9 @@ class Worker(Protocol):
 
 class AdmissionLoop:
     """Admit in batches while work fits; poll every ``interval`` seconds when idle.
+
+    Passes that come back full double the next one's size, up to
+    ``MAX_ADMIT_BATCH``; a short pass goes back to ``batch``.
 
     The admission-wait metric needs each placement's submission time, one more
     read. It runs on a thread of its own (``_WaitObserver``), so the admission
@@ -59,14 +64,20 @@ class AdmissionLoop:
 
     def _run(self, stop: threading.Event) -> None:
         backoff = self.interval
+        size = self.batch
         while not stop.is_set():
             try:
                 started = time.perf_counter()
-                admitted = self.gate.admit(self.batch)
+                admitted = self.gate.admit(size)
                 self.metrics.admission_pass.observe(time.perf_counter() - started)
                 if admitted:
                     self.metrics.count_admissions(admitted)
                     self.waits.observe(admitted, self.gate.now())
+                # A backlog: each full pass asks for twice as many, up to MAX_ADMIT_BATCH
+                # (a pass costs about the same round trips at any size); the first
+                # short pass goes back to ``batch`` (docs/decisions/252).
+                size = min(2 * size, max(self.batch, MAX_ADMIT_BATCH)) \
+                    if len(admitted) == size else self.batch
                 backoff = self.interval
             except StoreUnavailable:
                 log.warning("admission: the ledger database cannot be reached; retrying")

@@ -803,10 +803,8 @@ class Ledger:
         and skips it as above (docs/decisions/053-mariadb-lock-in-the-write-batch.md).
         """
         if reserve_writes_records(transaction):
-            parameters = statements.reserve_parameters(plan, now)
-            parameters["actor"] = actor
-            rows = transaction.rows(
-                statements.reserve_and_record_statement(len(plan)), parameters)
+            rows = transaction.rows(statements.reserve_and_record_statement(),
+                                    statements.reserve_arrays(plan, now, actor))
             return {row[0] for row in rows}
         chosen = list(plan)
         if supports_skip_locked(transaction):
