@@ -148,12 +148,7 @@ class RawAdmission:
         cursor = self.connection.cursor()
         if self.backend == "sqlite":
             cursor.execute("BEGIN IMMEDIATE")
-        tenants: dict[str, dict[str, tuple[int, int]]] = {}
-        pools: dict[str, dict[str, tuple[int, int]]] = {}
-        cursor.execute(self._usage_sql)
-        for kind, holder, resource, used, cap in cursor.fetchall():
-            usage = tenants if kind == "tenant" else pools
-            usage.setdefault(holder, {})[resource] = (int(used), int(cap))
+        tenants, pools = self._read_usage(cursor)
         cursor.execute(self._heads_sql, self.tenants)
         heads = sorted(cursor.fetchall(), key=lambda row: (row[4], row[5], row[0]))
         for request_id, tenant, cost_text, target, _key, _created in heads:
@@ -172,6 +167,17 @@ class RawAdmission:
             return 1
         self.connection.commit()
         return 0
+
+    def _read_usage(self, cursor: Any) -> tuple[dict[str, dict[str, tuple[int, int]]],
+                                                dict[str, dict[str, tuple[int, int]]]]:
+        """Tenant and pool usage, ``{holder: {resource: (used, cap)}}`` each, in one read."""
+        tenants: dict[str, dict[str, tuple[int, int]]] = {}
+        pools: dict[str, dict[str, tuple[int, int]]] = {}
+        cursor.execute(self._usage_sql)
+        for kind, holder, resource, used, cap in cursor.fetchall():
+            usage = tenants if kind == "tenant" else pools
+            usage.setdefault(holder, {})[resource] = (int(used), int(cap))
+        return tenants, pools
 
     def _reserve(
         self, cursor: Any, request_id: str, tenant: str, target: str | None, pool: str,

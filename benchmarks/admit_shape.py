@@ -55,12 +55,7 @@ class _KeptReads(RawAdmission):
         (version,) = cursor.fetchone()
         if self._kept is None or version != self._version:
             self._version = version
-            tenants: dict[str, dict[str, tuple[int, int]]] = {}
-            pools: dict[str, dict[str, tuple[int, int]]] = {}
-            cursor.execute(self._usage_sql)
-            for kind, holder, resource, used, cap in cursor.fetchall():
-                usage = tenants if kind == "tenant" else pools
-                usage.setdefault(holder, {})[resource] = (int(used), int(cap))
+            tenants, pools = self._read_usage(cursor)
             cursor.execute(self._heads_sql.replace(" LIMIT 4)", f" LIMIT {_KEPT_HEADS})"),
                            self.tenants)
             heads = sorted(cursor.fetchall(), key=lambda row: (row[4], row[5], row[0]))
