@@ -180,3 +180,64 @@ def test_the_workers_look_for_overruns_reads_requests_through_an_index(
                 str(row[-1]) for row in connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}"))
             assert "SCAN qg_request" not in plan.replace("SEARCH qg_request", ""), plan
             assert "qg_request USING INDEX" in plan or "qg_request USING COVERING" in plan, plan
+
+
+@pytest.mark.parametrize("plan_mode", ["custom", "generic"])
+def test_ends_and_delivery_marks_find_their_rows_by_key_before_any_analyze(
+    gate: Quotagate, plan_mode: str,
+) -> None:
+    """PostgreSQL, 2,000 running requests and 2,000 reserved ones its statistics do not know
+    yet: a batch of ends (the release's state move) and a delivery batch's ``delivered``
+    mark read only their own rows, through the primary key, with the plan for the values
+    and with a prepared statement's generic plan. Each filtered every row in its state
+    through the state index before (docs/decisions/256)."""
+    if gate.engine.dialect.name != "postgresql":
+        pytest.skip("PostgreSQL's planner is the one that took the state index")
+    from quotagate.store import release_statements
+    from quotagate.store.outbox import mark_delivered_statement
+
+    gate.set_pool("main", {"gpu": 10**6})
+    gate.set_tenant("team-a", {"gpu": 10**6})
+    for start in range(0, 4000, 500):
+        gate.submit_many("team-a", [{"id": f"b-{index:04}", "cost": {"gpu": 1}}
+                                    for index in range(start, start + 500)])
+    with gate.engine.begin() as connection:
+        connection.exec_driver_sql(
+            "UPDATE qg_request SET state = CASE WHEN id < 'b-2000' THEN 'delivered'"
+            " ELSE 'reserved' END")
+    ends = [f"b-{index:04}" for index in range(16)]
+    marks = [f"b-{index:04}" for index in range(2000, 2016)]
+    move = release_statements.move_statement(len(ends), False).compile(gate.engine)
+    move_parameters = move.construct_params({
+        **{f"id_{index}": name for index, name in enumerate(ends)},
+        "current": "delivered", "to_state": "completed", "now": 1.0, "reason": None})
+    mark = mark_delivered_statement(marks, 1.0).compile(
+        gate.engine, compile_kwargs={"render_postcompile": True})
+    for compiled, parameters in ((move, move_parameters), (mark, mark.construct_params())):
+        plan = _prepared_plan(gate, str(compiled), parameters, plan_mode)
+        assert "Seq Scan" not in plan and "ix_qg_request_state" not in plan, plan
+        # An index scan or a bitmap scan of the primary key (the bulk UPDATE above left
+        # old row versions that a bitmap scan also visits).
+        assert re.search(r"Index Scan (using|on) pk_qg_request", plan), plan
+
+
+def _prepared_plan(gate: Quotagate, sql: str, parameters: dict[str, object],
+                   plan_mode: str) -> str:
+    """``EXPLAIN (ANALYZE)`` of ``sql`` run as a prepared statement, rolled back."""
+    from psycopg import sql as psycopg_sql
+
+    raw = gate.engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        cursor.execute(f"SET LOCAL plan_cache_mode = force_{plan_mode}_plan")
+        names: list[str] = []
+        numbered = re.sub(r"%\((\w+)\)s", lambda found: f"${_number(names, found.group(1))}",
+                          sql)
+        cursor.execute(f"PREPARE checked AS {numbered}")
+        values = ", ".join(psycopg_sql.Literal(parameters[name]).as_string(cursor)
+                           for name in names)
+        cursor.execute(f"EXPLAIN (ANALYZE) EXECUTE checked({values})")
+        return "\n".join(row[0] for row in cursor.fetchall())
+    finally:
+        raw.rollback()
+        raw.close()

@@ -34,9 +34,11 @@ from quotagate.store.authority import ReleaseGuard
 from quotagate.store.counters import CounterSink
 from quotagate.store.dialect import database_now, reading, run_transaction, supports_skip_locked
 from quotagate.store.lease import LeaseStore
+from quotagate.store.release_statements import state_is
 from quotagate.store.rows import decode_cost
 
-__all__ = ["LEASE_PREFIX", "BatchResult", "Claim", "OutboxStore", "RequestGone"]
+__all__ = ["LEASE_PREFIX", "BatchResult", "Claim", "OutboxStore", "RequestGone",
+           "mark_delivered_statement"]
 
 _outbox, _request, _binding, _lease = schema.outbox, schema.request, schema.binding, schema.lease
 # A worker's lease is named ``worker/<its name>``; its claims carry the name.
@@ -74,6 +76,14 @@ class BatchResult:
 
 
 _ENDED = frozenset(state.value for state in FINAL_STATES)
+
+
+def mark_delivered_statement(ids: Sequence[str], now: float) -> sa.Update:
+    """``reserved`` → ``delivered`` for requests a delivery batch locked and read reserved:
+    found by id, their state only confirmed (release_statements.state_is)."""
+    return (_request.update()
+            .where(_request.c.id.in_(ids), state_is(RequestState.RESERVED.value))
+            .values(state=RequestState.DELIVERED.value, updated=now))
 
 
 def _by_token(rows: Sequence[Any]) -> dict[int, list[str]]:
@@ -337,12 +347,7 @@ class OutboxStore:
                     .values(delivered=True, delivered_at=now, claimed_until=None,
                             last_error=None)
                 )
-                connection.execute(
-                    _request.update()
-                    .where(_request.c.id.in_(marked),
-                           _request.c.state == RequestState.RESERVED.value)
-                    .values(state=RequestState.DELIVERED.value, updated=now)
-                )
+                connection.execute(mark_delivered_statement(marked, now))
                 record(connection, now, *entries)
             result.delivered.extend(marked)
             return result

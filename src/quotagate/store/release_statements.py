@@ -19,7 +19,7 @@ from quotagate.store import identity, schema
 
 __all__ = ["REQUEST_COLUMNS", "begin_stop_statement", "lock_decisions_query",
            "lock_requests_query", "mark_stop_statement", "move_statement",
-           "outbox_delete_statement"]
+           "outbox_delete_statement", "state_is"]
 
 # The request row as the release reads it: every column, in this order.
 REQUEST_COLUMNS: tuple[str, ...] = tuple(column.name for column in schema.request.columns)
@@ -41,6 +41,19 @@ def lock_requests_query(count: int) -> sa.Select[Any]:
 
 
 @lru_cache(maxsize=128)
+def state_is(state: Any) -> sa.ColumnElement[bool]:
+    """``qg_request.state = state`` for rows a statement finds by id and has locked already.
+
+    Written on an expression, not on the bare column, so no planner takes the
+    ``(state, created)`` index for it: on a table its statistics do not know yet (a
+    burst, before autovacuum analyzes it) PostgreSQL did, and filtered every row in
+    that state — all running work — to find a few ids (docs/decisions/256). The
+    test only confirms what the lock read; the ids find the rows.
+    """
+    confirmed: sa.ColumnElement[bool] = sa.func.coalesce(schema.request.c.state, "") == state
+    return confirmed
+
+
 def move_statement(count: int, returning: bool) -> sa.Update:
     """Move ``count`` rows (``id_i``) that are ``current`` to ``to_state`` (``now``, ``reason``).
 
@@ -52,7 +65,7 @@ def move_statement(count: int, returning: bool) -> sa.Update:
     request, quota = schema.request, schema.tenant_quota
     statement = (
         request.update()
-        .where(request.c.id.in_(_ids(count)), request.c.state == sa.bindparam("current"))
+        .where(request.c.id.in_(_ids(count)), state_is(sa.bindparam("current")))
         .values(state=sa.bindparam("to_state"), updated=sa.bindparam("now", type_=sa.Double),
                 reason=sa.bindparam("reason"))
     )
