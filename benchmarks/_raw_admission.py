@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sqlalchemy.engine import make_url
@@ -151,13 +151,8 @@ class RawAdmission:
         tenants, pools = self._read_usage(cursor)
         cursor.execute(self._heads_sql, self.tenants)
         heads = sorted(cursor.fetchall(), key=lambda row: (row[4], row[5], row[0]))
-        for request_id, tenant, cost_text, target, _key, _created in heads:
-            cost: dict[str, int] = json.loads(cost_text)
-            if not fits(cost, tenants.get(tenant, {})):
-                continue
-            pool = best_fit_pool(cost, pools)
-            if pool is None:
-                continue
+        for _index, (request_id, tenant, _cost, target, _key, _created), cost, pool in \
+                self._fitting(heads, tenants, pools):
             if self.skip_locked:
                 cursor.execute(self._lock_sql, (request_id,))
                 if cursor.fetchone() is None:
@@ -167,6 +162,21 @@ class RawAdmission:
             return 1
         self.connection.commit()
         return 0
+
+    @staticmethod
+    def _fitting(
+        heads: Sequence[Any], tenants: dict[str, dict[str, tuple[int, int]]],
+        pools: dict[str, dict[str, tuple[int, int]]],
+    ) -> Iterator[tuple[int, Any, dict[str, int], str]]:
+        """Each head (in order) whose cost fits its tenant and some pool: its index, row,
+        cost and best-fit pool."""
+        for index, head in enumerate(heads):
+            cost: dict[str, int] = json.loads(head[2])
+            if not fits(cost, tenants.get(head[1], {})):
+                continue
+            pool = best_fit_pool(cost, pools)
+            if pool is not None:
+                yield index, head, cost, pool
 
     def _read_usage(self, cursor: Any) -> tuple[dict[str, dict[str, tuple[int, int]]],
                                                 dict[str, dict[str, tuple[int, int]]]]:

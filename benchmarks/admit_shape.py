@@ -22,7 +22,6 @@ last one is its own Python and what that does to the statements around it
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -32,7 +31,6 @@ from _databases import throwaway_database
 from _raw_admission import RawAdmission
 from admit import ROOMY, TENANTS, bulk_insert, configure, waiting_rows
 from admit_breakdown import _SPENT, _admitters, _timed_connection
-from quotagate.domain.placement import best_fit_pool, fits
 from quotagate.store.engine import create_engine
 
 # Heads kept per read: enough that a kept read lasts a while, re-read below _LOW.
@@ -61,13 +59,8 @@ class _KeptReads(RawAdmission):
             heads = sorted(cursor.fetchall(), key=lambda row: (row[4], row[5], row[0]))
             self._kept = (tenants, pools, heads)
         tenants, pools, heads = self._kept
-        for index, (request_id, tenant, cost_text, target, _key, _created) in enumerate(heads):
-            cost: dict[str, int] = json.loads(cost_text)
-            if not fits(cost, tenants.get(tenant, {})):
-                continue
-            pool = best_fit_pool(cost, pools)
-            if pool is None:
-                continue
+        for index, (request_id, tenant, _cost, target, _key, _created), cost, pool in \
+                self._fitting(heads, tenants, pools):
             self._reserve(cursor, request_id, tenant, target, pool, cost)
             self.connection.commit()
             del heads[index]
