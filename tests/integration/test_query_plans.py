@@ -83,23 +83,8 @@ def test_reserving_finds_each_chosen_row_by_its_key_before_any_analyze(
     plan_of = [Placement(f"b-{index}", "team-a", "main", {"gpu": 1}) for index in range(16)]
     compiled = statements.reserve_and_record_statement().compile(gate.engine)
     parameters = compiled.construct_params(statements.reserve_arrays(plan_of, 1.0, "test"))
-    raw = gate.engine.raw_connection()
-    try:
-        cursor = raw.cursor()
-        cursor.execute(f"SET LOCAL plan_cache_mode = force_{plan_mode}_plan")
-        # PREPARE and EXECUTE, as psycopg runs a statement from its fifth time on.
-        names: list[str] = []
-        numbered = re.sub(r"%\((\w+)\)s", lambda found: f"${_number(names, found.group(1))}",
-                          str(compiled))
-        cursor.execute(f"PREPARE reserve AS {numbered}")
-        from psycopg import sql
-
-        values = ", ".join(sql.Literal(parameters[name]).as_string(cursor) for name in names)
-        cursor.execute(f"EXPLAIN (ANALYZE) EXECUTE reserve({values})")
-        plan = "\n".join(row[0] for row in cursor.fetchall())
-    finally:
-        raw.rollback()
-        raw.close()
+    # PREPARE and EXECUTE, as psycopg runs a statement from its fifth time on.
+    plan = _prepared_plan(gate, str(compiled), parameters, plan_mode)
     reserved = re.search(r"CTE Scan on reserved .*rows=(\d+)", plan)
     assert reserved and int(reserved.group(1)) == len(plan_of), plan
     assert "Seq Scan" not in plan and "ix_qg_request_state" not in plan, plan
