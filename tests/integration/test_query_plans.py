@@ -179,7 +179,7 @@ def test_ends_and_delivery_marks_find_their_rows_by_key_before_any_analyze(
     if gate.engine.dialect.name != "postgresql":
         pytest.skip("PostgreSQL's planner is the one that took the state index")
     from quotagate.store import release_statements
-    from quotagate.store.outbox import mark_delivered_statement
+    from quotagate.store import outbox_statements
 
     gate.set_pool("main", {"gpu": 10**6})
     gate.set_tenant("team-a", {"gpu": 10**6})
@@ -196,9 +196,10 @@ def test_ends_and_delivery_marks_find_their_rows_by_key_before_any_analyze(
     move_parameters = move.construct_params({
         **{f"id_{index}": name for index, name in enumerate(ends)},
         "current": "delivered", "to_state": "completed", "now": 1.0, "reason": None})
-    mark = mark_delivered_statement(marks, 1.0).compile(
-        gate.engine, compile_kwargs={"render_postcompile": True})
-    for compiled, parameters in ((move, move_parameters), (mark, mark.construct_params())):
+    mark = outbox_statements.mark_delivered_statement(len(marks)).compile(gate.engine)
+    mark_parameters = mark.construct_params(
+        {"now": 1.0, **outbox_statements.id_parameters(marks)})
+    for compiled, parameters in ((move, move_parameters), (mark, mark_parameters)):
         plan = _prepared_plan(gate, str(compiled), parameters, plan_mode)
         assert "Seq Scan" not in plan and "ix_qg_request_state" not in plan, plan
         # An index scan or a bitmap scan of the primary key (the bulk UPDATE above left

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import sqlalchemy as sa
@@ -28,21 +28,19 @@ from quotagate.domain.external_object import ExternalObject
 from quotagate.domain.lease import Lease
 from quotagate.domain.model import FINAL_STATES, RequestState
 from quotagate.errors import Conflict, StaleGeneration
+from quotagate.store import outbox_statements as statements
 from quotagate.store import schema
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
 from quotagate.store.counters import CounterSink
 from quotagate.store.dialect import database_now, reading, run_transaction, supports_skip_locked
+from quotagate.store.driver import DriverTransaction, run_on_connection
 from quotagate.store.lease import LeaseStore
-from quotagate.store.release_statements import state_is
 from quotagate.store.rows import decode_cost
 
-__all__ = ["LEASE_PREFIX", "BatchResult", "Claim", "OutboxStore", "RequestGone",
-           "mark_delivered_statement"]
+__all__ = ["BatchResult", "Claim", "OutboxStore", "RequestGone"]
 
 _outbox, _request, _binding, _lease = schema.outbox, schema.request, schema.binding, schema.lease
-# A worker's lease is named ``worker/<its name>``; its claims carry the name.
-LEASE_PREFIX = "worker/"
 _ERROR_LENGTH = 2048
 
 
@@ -78,18 +76,10 @@ class BatchResult:
 _ENDED = frozenset(state.value for state in FINAL_STATES)
 
 
-def mark_delivered_statement(ids: Sequence[str], now: float) -> sa.Update:
-    """``reserved`` → ``delivered`` for requests a delivery batch locked and read reserved:
-    found by id, their state only confirmed (release_statements.state_is)."""
-    return (_request.update()
-            .where(_request.c.id.in_(ids), state_is(RequestState.RESERVED.value))
-            .values(state=RequestState.DELIVERED.value, updated=now))
-
-
 def _by_token(rows: Sequence[Any]) -> dict[int, list[str]]:
     groups: dict[int, list[str]] = {}
-    for row in rows:
-        groups.setdefault(int(row.claim_token), []).append(row.request_id)
+    for row in rows:  # the columns of statements.claimable_query
+        groups.setdefault(int(row[4]), []).append(row[0])
     return groups
 
 
@@ -141,103 +131,60 @@ class OutboxStore:
         exactly as long as the lease it was made under (docs/decisions/212).
         Due is judged by the database clock too; a first attempt is due at
         once, whatever clock wrote the row. Rows another worker has locked are
-        skipped, not waited for.
+        skipped, not waited for. The statements run precompiled on the
+        transaction's driver cursor (outbox_statements, docs/decisions/253).
         """
+        skip_locked = supports_skip_locked(self.engine)
+        dialect = self.engine.dialect.name
+        kinds = [kind for kind, wanted in ((True, stops), (False, deliveries)) if wanted]
 
-        def work(connection: sa.Connection) -> list[Claim]:
+        def claim(connection: sa.Connection, transaction: DriverTransaction) -> list[Claim]:
             self.leases.fence(connection, lease)
-            now = database_now(connection)
-            holder = _lease.alias("holder")
-            holder_alive = (
-                sa.select(holder.c.name)
-                .where(
-                    holder.c.name == sa.literal(LEASE_PREFIX) + _outbox.c.claimed_by,
-                    holder.c.owner == _outbox.c.claimed_by,
-                    holder.c.generation == _outbox.c.claim_generation,
-                    holder.c.expires_at >= now,
-                )
-                .exists()
-            )
-            claimable = sa.and_(
-                sa.or_(_outbox.c.attempts == 0, _outbox.c.next_attempt_at <= now),
-                sa.or_(_outbox.c.claimed_by.is_(None), ~holder_alive),
-            )
-            columns = (_outbox.c.request_id, _outbox.c.tenant, _outbox.c.target,
-                       _outbox.c.attempts, _outbox.c.claim_token, _outbox.c.stopping)
-            # One query per kind, each read from its own index, rather than one
-            # OR that would scan every delivered row the outbox keeps.
-            queries = []
-            if stops:
-                queries.append(sa.select(*columns).where(_outbox.c.stopping == sa.true(),
-                                                         claimable))
-            if deliveries:
-                queries.append(sa.select(*columns).where(
-                    _outbox.c.delivered == sa.false(), _outbox.c.stopping == sa.false(),
-                    claimable,
-                ))
             candidates: list[Any] = []
-            for query in queries:
-                query = query.order_by(_outbox.c.next_attempt_at, _outbox.c.request_id).limit(
-                    limit - len(candidates))
-                if supports_skip_locked(connection):
-                    query = query.with_for_update(skip_locked=True)
-                candidates += connection.execute(query).all()
+            for stopping in kinds:
+                candidates += transaction.rows(
+                    statements.claimable_query(dialect, stopping, limit - len(candidates),
+                                               skip_locked), {})
                 if len(candidates) >= limit:
                     break
             if not candidates:
                 return []
-            # One UPDATE for the batch, conditioned on the tokens we read: on
-            # SQLite (no row locks, but one writer at a time) and everywhere
+            # One UPDATE per token the rows carried (one, but for retries), conditioned
+            # on it: on SQLite (no row locks, but one writer at a time) and everywhere
             # else alike, a row claimed by someone else in between is not ours.
+            holder = {"owner": lease.owner, "generation": lease.generation,
+                      "until": lease.expires_at}
             updated = 0
             for token, group in _by_token(candidates).items():
-                updated += connection.execute(
-                    _outbox.update()
-                    .where(
-                        _outbox.c.request_id.in_(group),
-                        _outbox.c.claim_token == token,
-                    )
-                    .values(
-                        claimed_by=lease.owner, claim_generation=lease.generation,
-                        claimed_until=lease.expires_at, claim_token=_outbox.c.claim_token + 1,
-                    )
-                ).rowcount
+                updated += transaction.rowcount(
+                    statements.claim_statement(len(group)),
+                    {**holder, "token": token, **statements.id_parameters(group)})
             claimed = candidates
             if updated != len(candidates):
                 # Some were claimed by someone else in between: find which are ours.
-                tokens = dict(connection.execute(
-                    sa.select(_outbox.c.request_id, _outbox.c.claim_token).where(
-                        _outbox.c.request_id.in_([row.request_id for row in candidates]),
-                        _outbox.c.claimed_by == lease.owner,
-                        _outbox.c.claim_generation == lease.generation,
-                    )
-                ).all())
-                claimed = [row for row in candidates
-                           if tokens.get(row.request_id) == int(row.claim_token) + 1]
+                ids = [row[0] for row in candidates]
+                tokens = {row[0]: int(row[1]) for row in transaction.rows(
+                    statements.claimed_tokens_query(len(ids)),
+                    {**holder, **statements.id_parameters(ids)})}
+                claimed = [row for row in candidates if tokens.get(row[0]) == int(row[4]) + 1]
             if not claimed:
                 return []
             # What the target needs, read once per batch rather than per delivery.
-            requests = {
-                request.id: request
-                for request in connection.execute(
-                    sa.select(_request.c.id, _request.c.cost, _request.c.payload,
-                              _request.c.attempt).where(
-                        _request.c.id.in_([row.request_id for row in claimed])
-                    )
-                )
-            }
+            ids = [row[0] for row in claimed]
+            requests = {row[0]: row for row in transaction.rows(
+                statements.requests_query(len(ids)), statements.id_parameters(ids))}
             return [
                 Claim(
-                    row.request_id, row.tenant, row.target, int(row.attempts),
-                    int(row.claim_token) + 1, lease,
-                    decode_cost(requests[row.request_id].cost),
-                    json.loads(requests[row.request_id].payload),
-                    stop=bool(row.stopping),
-                    request_attempt=int(requests[row.request_id].attempt),
+                    request_id, tenant, target, int(attempts), int(token) + 1, lease,
+                    decode_cost(requests[request_id][1]), json.loads(requests[request_id][2]),
+                    stop=bool(stopping), request_attempt=int(requests[request_id][3]),
                 )
-                for row in claimed
-                if row.request_id in requests
+                for request_id, tenant, target, attempts, token, stopping in claimed
+                if request_id in requests
             ]
+
+        def work(connection: sa.Connection) -> list[Claim]:
+            return run_on_connection(connection, partial(claim, connection))
 
         claims = run_transaction(self.engine, work)
         stopping = sum(1 for claim in claims if claim.stop)
@@ -277,24 +224,28 @@ class OutboxStore:
         StaleGeneration and writes nothing. Then each row's claim is checked; a
         row whose claim was taken over is left out (``lost``), one whose
         request left ``reserved`` meanwhile (a cancel) gets its binding, so the
-        stop finds the object, and gives its claim up (``gone``).
+        stop finds the object, and gives its claim up (``gone``). The statements
+        run precompiled on the transaction's driver cursor (docs/decisions/253).
         """
         if not delivered:
             return BatchResult()
 
-        def work(connection: sa.Connection) -> BatchResult:
+        def write(connection: sa.Connection, transaction: DriverTransaction) -> BatchResult:
             self.leases.fence(connection, lease)
             ids = sorted(claim.request_id for claim, _target, _obtained in delivered)
+            by_id = statements.id_parameters(ids)
             # Lock order: lease, request rows, outbox rows (ids sorted alike).
-            states = dict(connection.execute(
-                sa.select(_request.c.id, _request.c.state).where(_request.c.id.in_(ids))
-                .order_by(_request.c.id).with_for_update()
-            ).all())
-            held = self._held_rows(connection, ids)
+            states = {row[0]: row[1] for row in transaction.rows(
+                statements.lock_states_query(len(ids)), by_id)}
+            held = {
+                row[0]: (row[1], None if row[2] is None else int(row[2]), int(row[3]),
+                         bool(row[4]))
+                for row in transaction.rows(statements.lock_claims_query(len(ids)), by_id)
+            }
             # Only a row claimed before can have a binding already (a replay).
             replays = [claim.request_id for claim, _t, _o in delivered if claim.fencing_token > 1]
-            existing = {row.request_id: row for row in connection.execute(
-                sa.select(_binding).where(_binding.c.request_id.in_(replays))
+            existing = {row[0]: ExternalObject(row[1], row[2], row[0]) for row in transaction.rows(
+                statements.bindings_query(len(replays)), statements.id_parameters(replays)
             )} if replays else {}
             now = self.clock.now()
             result = BatchResult()
@@ -311,12 +262,12 @@ class OutboxStore:
                     result.lost.append(claim.request_id)
                     continue
                 bound = existing.get(claim.request_id)
-                if bound is not None and (bound.external_name != obtained.name or (
+                if bound is not None and (bound.name != obtained.name or (
                     bound.uid is not None and bound.uid != obtained.uid
                 )):
                     result.conflicts.append((claim, (
                         f"request {claim.request_id!r} is already bound to "
-                        f"{bound.external_name!r} (uid {bound.uid}), not {obtained.name!r} "
+                        f"{bound.name!r} (uid {bound.uid}), not {obtained.name!r} "
                         f"(uid {obtained.uid})"
                     )))
                     continue
@@ -334,23 +285,24 @@ class OutboxStore:
                     actor, "deliver", "delivered", claim.tenant, claim.request_id,
                     f"fencing_token={claim.fencing_token}",
                 ))
+            # Nothing is read back from these writes: where the driver batches writes
+            # (MariaDB, decision 036) they go to the server together, before COMMIT.
             if bindings:
-                connection.execute(_binding.insert(), bindings)
+                transaction.write_many(statements.binding_insert(), bindings)
             if result.gone:
-                connection.execute(
-                    _outbox.update().where(_outbox.c.request_id.in_(result.gone))
-                    .values(claimed_by=None, claim_generation=None, claimed_until=None)
-                )
+                transaction.write(statements.give_up_claims_statement(len(result.gone)),
+                                  statements.id_parameters(result.gone))
             if marked:
-                connection.execute(
-                    _outbox.update().where(_outbox.c.request_id.in_(marked))
-                    .values(delivered=True, delivered_at=now, claimed_until=None,
-                            last_error=None)
-                )
-                connection.execute(mark_delivered_statement(marked, now))
-                record(connection, now, *entries)
+                marked_ids = {"now": now, **statements.id_parameters(marked)}
+                transaction.write(statements.delivered_outbox_statement(len(marked)),
+                                  marked_ids)
+                transaction.write(statements.mark_delivered_statement(len(marked)), marked_ids)
+                record(transaction, now, *entries)
             result.delivered.extend(marked)
             return result
+
+        def work(connection: sa.Connection) -> BatchResult:
+            return run_on_connection(connection, partial(write, connection))
 
         written = run_transaction(self.engine, work)
         self.counters.increment("delivered", len(written.delivered))
@@ -452,26 +404,6 @@ class OutboxStore:
             ]
 
     # -- helpers ---------------------------------------------------------------
-
-    @staticmethod
-    def _held_rows(
-        connection: sa.Connection, ids: Sequence[str]
-    ) -> dict[str, tuple[str | None, int | None, int, bool]]:
-        """Lock the outbox rows; (owner, generation, token, delivered) of each."""
-        return {
-            row.request_id: (
-                row.claimed_by,
-                None if row.claim_generation is None else int(row.claim_generation),
-                int(row.claim_token), bool(row.delivered),
-            )
-            for row in connection.execute(
-                sa.select(_outbox.c.request_id, _outbox.c.claimed_by, _outbox.c.claim_generation,
-                          _outbox.c.claim_token, _outbox.c.delivered)
-                .where(_outbox.c.request_id.in_(ids))
-                .order_by(_outbox.c.request_id)
-                .with_for_update()
-            )
-        }
 
     def _hold(self, connection: sa.Connection, claim: Claim) -> None:
         """Lock the outbox row and check the claim is still this one."""
