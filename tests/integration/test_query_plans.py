@@ -178,8 +178,7 @@ def test_ends_and_delivery_marks_find_their_rows_by_key_before_any_analyze(
     through the state index before (docs/decisions/256)."""
     if gate.engine.dialect.name != "postgresql":
         pytest.skip("PostgreSQL's planner is the one that took the state index")
-    from quotagate.store import release_statements
-    from quotagate.store import outbox_statements
+    from quotagate.store import outbox_statements, release_statements
 
     gate.set_pool("main", {"gpu": 10**6})
     gate.set_tenant("team-a", {"gpu": 10**6})
@@ -207,6 +206,50 @@ def test_ends_and_delivery_marks_find_their_rows_by_key_before_any_analyze(
         assert re.search(r"Index Scan (using|on) pk_qg_request", plan), plan
 
 
+@pytest.mark.parametrize("plan_mode", ["custom", "generic"])
+def test_delivery_batches_reach_their_outbox_rows_by_key_before_any_analyze(
+    gate: Quotagate, plan_mode: str,
+) -> None:
+    """PostgreSQL, 3,000 outbox rows its statistics do not know yet: a delivery batch's
+    record locks its 64 outbox rows through the primary key, one lookup each, and the
+    claim and the ``delivered`` mark take the ids as one array, with the plan for the
+    values and with a prepared statement's generic plan. By ``request_id IN (…)`` each
+    read the whole outbox, and the generic plan built the id list again for every row
+    (docs/decisions/254). Starting a stop (one id and its state) finds its row by key."""
+    if gate.engine.dialect.name != "postgresql":
+        pytest.skip("only PostgreSQL takes the ids as one array (binds_id_arrays)")
+    from quotagate.store import outbox_statements, release_statements
+
+    gate.set_pool("main", {"gpu": 10**6})
+    gate.set_tenant("team-a", {"gpu": 10**6})
+    for start in range(0, 3000, 500):
+        gate.submit_many("team-a", [{"id": f"b-{index:04}", "cost": {"gpu": 1}}
+                                    for index in range(start, start + 500)])
+    assert gate.admit_until_idle(batch=256) == 3000
+    ids = [f"b-{index:04}" for index in range(1000, 1064)]
+    lock = outbox_statements.lock_claims_by_key_query().compile(gate.engine)
+    plan = _prepared_plan(gate, str(lock), lock.construct_params({"ids": ids}), plan_mode)
+    assert "Seq Scan" not in plan, plan
+    assert re.search(r"Index Scan using pk_qg_outbox .*rows=1 loops=64", plan), plan
+    by_ids = (
+        (outbox_statements.claim_by_ids_statement(),
+         {"owner": "w", "generation": 1, "until": 1.0, "token": 0}),
+        (outbox_statements.delivered_by_ids_statement(), {"now": 1.0}),
+    )
+    for statement, values in by_ids:
+        compiled = statement.compile(gate.engine)
+        plan = _prepared_plan(gate, str(compiled), compiled.construct_params(
+            {**values, "ids": ids}), plan_mode)
+        # Whatever the scan: the ids are one value, not an array built for each row.
+        assert "ARRAY[" not in plan, plan
+        assert re.search(r"Update on qg_outbox", plan), plan
+    begin = release_statements.begin_stop_statement().compile(gate.engine)
+    plan = _prepared_plan(gate, str(begin), begin.construct_params(
+        {"id": "b-1000", "current": "reserved", "now": 1.0, "reason": "x"}), plan_mode)
+    assert "Seq Scan" not in plan and "ix_qg_request_state" not in plan, plan
+    assert "Index Scan using pk_qg_request" in plan, plan
+
+
 def _prepared_plan(gate: Quotagate, sql: str, parameters: dict[str, object],
                    plan_mode: str) -> str:
     """``EXPLAIN (ANALYZE)`` of ``sql`` run as a prepared statement, rolled back."""
@@ -226,4 +269,7 @@ def _prepared_plan(gate: Quotagate, sql: str, parameters: dict[str, object],
         return "\n".join(row[0] for row in cursor.fetchall())
     finally:
         raw.rollback()
+        # A prepared statement outlives the transaction: the pooled connection's next
+        # plan prepares under the same name.
+        raw.cursor().execute("DEALLOCATE ALL")
         raw.close()

@@ -77,6 +77,17 @@ def locks_only_rows_returned(engine: HasDialect) -> bool:
     return engine.dialect.name == "postgresql"
 
 
+def binds_id_arrays(engine: HasDialect) -> bool:
+    """Can a statement take a batch's ids as one array parameter (``= ANY(:ids)``)?
+
+    PostgreSQL can, and its generic plans need it: an id list of separate
+    parameters is built again for every row a sequential scan reads
+    (quotagate.store.outbox_statements, docs/decisions/254). MariaDB and SQLite
+    take ``IN`` lists, and found a batch's rows by key in their plans anyway.
+    """
+    return engine.dialect.name == "postgresql"
+
+
 def update_returns_rows(engine: HasDialect) -> bool:
     """Can an UPDATE return the rows it changed (RETURNING)? Not MySQL/MariaDB."""
     return engine.dialect.name in ("postgresql", "sqlite")

@@ -33,7 +33,14 @@ from quotagate.store import schema
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
 from quotagate.store.counters import CounterSink
-from quotagate.store.dialect import database_now, reading, run_transaction, supports_skip_locked
+from quotagate.store.dialect import (
+    binds_id_arrays,
+    database_now,
+    locks_in_lateral_join,
+    reading,
+    run_transaction,
+    supports_skip_locked,
+)
 from quotagate.store.driver import DriverTransaction, run_on_connection
 from quotagate.store.lease import LeaseStore
 from quotagate.store.rows import decode_cost
@@ -76,10 +83,11 @@ class BatchResult:
 _ENDED = frozenset(state.value for state in FINAL_STATES)
 
 
-def _by_token(rows: Sequence[Any]) -> dict[int, list[str]]:
-    groups: dict[int, list[str]] = {}
-    for row in rows:  # the columns of statements.claimable_query
-        groups.setdefault(int(row[4]), []).append(row[0])
+def _by_token(rows: Sequence[Any]) -> dict[int, list[Any]]:
+    """Claimable rows (statements.claimable_query's columns) by the claim token they carry."""
+    groups: dict[int, list[Any]] = {}
+    for row in rows:
+        groups.setdefault(int(row[4]), []).append(row)
     return groups
 
 
@@ -136,6 +144,7 @@ class OutboxStore:
         """
         skip_locked = supports_skip_locked(self.engine)
         dialect = self.engine.dialect.name
+        by_array = binds_id_arrays(self.engine)
         kinds = [kind for kind, wanted in ((True, stops), (False, deliveries)) if wanted]
 
         def claim(connection: sa.Connection, transaction: DriverTransaction) -> list[Claim]:
@@ -156,9 +165,15 @@ class OutboxStore:
                       "until": lease.expires_at}
             updated = 0
             for token, group in _by_token(candidates).items():
+                if by_array:  # one array of ids (docs/decisions/254)
+                    updated += transaction.rowcount(
+                        statements.claim_by_ids_statement(),
+                        {**holder, "token": token, "ids": [row[0] for row in group]})
+                    continue
                 updated += transaction.rowcount(
                     statements.claim_statement(len(group)),
-                    {**holder, "token": token, **statements.id_parameters(group)})
+                    {**holder, "token": token,
+                     **statements.id_parameters([row[0] for row in group])})
             claimed = candidates
             if updated != len(candidates):
                 # Some were claimed by someone else in between: find which are ours.
@@ -229,6 +244,8 @@ class OutboxStore:
         """
         if not delivered:
             return BatchResult()
+        # PostgreSQL locks each outbox row through its key (docs/decisions/254).
+        by_key = locks_in_lateral_join(self.engine) and binds_id_arrays(self.engine)
 
         def write(connection: sa.Connection, transaction: DriverTransaction) -> BatchResult:
             self.leases.fence(connection, lease)
@@ -237,10 +254,13 @@ class OutboxStore:
             # Lock order: lease, request rows, outbox rows (ids sorted alike).
             states = {row[0]: row[1] for row in transaction.rows(
                 statements.lock_states_query(len(ids)), by_id)}
+            locked = (transaction.rows(statements.lock_claims_by_key_query(), {"ids": ids})
+                      if by_key else
+                      transaction.rows(statements.lock_claims_query(len(ids)), by_id))
             held = {
                 row[0]: (row[1], None if row[2] is None else int(row[2]), int(row[3]),
                          bool(row[4]))
-                for row in transaction.rows(statements.lock_claims_query(len(ids)), by_id)
+                for row in locked
             }
             # Only a row claimed before can have a binding already (a replay).
             replays = [claim.request_id for claim, _t, _o in delivered if claim.fencing_token > 1]
@@ -294,8 +314,12 @@ class OutboxStore:
                                   statements.id_parameters(result.gone))
             if marked:
                 marked_ids = {"now": now, **statements.id_parameters(marked)}
-                transaction.write(statements.delivered_outbox_statement(len(marked)),
-                                  marked_ids)
+                if by_key:  # one array of ids (docs/decisions/254)
+                    transaction.write(statements.delivered_by_ids_statement(),
+                                      {"now": now, "ids": marked})
+                else:
+                    transaction.write(statements.delivered_outbox_statement(len(marked)),
+                                      marked_ids)
                 transaction.write(statements.mark_delivered_statement(len(marked)), marked_ids)
                 record(transaction, now, *entries)
             result.delivered.extend(marked)

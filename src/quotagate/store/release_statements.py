@@ -78,11 +78,14 @@ def move_statement(count: int, returning: bool) -> sa.Update:
 
 @lru_cache(maxsize=1)
 def begin_stop_statement() -> sa.Update:
-    """One ``current`` request (``id``) to ``cancelling`` (``now``, ``reason``)."""
+    """One ``current`` request (``id``), locked and read by the release, to ``cancelling``
+    (``now``, ``reason``). Its state is only confirmed (:func:`state_is`): on a
+    never-analyzed table of 3,000 reserved requests PostgreSQL found the row through the
+    state index and filtered every reserved row (docs/decisions/254)."""
     request = schema.request
     return (
         request.update()
-        .where(request.c.id == sa.bindparam("id"), request.c.state == sa.bindparam("current"))
+        .where(request.c.id == sa.bindparam("id"), state_is(sa.bindparam("current")))
         .values(state=RequestState.CANCELLING.value,
                 updated=sa.bindparam("now", type_=sa.Double), reason=sa.bindparam("reason"))
     )
