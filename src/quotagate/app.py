@@ -353,9 +353,13 @@ class Quotagate:
     def revoke_api_token(self, token_id: str, *, actor: str = "cli") -> TokenInfo:
         return self.api_tokens.revoke(token_id, actor=actor)
 
-    def authenticate(self, token: str) -> Actor:
-        """The actor an API token stands for; Unauthorized if it is not a live token."""
-        return self.api_tokens.authenticate(token)
+    def authenticate(self, token: str, *, read_since: float | None = None) -> Actor:
+        """The actor an API token stands for; Unauthorized if it is not a live token.
+
+        ``read_since``: the caller's arrival (``time.monotonic()``); a check of the same
+        token whose row was read after it counts for it too (docs/decisions/316).
+        """
+        return self.api_tokens.authenticate(token, read_since=read_since)
 
     # delivery targets and worker leases (docs/delivery.md)
     def set_target(

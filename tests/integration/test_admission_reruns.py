@@ -1,11 +1,13 @@
 """What production must record: admission reruns by cause and lock-wait time, from real lock conflicts.
 
-Row locks that make a transaction wait exist on the servers (SQLite takes one
-write lock at BEGIN instead), so these run on PostgreSQL and MariaDB/MySQL.
+Row locks that make a transaction wait exist on the servers, so most of these run
+on PostgreSQL and MariaDB/MySQL; SQLite takes its one write lock at BEGIN instead,
+and its wait there is what the lock-wait histogram times (the last test).
 """
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -212,3 +214,48 @@ def test_an_admitter_alone_whose_pick_another_transaction_holds_admits_the_next_
     assert admission_stats.snapshot().reruns["stale_snapshot"] == (
         1 if batches_writes(gate.engine) else 0)
     assert gate.check_invariants() == []
+
+
+@pytest.mark.parametrize("backend", [pytest.param("sqlite", marks=pytest.mark.sqlite)],
+                         indirect=True)
+def test_a_sqlite_admission_waiting_for_another_writer_records_that_wait_once(
+    gate: Quotagate, db_url: str,
+) -> None:
+    gate.set_pool("main", {"gpu": 4})
+    gate.set_tenant("team-a", {"gpu": 2})
+    # The first admission runs the expiry pass (its own transaction, which would meet
+    # the held lock first); on the manual clock it is not due again.
+    assert gate.admit(1) == []
+    admission_stats.reset()
+    gate.submit("job-1", "team-a", {"gpu": 1})
+    began = threading.Event()
+
+    def trace(statement: str) -> None:  # called as a statement starts, before any busy wait
+        if statement == "BEGIN IMMEDIATE":
+            began.set()
+
+    # Connections made from now on report their statements; admission's is one of them.
+    sa.event.listen(gate.engine, "connect",
+                    lambda connection, _record: connection.set_trace_callback(trace))
+    gate.engine.dispose()
+    admitted: list[Placement] = []
+    holder = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")  # another writer holds the write lock
+        admitter = threading.Thread(target=lambda: admitted.extend(gate.admit(1)))
+        admitter.start()
+        assert began.wait(30), "admission did not begin"
+        blocked_at = time.perf_counter()
+        time.sleep(HELD_SECONDS)  # hold the lock a known time: the wait must cover it
+        holder.execute("COMMIT")
+        held = time.perf_counter() - blocked_at
+        admitter.join(30)
+    finally:
+        holder.close()
+    assert not admitter.is_alive()
+    assert [placement.id for placement in admitted] == ["job-1"]
+    stats = admission_stats.snapshot()
+    # One observation, the BEGIN's: the reserve and charges that follow cannot wait.
+    assert stats.lock_wait_count == 1
+    assert stats.lock_wait_sum >= held
+    assert stats.reruns == dict.fromkeys(admission_stats.RERUN_CAUSES, 0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import sqlalchemy as sa
 
@@ -156,3 +158,34 @@ def test_only_the_exact_verified_token_hits_the_cache(gate: Quotagate) -> None:
             tokens.authenticate(text)
     with pytest.raises(InvalidInput, match="token cache"):
         TokenStore(gate.engine, cache_ttl=-1.0)
+
+
+def test_a_caller_shares_only_a_token_read_that_began_after_it_arrived(gate: Quotagate) -> None:
+    """docs/decisions/316: callbacks that arrived together share one row read; a caller
+    arriving later reads the row again, so a revocation made elsewhere refuses it."""
+    tokens = TokenStore(gate.engine, clock=gate.clock)
+    created = tokens.create(tenant="team-a")
+    reads = token_reads(gate)
+    arrived = time.monotonic()
+    first = tokens.authenticate(created.token, read_since=arrived)
+    assert tokens.authenticate(created.token, read_since=arrived) == first
+    assert len(reads) == 1, "a caller that arrived before the read shares it"
+    TokenStore(gate.engine, clock=gate.clock).revoke(created.info.id)  # elsewhere
+    reads.clear()
+    with pytest.raises(Unauthorized):
+        tokens.authenticate(created.token, read_since=time.monotonic())
+    assert len(reads) == 1, "a caller that arrived after the read reads the row again"
+    with pytest.raises(Unauthorized):
+        tokens.authenticate(created.token)  # without read_since: the row, every time
+
+
+def test_a_shared_read_never_stands_for_another_secret(gate: Quotagate) -> None:
+    tokens = TokenStore(gate.engine, clock=gate.clock)
+    created = tokens.create(tenant="team-a")
+    arrived = time.monotonic()
+    tokens.authenticate(created.token, read_since=arrived)
+    with pytest.raises(Unauthorized):
+        tokens.authenticate(f"qg_{created.info.id}_wrong", read_since=arrived)
+    tokens.revoke(created.info.id)  # through this store: forgotten at once
+    with pytest.raises(Unauthorized):
+        tokens.authenticate(created.token, read_since=arrived)

@@ -248,3 +248,33 @@ def test_executor_callbacks_in_one_batch_are_judged_as_each_alone(gate: Quotagat
     assert {gate.show(f"r-00{index}").state for index in (1, 2, 4, 5)} <= {
         RequestState.RESERVED, RequestState.DELIVERED}
     _recount(gate)
+
+
+def test_an_end_built_on_the_writer_answers_its_caller_alone(gate: Quotagate) -> None:
+    """docs/decisions/316: an end handed over unbuilt is built on the writer thread; a build
+    that raises is its caller's answer only, and one withdrawn before its group is not written."""
+    costs = _setup(gate, 3)
+    group = GroupRelease(gate.ledger.release_many)
+    started, go = threading.Event(), threading.Event()
+
+    def first() -> End:
+        started.set()
+        assert go.wait(60)
+        return End("r-000", RequestState.COMPLETED)
+
+    def refused() -> End:
+        raise Forbidden("no", code="forbidden")
+
+    held = group.release_later(first)
+    assert started.wait(60)  # the writer is inside its group: the next ends wait for the next one
+    withdrawn = group.release_later(lambda: End("r-001", RequestState.COMPLETED))
+    failing = group.release_later(refused)
+    kept = group.release_later(lambda: End("r-002", RequestState.COMPLETED))
+    assert withdrawn.cancel()
+    go.set()
+    assert held.result(60).released == costs["r-000"]
+    with pytest.raises(Forbidden):
+        failing.result(60)
+    assert kept.result(60).released == costs["r-002"]
+    assert gate.show("r-001").state == RequestState.RESERVED
+    _recount(gate)

@@ -138,6 +138,44 @@ class ActorCache:
                              if entry[0].token_id != token_id}
 
 
+class RecentReads:
+    """Tokens verified by a row read, with when that read began (``time.monotonic()``).
+
+    Not a cache with a lifetime: a caller that arrived at ``since`` may take a
+    verification only if its read began at or after ``since``, so it is judged on a
+    row read after it arrived, as if it had read the row itself
+    (docs/decisions/316). Many callbacks that arrive together share one read;
+    nothing is believed that was read before a caller came. Only successes are
+    kept; bounded: when full it starts afresh.
+    """
+
+    MAX_ENTRIES = 1_024
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[Actor, float]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: str, since: float) -> Actor | None:
+        with self._lock:
+            entry = self._entries.get(key)
+        if entry is None or entry[1] < since:
+            return None
+        return entry[0]
+
+    def put(self, key: str, actor: Actor, read_began: float) -> None:
+        with self._lock:
+            if len(self._entries) >= self.MAX_ENTRIES:
+                self._entries.clear()
+            current = self._entries.get(key)
+            if current is None or current[1] < read_began:
+                self._entries[key] = (actor, read_began)
+
+    def forget(self, token_id: str) -> None:
+        with self._lock:
+            self._entries = {key: entry for key, entry in self._entries.items()
+                             if entry[0].token_id != token_id}
+
+
 class TokenStore:
     def __init__(self, engine: Engine, *, clock: Clock | None = None,
                  cache_ttl: float = 0.0,
@@ -146,6 +184,7 @@ class TokenStore:
         self.clock: Clock = clock or SystemClock()
         # 0: every call reads the token's row (revocation from anywhere counts at once).
         self.cache: ActorCache | None = ActorCache(cache_ttl, monotonic) if cache_ttl else None
+        self.recent = RecentReads()
 
     def create(
         self,
@@ -216,17 +255,28 @@ class TokenStore:
         revoked = run_transaction(self.engine, work)
         if self.cache is not None:
             self.cache.forget(token_id)
+        self.recent.forget(token_id)
         return revoked
 
-    def authenticate(self, text: str) -> Actor:
-        """The actor a bearer token stands for, or Unauthorized (the same for every failure)."""
-        if self.cache is None:
+    def authenticate(self, text: str, *, read_since: float | None = None) -> Actor:
+        """The actor a bearer token stands for, or Unauthorized (the same for every failure).
+
+        ``read_since`` (a ``time.monotonic()`` reading, the caller's arrival): a
+        verification of the same token whose row read began at or after it is
+        taken instead of reading the row again (:class:`RecentReads`).
+        """
+        if self.cache is None and read_since is None:
             return self._authenticate(text)
         key = hashlib.sha256(text.encode()).hexdigest()
-        actor = self.cache.get(key)
+        actor = self.cache.get(key) if self.cache is not None else None
+        if actor is None and read_since is not None:
+            actor = self.recent.get(key, read_since)
         if actor is None:
+            read_began = time.monotonic()
             actor = self._authenticate(text)
-            self.cache.put(key, actor)
+            self.recent.put(key, actor, read_began)
+            if self.cache is not None:
+                self.cache.put(key, actor)
         return actor
 
     def _authenticate(self, text: str) -> Actor:

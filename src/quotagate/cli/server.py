@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 
 import click
 
 from quotagate.cli.common import db_option, ensure_schema, hold_seconds_option, open_gate, reports_errors
 from quotagate.cli.rate import rate_store_option
 from quotagate.cli.retention import parse_duration
+from quotagate.cli.stop_signals import GRACE_EXPIRED_EXIT, stop_on_signals
 from quotagate.cli.streams import redis_option
+from quotagate.delivery.worker_defaults import DEFAULT_EXIT_GRACE
 
 
 @click.command()
@@ -52,6 +55,15 @@ from quotagate.cli.streams import redis_option
               "calls run as many at once as its own threads leave free (they hold up "
               "to 6 with workers), the rest wait their turn. "
               "Also $QUOTAGATE_DB_CONNECTIONS (docs/decisions/314).")
+@click.option("--exit-grace", type=click.FloatRange(min=0.0, min_open=True),
+              default=DEFAULT_EXIT_GRACE,
+              show_default=True,
+              help="Seconds a stop (SIGTERM/SIGINT) may take: HTTP calls in flight finish, "
+              "then admission and delivery stop. Still busy then (a database call in a "
+              f"lock wait, a slow target), serve exits {GRACE_EXPIRED_EXIT} without its "
+              "cleanup, its deliveries left to its lease's expiry. Keep it below the "
+              "supervisor's own grace (systemd TimeoutStopSec, Kubernetes "
+              "terminationGracePeriodSeconds).")
 @hold_seconds_option
 @db_option
 @redis_option
@@ -61,7 +73,8 @@ def serve(
     host: str, port: int, admit_interval: float, admit_batch: int, no_workers: bool,
     log_level: str, access_log: bool, worker_name: str | None, concurrency: int, tour: bool,
     prune_older_than: str | None, token_cache_ttl: float, db_connections: int,
-    hold_seconds: float, db_url: str | None, redis_url: str | None, rate_store: str | None,
+    exit_grace: float, hold_seconds: float, db_url: str | None, redis_url: str | None,
+    rate_store: str | None,
 ) -> None:
     """Run the HTTP API, admission and delivery until SIGTERM."""
     from quotagate.http import service
@@ -96,11 +109,14 @@ def serve(
             except Exception as error:
                 click.echo(f"tour stopped: {error}", err=True)
 
+    stop = threading.Event()
+    stop_on_signals(stop, grace=exit_grace, what="serve")
     sys.exit(service.run(
         gate, host=host, port=port, admit_interval=admit_interval, admit_batch=admit_batch,
         workers=not no_workers, log_level=log_level, access_log=access_log,
         on_started=on_started, worker_name=worker_name, concurrency=concurrency,
-        prune_older_than=retention, connections=db_connections,
+        prune_older_than=retention, connections=db_connections, stop=stop,
+        graceful_seconds=exit_grace,
     ))
 
 

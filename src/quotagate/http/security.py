@@ -20,9 +20,10 @@ log = logging.getLogger("quotagate.http")
 _bearer = HTTPBearer(auto_error=False, description="An API token: `quotagate api-token create`")
 
 
-# The bearer credentials alone, read on the event loop. Hot routes (submit,
-# callbacks) authenticate with them inside their own worker thread instead of
-# using CurrentActor, saving one thread-pool hand-off per call.
+# The bearer credentials alone, read on the event loop. Hot routes authenticate
+# with them where their work runs instead of using CurrentActor: submit in its
+# worker thread, saving one thread-pool hand-off per call; complete, fail and
+# cancel on the group release's thread (docs/decisions/316), saving both.
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
@@ -30,14 +31,18 @@ def current_actor(context: Context, credentials: Credentials) -> Actor:
     return authenticate(context, credentials)
 
 
-def authenticate(context: ApiContext, credentials: HTTPAuthorizationCredentials | None) -> Actor:
-    """The actor behind the bearer token, or Unauthorized (counted, never audited)."""
+def authenticate(context: ApiContext, credentials: HTTPAuthorizationCredentials | None,
+                 *, read_since: float | None = None) -> Actor:
+    """The actor behind the bearer token, or Unauthorized (counted, never audited).
+
+    ``read_since``: when the call arrived (``time.monotonic()``); a check of the same
+    token read after that counts for this call too (``TokenStore.authenticate``)."""
     if credentials is None:
         context.metrics.auth_refusals.labels("unauthenticated").inc()
         raise Unauthorized("send an API token as 'Authorization: Bearer <token>'",
                            code="missing_token")
     try:
-        return context.gate.authenticate(credentials.credentials)
+        return context.gate.authenticate(credentials.credentials, read_since=read_since)
     except Unauthorized:
         # Not audited: an unauthenticated caller must not be able to make us write.
         context.metrics.auth_refusals.labels("unauthenticated").inc()

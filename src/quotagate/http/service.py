@@ -4,18 +4,21 @@ Shutdown order on SIGTERM/SIGINT: uvicorn stops accepting connections and
 lets in-flight requests (each one transaction) finish; then the worker threads
 are told to stop and joined, so an admission pass in progress commits or rolls
 back whole and a dispatcher can give up its lease before the process exits 0.
+The signals are the caller's (``quotagate.cli.stop_signals``, which bounds the
+whole stop by ``serve --exit-grace``), not uvicorn's: a thread blocked in a
+database call would otherwise keep the process alive for ever after the joins.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
-import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import sqlalchemy as sa
@@ -169,9 +172,12 @@ def run(
     concurrency: int = 32,
     prune_older_than: float | None = None,
     connections: int | None = None,
+    stop: threading.Event,
+    graceful_seconds: float = 20.0,
 ) -> int:
-    """Serve until SIGTERM/SIGINT; return the exit status.
+    """Serve until ``stop`` is set (the caller's SIGTERM/SIGINT relay); the exit status.
 
+    In-flight HTTP calls get up to ``graceful_seconds`` to finish once it is set.
     ``on_started`` runs in a daemon thread next to the server (``serve --tour``).
     ``connections``: the size of the gate's fixed pool (``--db-connections``); HTTP
     calls run at once only as many as it leaves free (quotagate.http.connections).
@@ -187,7 +193,7 @@ def run(
         connections, workers=workers, retention=prune_older_than is not None)
     metrics = gate.metrics
     app = create_app(gate, metrics=metrics)
-    stop = threading.Event()
+    workers_stop = threading.Event()  # set once the HTTP side has drained
     threads: list[threading.Thread] = []
     if workers:
         loops: list[tuple[str, Worker]] = [
@@ -198,18 +204,19 @@ def run(
             from quotagate.http.pruning import PruneLoop
 
             loops.append(("retention", PruneLoop(gate, prune_older_than)))
-        threads = [threading.Thread(target=worker.run, args=(stop,), name=name)
+        threads = [threading.Thread(target=worker.run, args=(workers_stop,), name=name)
                    for name, worker in loops]
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, access_log=access_log, lifespan="off",
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=max(1, round(graceful_seconds)),
     )
-    server = uvicorn.Server(config)
-    # uvicorn handles SIGTERM/SIGINT itself and raises the signal again once it
-    # has shut down; these handlers make that second delivery a no-op so we
-    # get to stop the threads and exit 0 instead of dying mid-join.
-    for signal_number in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signal_number, lambda *_: None)
+    server = _server_without_signals(uvicorn, config)
+
+    def exit_on_stop() -> None:
+        stop.wait()
+        server.should_exit = True  # uvicorn's main loop looks every 0.1 s
+
+    threading.Thread(target=exit_on_stop, name="serve-stop", daemon=True).start()
     for thread in threads:
         thread.start()
     if on_started is not None:
@@ -221,8 +228,23 @@ def run(
             run_server(server, call_threads)
     finally:
         log.info("stopping workers")
-        stop.set()
+        workers_stop.set()
         for thread in threads:
-            thread.join(timeout=60)
+            thread.join()  # bounded by the caller's grace, which exits the process hard
         gate.close()
     return 0 if server.started else 1
+
+
+def _server_without_signals(uvicorn: Any, config: Any) -> Any:
+    """A ``uvicorn.Server`` that leaves SIGTERM/SIGINT to the caller's handlers.
+
+    uvicorn would replace them while it serves, and raise the signal again once it
+    has shut down; the caller's relay sets ``stop`` instead (:func:`run`).
+    """
+
+    class Server(uvicorn.Server):  # type: ignore[misc]
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return Server(config)

@@ -82,6 +82,27 @@ def lock_wait() -> _LockWait:
     return _LockWait()
 
 
+class _NoWait:
+    """For a transaction whose statements never wait: its one wait was at BEGIN."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *_exc: object) -> None:
+        return None
+
+
+_NO_WAIT = _NoWait()
+
+
+def no_lock_wait() -> _NoWait:
+    """:func:`lock_wait`'s stand-in where the statements cannot wait (SQLite: the write
+    lock was taken at ``BEGIN IMMEDIATE``, whose wait is observed instead)."""
+    return _NO_WAIT
+
+
 def snapshot() -> AdmissionStats:
     with _lock:
         cumulative, running = [], 0

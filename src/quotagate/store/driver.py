@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
@@ -397,11 +398,13 @@ def _signalled(error: Exception, failures: Sequence[Exception]) -> Exception | N
 def run_driver_transaction(
     engine: Engine, work: Callable[[DriverTransaction], T], *, attempts: int = 20,
     on_retry: Callable[[DBAPIError], None] | None = None, autocommit: bool = False,
-    kept: KeptConnection | None = None,
+    kept: KeptConnection | None = None, begin_waited: Callable[[float], None] | None = None,
 ) -> T:
     """Like :func:`quotagate.store.dialect.run_transaction`, on the driver connection.
 
     ``on_retry`` hears of each rerun (admission counts them by cause).
+    ``begin_waited`` hears how long each attempt's BEGIN took, where BEGIN takes
+    a lock (SQLite's write lock: its wait for another writer is there).
     ``kept``: run on that kept connection when it has one, and keep the
     connection that committed (:class:`KeptConnection`).
 
@@ -418,7 +421,7 @@ def run_driver_transaction(
     switch = autocommit and engine.dialect.name == "postgresql"
     begin = None if autocommit and engine.dialect.name == "sqlite" else begin_statement(engine)
     return rerun_on_conflict(
-        lambda: _attempt(engine, work, begin, switch, kept), attempts=attempts,
+        lambda: _attempt(engine, work, begin, switch, kept, begin_waited), attempts=attempts,
         on_retry=on_retry,
     )
 
@@ -426,6 +429,7 @@ def run_driver_transaction(
 def _attempt(
     engine: Engine, work: Callable[[DriverTransaction], T], begin: str | None,
     autocommit: bool = False, kept: KeptConnection | None = None,
+    begin_waited: Callable[[float], None] | None = None,
 ) -> T:
     """One try of the transaction; driver errors come out as SQLAlchemy's.
 
@@ -458,7 +462,14 @@ def _attempt(
                                         hide_parameters=engine.hide_parameters)
         try:
             if begin is not None:
-                cursor.execute(begin)
+                if begin_waited is None:
+                    cursor.execute(begin)
+                else:
+                    started = time.perf_counter()
+                    try:
+                        cursor.execute(begin)
+                    finally:  # a BEGIN that gave up (busy) waited too
+                        begin_waited(time.perf_counter() - started)
             result = work(transaction)
             transaction.flush()
             dbapi_connection.commit()

@@ -57,6 +57,7 @@ from quotagate.store.audit import AuditEntry, record
 from quotagate.store.authority import ReleaseGuard
 from quotagate.store.charges import charge_rows
 from quotagate.store.dialect import (
+    begin_statement,
     code_point_collation,
     locks_in_lateral_join,
     materializes_derived_tables,
@@ -183,6 +184,13 @@ class Ledger:
         # Its snapshot and queue heads, kept while nobody else writes (SQLite; False:
         # read at every admission, for comparisons).
         self._reads = AdmissionReads(engine, admission_window, enabled=reuse_reads)
+        # Where an admission waits for another writer, for the lock-wait histogram: on
+        # SQLite at BEGIN IMMEDIATE, which takes the only write lock (its statements
+        # then never wait); on the servers in the statements that lock rows.
+        locks_at_begin = begin_statement(engine) is not None
+        self._begin_waited = admission_stats.observe_lock_wait if locks_at_begin else None
+        self._lock_wait = admission_stats.no_lock_wait if locks_at_begin \
+            else admission_stats.lock_wait
 
     def close(self) -> None:
         """Hand back the connection admission keeps between calls (quotagate.store.driver),
@@ -337,7 +345,7 @@ class Ledger:
                     self.engine, self._reads.noting(
                         partial(self._admit, limit=limit, actor=actor, claim=claim)),
                     on_retry=admission_stats.count_database_rerun,
-                    kept=self._admission_connection,
+                    kept=self._admission_connection, begin_waited=self._begin_waited,
                 )
                 self._reads.committed()
             except tenant_claims.ClaimsTooNarrow:
@@ -513,7 +521,7 @@ class Ledger:
             raise tenant_claims.ClaimsTooNarrow
         if not admitted:
             return []
-        with admission_stats.lock_wait():
+        with self._lock_wait():
             self._charge(transaction, admitted, snapshot)
             if snapshot.budgets and not budgets.charge(transaction, admitted, snapshot.budgets):
                 raise CapacityChanged("budget")
@@ -521,7 +529,7 @@ class Ledger:
             self._record_admissions(transaction, admitted, targets, now, actor)
         if transaction.pending:
             # MariaDB batched the reserve, the charges and the records: their lock waits are here.
-            with admission_stats.lock_wait():
+            with self._lock_wait():
                 transaction.flush()
         carried = [{"request_id": placement.id, "token": floors[placement.id]}
                    for placement in admitted if placement.id in floors]
@@ -722,7 +730,7 @@ class Ledger:
             )
             if not plan:
                 return []
-            with admission_stats.lock_wait():
+            with self._lock_wait():
                 got = self._reserve(transaction, plan, now, actor, alone=alone)
             if len(got) < len(plan):
                 self._contention.seen()  # another admitter holds some of these requests

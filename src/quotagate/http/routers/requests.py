@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -241,19 +243,24 @@ def get_request(
     return data
 
 
-def _release(
+async def _release(
     context: ApiContext, credentials: Credentials, tenant: str, request_id: str, operation: str,
     to_state: RequestState, body: ReleaseBody | None,
 ) -> dict[str, Any]:
-    actor = authenticate(context, credentials)
-    authorize(context, actor, tenant, operation, request_id=request_id)
-    _check(tenant, request_id)
+    arrived = time.monotonic()
+
+    def prepare() -> End:
+        # On the group release's thread: one token read serves the callbacks that
+        # arrived before it (docs/decisions/316), and no worker thread waits here.
+        actor = authenticate(context, credentials, read_since=arrived)
+        authorize(context, actor, tenant, operation, request_id=request_id)
+        _check(tenant, request_id)
+        return End(request_id, to_state, reason=body.reason if body else None,
+                   actor=actor.name, tenant=tenant, guard=_guard(actor, body))
+
     # Through the group commit: a burst of callbacks shares its transactions,
     # each end still judged by its guard on its locked row.
-    result = context.releases.release(End(
-        request_id, to_state, reason=body.reason if body else None, actor=actor.name,
-        tenant=tenant, guard=_guard(actor, body),
-    ))
+    result = await asyncio.wrap_future(context.releases.release_later(prepare))
     return {**result.request.to_dict(), "released": result.released}
 
 
@@ -268,32 +275,32 @@ def _guard(actor: Actor, body: ReleaseBody | None) -> ReleaseGuard | None:
 
 
 @router.post("/{request_id}/cancel", summary="Cancel a request; a reserved one returns its cost")
-def cancel(
+async def cancel(
     tenant: str, request_id: str, context: Context, credentials: Credentials,
     body: ReleaseBody | None = None,
 ) -> dict[str, Any]:
-    return _release(context, credentials, tenant, request_id, operations.REQUEST_CANCEL,
-                    RequestState.CANCELLED, body)
+    return await _release(context, credentials, tenant, request_id, operations.REQUEST_CANCEL,
+                          RequestState.CANCELLED, body)
 
 
 @router.post("/{request_id}/complete",
              summary="Mark a request completed (its executor, with the fencing token, or an admin)")
-def complete(
+async def complete(
     tenant: str, request_id: str, context: Context, credentials: Credentials,
     body: ReleaseBody | None = None,
 ) -> dict[str, Any]:
-    return _release(context, credentials, tenant, request_id, operations.REQUEST_COMPLETE,
-                    RequestState.COMPLETED, body)
+    return await _release(context, credentials, tenant, request_id, operations.REQUEST_COMPLETE,
+                          RequestState.COMPLETED, body)
 
 
 @router.post("/{request_id}/fail",
              summary="Mark a request failed (its executor, with the fencing token, or an admin)")
-def fail(
+async def fail(
     tenant: str, request_id: str, context: Context, credentials: Credentials,
     body: ReleaseBody | None = None,
 ) -> dict[str, Any]:
-    return _release(context, credentials, tenant, request_id, operations.REQUEST_FAIL,
-                    RequestState.FAILED, body)
+    return await _release(context, credentials, tenant, request_id, operations.REQUEST_FAIL,
+                          RequestState.FAILED, body)
 
 
 def _check(tenant: str, request_id: str) -> None:
