@@ -79,6 +79,12 @@ def test_another_tenants_token_gets_404_for_a_topic_of_the_same_name(api: Api) -
         response = other_client.request(method, path + suffix, json=body)
         assert response.status_code == 404, (method, suffix, response.text)
         assert response.json()["code"] == "unknown_topic"
+    listing = other_client.get(f"/v1/tenants/{owner}/topics")
+    assert listing.status_code == 404 and listing.json() == {
+        "code": "unknown_topic", "message": f"topics of tenant {owner!r} do not exist"}
+    # The same answer for a tenant that does not exist at all: existence is not told.
+    absent = other_client.get("/v1/tenants/no-such-tenant/topics").json()
+    assert absent["message"] == "topics of tenant 'no-such-tenant' do not exist"
     # The other tenant's own topic of that name saw nothing.
     status = other_client.get(f"/v1/tenants/{other}/topics/orders/status").json()
     assert status["partitions"][0]["length"] == 0

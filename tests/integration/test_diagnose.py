@@ -70,6 +70,18 @@ def test_without_a_sink_or_checkpoint_the_streaming_layers_say_what_is_missing(g
     assert "--checkpoint" in shown["checkpoint"]["verdict"]
 
 
+def test_work_ended_before_its_delivery_is_not_called_never_admitted(gate: Quotagate) -> None:
+    gate.set_tenant("team-a", {"gpu": 4})
+    gate.set_pool("pool-1", {"gpu": 4})
+    gate.submit("stream-1", "team-a", {"gpu": 1})
+    assert len(gate.admit(limit=1)) == 1
+    gate.complete("stream-1")
+    shown = layers(gate, StreamingLocation())
+    assert shown["quota"]["verdict"] == "accepted and admitted; now completed"
+    assert shown["lease"]["verdict"] == ("admitted, then completed before any worker delivered it: "
+                                         "no delivery record is left")
+
+
 def test_a_sink_database_that_is_not_there_is_reported_and_not_created(gate: Quotagate, tmp_path: Path) -> None:
     gate.set_tenant("team-a", {"gpu": 4})
     gate.set_pool("pool-1", {"gpu": 4})

@@ -260,3 +260,20 @@ def test_a_topic_created_while_the_stream_redis_is_unreachable_leaves_nothing(
     assert _used(gate, tenant) == {"partitions": 0, "parallelism": 0}
     assert _audit(gate, tenant) == audit_before
     assert gate.rate_status(tenant, topic="orders") is None
+
+
+def test_a_stream_redis_answering_an_error_is_unavailable_not_a_crash(
+    gate: Quotagate, db_url: str
+) -> None:
+    """A database index the server does not have: every connection's SELECT is refused."""
+    tenant = tenant_with_quota(gate)
+    gate.streams.create_topic(tenant, "orders", partitions=2, parallelism=1)
+    with stream_gate(db_url, "redis://127.0.0.1:6379/999999") as refusing:
+        with pytest.raises(StoreUnavailable) as status_refused:
+            refusing.streams.status(tenant, "orders")
+        with pytest.raises(StoreUnavailable) as produce_refused:
+            refusing.streams.producer(tenant, "orders").send_many([b"hello"])
+    for refused in (status_refused, produce_refused):
+        assert refused.value.code == "stream_store_unavailable"
+        assert "DB index is out of range" in str(refused.value)
+    gate.streams.delete_topic(tenant, "orders")

@@ -7,6 +7,7 @@ a reply after acting on the request (a lost reply: docs/delivery.md).
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import threading
@@ -143,6 +144,17 @@ def test_create_sends_idempotency_key_and_fencing_token(receiver: Receiver) -> N
     assert target.read("team-a-job-1-0") == created.__class__(created.name, created.uid, "job-1",
                                                               ledger_id=LEDGER)
     assert target.read("absent") is None
+
+
+def test_credentials_in_the_url_go_as_basic_auth_and_not_in_the_url(receiver: Receiver) -> None:
+    port = receiver.server_address[1]
+    url = f"http://hook%40user:pa55%3Aword@127.0.0.1:{port}/hooks"
+    target = WebhookTarget({"url": url}, ledger_id=LEDGER)
+    target.create_if_absent(spec())
+    [post] = receiver.posts
+    expected = base64.b64encode(b"hook@user:pa55:word").decode()
+    assert post["headers"]["Authorization"] == f"Basic {expected}"
+    assert "pa55" not in json.dumps(post["body"]) and "pa55" not in target.url
 
 
 def test_a_lost_reply_is_resolved_by_reading_back_not_by_creating_again(

@@ -7,6 +7,7 @@ A real receiver on 127.0.0.1 (tests/support/receiver.py) answers ``POST
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
 from collections import Counter
@@ -86,6 +87,8 @@ def test_many_deliveries_go_in_one_post_each_with_its_own_identity_and_token(
         assert item["payload"] == {"n": request_id} and item["cost"] == {"gpu": 1}
     for call in posts:
         assert call["headers"]["Quotagate-Ledger"] == ledger.ledger_id
+        assert call["headers"]["Authorization"] == "Basic " + base64.b64encode(
+            b"hookuser:pa55word").decode()
         text = json.dumps(call["body"])
         for secret in ("pa55word", "s3cret", "hookuser"):
             assert secret not in text

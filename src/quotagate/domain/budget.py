@@ -40,6 +40,9 @@ DURATION_PATTERN = "[1-9][0-9]{0,5}[smhd]"
 WINDOW_PATTERN = "(?:[1-9][0-9]{0,3}h|[1-9][0-9]?d|[1-3][0-9]{2}d|40[0-9]d|41[0-6]d)"
 BUDGET_PATTERN = f"{DURATION_PATTERN}/{WINDOW_PATTERN}"
 _DURATION = re.compile(DURATION_PATTERN)
+# Whole seconds as the CLI passes them ("3600"); ASCII digits only, and few enough that
+# int() never meets Python's limit on digits (a ValueError, not a refusal).
+_WHOLE_SECONDS = re.compile("[0-9]{1,12}")
 _BUDGET = re.compile(f"({DURATION_PATTERN})/({WINDOW_PATTERN})")
 
 
@@ -51,6 +54,8 @@ def parse_duration(value: object, *, what: str) -> int:
     """A max-runtime: ``90s``, ``30m``, ``2h``, ``1d``, or whole seconds; 1 s to 366 days."""
     if isinstance(value, int) and not isinstance(value, bool):
         seconds = value
+    elif isinstance(value, str) and _WHOLE_SECONDS.fullmatch(value):
+        seconds = int(value)
     elif isinstance(value, str) and _DURATION.fullmatch(value):
         seconds = _seconds(value)
     else:
@@ -68,7 +73,7 @@ def parse_grace(value: object) -> int:
     none, ``300``) or a duration (``5m``), at most a week."""
     if isinstance(value, int) and not isinstance(value, bool):
         seconds = value
-    elif isinstance(value, str) and value.isascii() and value.isdigit():
+    elif isinstance(value, str) and _WHOLE_SECONDS.fullmatch(value):
         seconds = int(value)
     elif isinstance(value, str) and _DURATION.fullmatch(value):
         seconds = _seconds(value)

@@ -69,7 +69,9 @@ def authorize(
     if operation in REQUEST_OPERATIONS:
         raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
     if operation in TOPIC_OPERATIONS:
-        raise NotFound(f"topic {request_id!r} does not exist", code="unknown_topic")
+        # A listing names no topic: the same sentence whether or not the tenant exists.
+        raise NotFound(f"topic {request_id!r} does not exist" if request_id
+                       else f"topics of tenant {tenant!r} do not exist", code="unknown_topic")
     scope = f"tenant {tenant!r}" if tenant else "the whole platform"
     raise Forbidden(f"this token may not {operation} for {scope}", code="forbidden")
 

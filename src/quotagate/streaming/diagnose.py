@@ -58,7 +58,7 @@ def diagnose(gate: Quotagate, request_id: str, where: StreamingLocation | None =
     if request.state in (RequestState.REJECTED, RequestState.EXPIRED):
         return layers
     trail = gate.delivery_trail(request_id)
-    layers.append(_lease(gate, trail.outbox, trail.binding))
+    layers.append(_lease(gate, request.state, trail.outbox, trail.binding))
     location = _spark_defaults(gate, request.tenant, trail.binding, where or StreamingLocation())
     if location.checkpoint is None and location.sink_url is None:
         layers.append(Layer("checkpoint", "not delivered by a spark target, and no checkpoint/sink given "
@@ -121,9 +121,20 @@ def _quota(gate: Quotagate, tenant: str, state: RequestState, reason: str | None
     return Layer("quota", f"accepted and admitted; now {state.value}", facts)
 
 
-def _lease(gate: Quotagate, outbox: dict[str, Any] | None, binding: dict[str, Any] | None) -> Layer:
+def _lease(gate: Quotagate, state: RequestState, outbox: dict[str, Any] | None,
+           binding: dict[str, Any] | None) -> Layer:
     if outbox is None:
-        return Layer("lease", "no delivery record: the request was never admitted", {})
+        # The outbox row also goes when admitted work ends before its delivery (with the
+        # release) or when its stop is confirmed: only a waiting request was never admitted.
+        if state == RequestState.WAITING:
+            return Layer("lease", "no delivery record: the request was never admitted", {})
+        if binding is not None:
+            return Layer("lease", f"delivered as {binding['external_name']} with fencing token "
+                                  f"{binding['fencing_token']}; its delivery record went when it "
+                                  f"ended ({state.value})", {"fencing_token": binding["fencing_token"],
+                                                             "external_name": binding["external_name"]})
+        return Layer("lease", f"admitted, then {state.value} before any worker delivered it: "
+                              "no delivery record is left", {})
     facts: dict[str, Any] = {
         "worker": outbox["claimed_by"], "claim_generation": outbox["claim_generation"],
         "fencing_token": binding["fencing_token"] if binding else outbox["claim_token"],

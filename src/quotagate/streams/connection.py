@@ -103,4 +103,10 @@ class _Translate:
             raise StoreUnavailable(
                 f"the stream Redis {self.connection.description} cannot be reached",
                 code="stream_store_unavailable") from error
+        if isinstance(error, exceptions.ResponseError):
+            # An error reply (a database index the server lacks, WRONGTYPE, READONLY, OOM)
+            # is the stream Redis refusing, as the rate store reports it, not a traceback.
+            raise StoreUnavailable(
+                f"the stream Redis {self.connection.description} refused the operation: {error}",
+                code="stream_store_unavailable") from error
         return False

@@ -22,6 +22,7 @@ the worker's delivery threads it costs about a third of the CPU per POST that an
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import json
 import logging
@@ -30,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from quotagate.delivery.reasons import redact_text
 from quotagate.delivery.targets.base import (
@@ -132,7 +133,9 @@ class WebhookTarget:
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.ledger_id = ledger_id
         checked = validate_config(config)
-        self.url: str = checked["url"]
+        # urllib3 drops a URL's user:password silently: it goes as Basic auth on every
+        # call instead, and the URL the calls use (and their errors name) holds none.
+        self.url, self._credentials = _split_credentials(checked["url"])
         self.timeout: float = checked["timeout"]
         # 0: every object on every outcome pass. More: each object at most once per
         # that many seconds, the first time that long after this worker first saw it
@@ -356,7 +359,7 @@ class WebhookTarget:
     def _call(self, method: str, url: str, *, document: Any = None,
               headers: Mapping[str, str] | None = None) -> _Answer:
         """``method url``, with ``document`` as its JSON body if given."""
-        sent = dict(headers or {})
+        sent = {**(headers or {}), **self._credentials}
         body = None
         if document is not None:
             body = json.dumps(document).encode()
@@ -380,6 +383,18 @@ class WebhookTarget:
         except ValueError:  # not JSON, or not UTF-8
             return {}
         return answer if isinstance(answer, dict) else {}
+
+
+def _split_credentials(url: str) -> tuple[str, dict[str, str]]:
+    """The URL without its ``user:password@``, and the Basic auth header it stood for."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return url, {}
+    pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+    header = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
+    host = parts.netloc.rpartition("@")[2]
+    bare = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    return bare, {"Authorization": header}
 
 
 def _body(spec: DeliverySpec) -> dict[str, Any]:
