@@ -36,12 +36,31 @@ def _wait_ready(client: Any, deadline: float) -> None:
     raise StoreUnavailable("the server did not become ready within 30 s")
 
 
+TOUR_TOKEN_LABEL = "tour"
+
+
+def tour_token(gate: Quotagate) -> tuple[str, int]:
+    """A new admin token for this tour, and how many earlier tours' tokens it replaced.
+
+    Each run of the tour shows a new admin token; the ones earlier runs showed are
+    revoked, so tours on one ledger do not leave live admin tokens piling up
+    (docs/decisions/908-each-tour-replaces-the-last-tours-token.md). Only tokens
+    labelled as the tour's are touched.
+    """
+    earlier = [info for info in gate.list_api_tokens()
+               if info.admin and info.label == TOUR_TOKEN_LABEL and info.revoked is None]
+    token = gate.create_api_token(admin=True, label=TOUR_TOKEN_LABEL, actor="tour").token
+    for info in earlier:
+        gate.revoke_api_token(info.id, actor="tour")
+    return token, len(earlier)
+
+
 def run_tour(base_url: str, gate: Quotagate, echo: Echo) -> None:
     import httpx
 
     with httpx.Client(base_url=base_url, timeout=10) as client:
         _wait_ready(client, time.monotonic() + 30)
-        token = gate.create_api_token(admin=True, label="tour", actor="tour").token
+        token, replaced = tour_token(gate)
         gate.set_target(
             "local", "process", {"command": TOUR_COMMAND, "run_dir": "quotagate-runs"},
             default=True, actor="tour",
@@ -49,6 +68,10 @@ def run_tour(base_url: str, gate: Quotagate, echo: Echo) -> None:
         headers = {"Authorization": f"Bearer {token}"}
         echo("tour: an admin token was created for you (shown once, stored hashed):")
         echo(f"  export QG_TOKEN={token}")
+        if replaced:
+            echo(f"tour: the admin token{'s' if replaced > 1 else ''} earlier tours showed "
+                 f"{'are' if replaced > 1 else 'is'} revoked; for a lasting one: "
+                 "quotagate api-token create --admin")
         for name, capacity in TOUR_POOLS.items():
             client.put(f"/v1/pools/{name}", json={"capacity": capacity}, headers=headers)
         for name, quota in TOUR_TENANTS.items():
