@@ -75,12 +75,8 @@ def test_reserving_finds_each_chosen_row_by_its_key_before_any_analyze(
     through the state index once per chosen row before (docs/decisions/250)."""
     if gate.engine.dialect.name != "postgresql":
         pytest.skip("the locking reserve statement is PostgreSQL's (reserves_with_lock)")
-    gate.set_pool("main", {"gpu": 10**6})
-    gate.set_tenant("team-a", {"gpu": 10**6})
-    for start in range(0, 2000, 500):
-        gate.submit_many("team-a", [{"id": f"b-{index}", "cost": {"gpu": 1}}
-                                    for index in range(start, start + 500)])
-    plan_of = [Placement(f"b-{index}", "team-a", "main", {"gpu": 1}) for index in range(16)]
+    _submit_burst(gate, 2000)
+    plan_of = [Placement(f"b-{index:04}", "team-a", "main", {"gpu": 1}) for index in range(16)]
     compiled = statements.reserve_and_record_statement().compile(gate.engine)
     parameters = compiled.construct_params(statements.reserve_arrays(plan_of, 1.0, "test"))
     # PREPARE and EXECUTE, as psycopg runs a statement from its fifth time on.
@@ -180,11 +176,7 @@ def test_ends_and_delivery_marks_find_their_rows_by_key_before_any_analyze(
         pytest.skip("PostgreSQL's planner is the one that took the state index")
     from quotagate.store import outbox_statements, release_statements
 
-    gate.set_pool("main", {"gpu": 10**6})
-    gate.set_tenant("team-a", {"gpu": 10**6})
-    for start in range(0, 4000, 500):
-        gate.submit_many("team-a", [{"id": f"b-{index:04}", "cost": {"gpu": 1}}
-                                    for index in range(start, start + 500)])
+    _submit_burst(gate, 4000)
     with gate.engine.begin() as connection:
         connection.exec_driver_sql(
             "UPDATE qg_request SET state = CASE WHEN id < 'b-2000' THEN 'delivered'"
@@ -220,11 +212,7 @@ def test_delivery_batches_reach_their_outbox_rows_by_key_before_any_analyze(
         pytest.skip("only PostgreSQL takes the ids as one array (binds_id_arrays)")
     from quotagate.store import outbox_statements, release_statements
 
-    gate.set_pool("main", {"gpu": 10**6})
-    gate.set_tenant("team-a", {"gpu": 10**6})
-    for start in range(0, 3000, 500):
-        gate.submit_many("team-a", [{"id": f"b-{index:04}", "cost": {"gpu": 1}}
-                                    for index in range(start, start + 500)])
+    _submit_burst(gate, 3000)
     assert gate.admit_until_idle(batch=256) == 3000
     ids = [f"b-{index:04}" for index in range(1000, 1064)]
     lock = outbox_statements.lock_claims_by_key_query().compile(gate.engine)
@@ -248,6 +236,16 @@ def test_delivery_batches_reach_their_outbox_rows_by_key_before_any_analyze(
         {"id": "b-1000", "current": "reserved", "now": 1.0, "reason": "x"}), plan_mode)
     assert "Seq Scan" not in plan and "ix_qg_request_state" not in plan, plan
     assert "Index Scan using pk_qg_request" in plan, plan
+
+
+def _submit_burst(gate: Quotagate, count: int) -> None:
+    """``count`` waiting one-gpu requests of team-a, ``b-0000`` on, submitted 500 at a time
+    (a burst the statistics do not know yet), with room for all of them."""
+    gate.set_pool("main", {"gpu": 10**6})
+    gate.set_tenant("team-a", {"gpu": 10**6})
+    for start in range(0, count, 500):
+        gate.submit_many("team-a", [{"id": f"b-{index:04}", "cost": {"gpu": 1}}
+                                    for index in range(start, min(start + 500, count))])
 
 
 def _prepared_plan(gate: Quotagate, sql: str, parameters: dict[str, object],
