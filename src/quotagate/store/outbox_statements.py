@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from quotagate.domain.model import RequestState
 from quotagate.store import schema
 from quotagate.store.dialect import dialect_now
-from quotagate.store.release_statements import state_is
+from quotagate.store.release_statements import id_binds, id_parameters, state_is
 
 __all__ = ["LEASE_PREFIX", "binding_insert", "bindings_query", "claim_by_ids_statement",
            "claim_statement", "claimable_query", "claimed_tokens_query",
@@ -29,17 +29,10 @@ __all__ = ["LEASE_PREFIX", "binding_insert", "bindings_query", "claim_by_ids_sta
            "requests_query"]
 
 _outbox, _request, _binding, _lease = schema.outbox, schema.request, schema.binding, schema.lease
+# id_parameters (from release_statements) gives the ``id_i`` parameters of the statements
+# here that take ``len(ids)`` ids; outbox.py reaches it through this module.
 # A worker's lease is named ``worker/<its name>``; its claims carry the name.
 LEASE_PREFIX = "worker/"
-
-
-def _ids(count: int) -> list[Any]:
-    return [sa.bindparam(f"id_{index}") for index in range(count)]
-
-
-def id_parameters(ids: Any) -> dict[str, str]:
-    """``id_0`` … for the statements here that take ``len(ids)`` ids."""
-    return {f"id_{index}": request_id for index, request_id in enumerate(ids)}
 
 
 @lru_cache(maxsize=32)
@@ -89,7 +82,7 @@ def claim_statement(count: int) -> sa.Update:
     ``generation`` (held ``until``): each row's token goes one up."""
     return (
         _outbox.update()
-        .where(_outbox.c.request_id.in_(_ids(count)),
+        .where(_outbox.c.request_id.in_(id_binds(count)),
                _outbox.c.claim_token == sa.bindparam("token"))
         .values(claimed_by=sa.bindparam("owner"), claim_generation=sa.bindparam("generation"),
                 claimed_until=sa.bindparam("until", type_=sa.Double),
@@ -141,7 +134,7 @@ def delivered_by_ids_statement() -> sa.TextClause:
 def claimed_tokens_query(count: int) -> sa.Select[Any]:
     """The tokens of those of ``count`` rows (``id_i``) ``owner``'s ``generation`` holds."""
     return sa.select(_outbox.c.request_id, _outbox.c.claim_token).where(
-        _outbox.c.request_id.in_(_ids(count)),
+        _outbox.c.request_id.in_(id_binds(count)),
         _outbox.c.claimed_by == sa.bindparam("owner"),
         _outbox.c.claim_generation == sa.bindparam("generation"),
     )
@@ -151,13 +144,13 @@ def claimed_tokens_query(count: int) -> sa.Select[Any]:
 def requests_query(count: int) -> sa.Select[Any]:
     """What a target needs of ``count`` claimed requests (``id_i``)."""
     return sa.select(_request.c.id, _request.c.cost, _request.c.payload,
-                     _request.c.attempt).where(_request.c.id.in_(_ids(count)))
+                     _request.c.attempt).where(_request.c.id.in_(id_binds(count)))
 
 
 @lru_cache(maxsize=64)
 def lock_states_query(count: int) -> sa.Select[Any]:
     """Lock ``count`` request rows (``id_i``, sorted) in id order; their states."""
-    return (sa.select(_request.c.id, _request.c.state).where(_request.c.id.in_(_ids(count)))
+    return (sa.select(_request.c.id, _request.c.state).where(_request.c.id.in_(id_binds(count)))
             .order_by(_request.c.id).with_for_update())
 
 
@@ -166,7 +159,7 @@ def lock_claims_query(count: int) -> sa.Select[Any]:
     """Lock ``count`` outbox rows (``id_i``, sorted) in id order; the claim each carries."""
     return (sa.select(_outbox.c.request_id, _outbox.c.claimed_by, _outbox.c.claim_generation,
                       _outbox.c.claim_token, _outbox.c.delivered)
-            .where(_outbox.c.request_id.in_(_ids(count)))
+            .where(_outbox.c.request_id.in_(id_binds(count)))
             .order_by(_outbox.c.request_id).with_for_update())
 
 
@@ -174,7 +167,7 @@ def lock_claims_query(count: int) -> sa.Select[Any]:
 def bindings_query(count: int) -> sa.Select[Any]:
     """The bindings of ``count`` requests (``id_i``), where they have one."""
     return sa.select(_binding.c.request_id, _binding.c.external_name, _binding.c.uid).where(
-        _binding.c.request_id.in_(_ids(count)))
+        _binding.c.request_id.in_(id_binds(count)))
 
 
 @lru_cache(maxsize=1)
@@ -191,14 +184,14 @@ def binding_insert() -> sa.Insert:
 @lru_cache(maxsize=64)
 def give_up_claims_statement(count: int) -> sa.Update:
     """``count`` outbox rows (``id_i``) left unclaimed: their requests left ``reserved``."""
-    return (_outbox.update().where(_outbox.c.request_id.in_(_ids(count)))
+    return (_outbox.update().where(_outbox.c.request_id.in_(id_binds(count)))
             .values(claimed_by=sa.null(), claim_generation=sa.null(), claimed_until=sa.null()))
 
 
 @lru_cache(maxsize=64)
 def delivered_outbox_statement(count: int) -> sa.Update:
     """``count`` outbox rows (``id_i``) delivered at ``now``."""
-    return (_outbox.update().where(_outbox.c.request_id.in_(_ids(count)))
+    return (_outbox.update().where(_outbox.c.request_id.in_(id_binds(count)))
             .values(delivered=sa.true(), delivered_at=sa.bindparam("now", type_=sa.Double),
                     claimed_until=sa.null(), last_error=sa.null()))
 
@@ -209,6 +202,6 @@ def mark_delivered_statement(count: int) -> sa.Update:
     delivery batch locked and read reserved: found by id, their state only confirmed
     (release_statements.state_is, docs/decisions/256)."""
     return (_request.update()
-            .where(_request.c.id.in_(_ids(count)), state_is(RequestState.RESERVED.value))
+            .where(_request.c.id.in_(id_binds(count)), state_is(RequestState.RESERVED.value))
             .values(state=RequestState.DELIVERED.value,
                     updated=sa.bindparam("now", type_=sa.Double)))

@@ -141,11 +141,6 @@ def lock_decisions(transaction: sa.Connection | DriverTransaction) -> None:
     transaction.execute(statements.lock_decisions_query(), {}).fetchall()
 
 
-def _ids(ids: Sequence[str]) -> dict[str, str]:
-    """The ``id_i`` parameters of :mod:`quotagate.store.release_statements`' statements."""
-    return {f"id_{index}": request_id for index, request_id in enumerate(ids)}
-
-
 def release_batch(
     connection: sa.Connection, ends: Sequence[End], now: float, fence: Fence | None = None
 ) -> list[ReleaseResult | Exception]:
@@ -192,7 +187,7 @@ def _round(
     columns = statements.REQUEST_COLUMNS
     rows = {
         row[0]: dict(zip(columns, row, strict=True))
-        for row in transaction.rows(statements.lock_requests_query(len(ids)), _ids(ids))
+        for row in transaction.rows(statements.lock_requests_query(len(ids)), statements.id_parameters(ids))
     }
     facts = _callback_facts(transaction, ends, indexes, rows)
     moves: list[_Move] = []
@@ -251,7 +246,7 @@ def _round(
     if released:
         # An undelivered outbox row must not be delivered any more; a stop's row is done.
         gone = sorted(released)
-        transaction.execute(statements.outbox_delete_statement(len(gone)), _ids(gone))
+        transaction.execute(statements.outbox_delete_statement(len(gone)), statements.id_parameters(gone))
     record(transaction, now, *(
         AuditEntry(move.end.actor, move.to_state.value,
                    "released" if move.row["id"] in released else "ok", move.row["tenant"],
@@ -344,7 +339,7 @@ def _move_states(
     released: dict[str, _Charge] = {}
     for (current, to_state, reason), group in groups.items():
         statement = statements.move_statement(len(group), returning)
-        parameters: dict[str, Any] = _ids([move.row["id"] for move in group])
+        parameters: dict[str, Any] = statements.id_parameters([move.row["id"] for move in group])
         parameters.update(current=current, to_state=to_state, now=now, reason=reason)
         charged = RequestState(current) in CHARGED_STATES
         # By request id: tenant, pool, slice, cost, and whether the tenant is a member.

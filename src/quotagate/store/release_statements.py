@@ -9,6 +9,7 @@ with bound parameters instead of values, cached here so that
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -17,7 +18,8 @@ import sqlalchemy as sa
 from quotagate.domain.model import RequestState
 from quotagate.store import identity, schema
 
-__all__ = ["REQUEST_COLUMNS", "begin_stop_statement", "lock_decisions_query",
+__all__ = ["REQUEST_COLUMNS", "begin_stop_statement", "id_binds", "id_parameters",
+           "lock_decisions_query",
            "lock_requests_query", "mark_stop_statement", "move_statement",
            "outbox_delete_statement", "state_is"]
 
@@ -28,8 +30,15 @@ REQUEST_COLUMNS: tuple[str, ...] = tuple(column.name for column in schema.reques
 _MOVED = ("id", "tenant", "pool", "pool_slice", "cost")
 
 
-def _ids(count: int) -> list[Any]:
+def id_binds(count: int) -> list[Any]:
+    """``id_0`` … ``id_{count-1}``: a batch's ids as plain parameters, not an expanding IN,
+    so that a cached statement needs no per-call rewriting."""
     return [sa.bindparam(f"id_{index}") for index in range(count)]
+
+
+def id_parameters(ids: Sequence[str]) -> dict[str, str]:
+    """The ``id_i`` parameters (:func:`id_binds`) of ``ids``, in order."""
+    return {f"id_{index}": request_id for index, request_id in enumerate(ids)}
 
 
 @lru_cache(maxsize=64)
@@ -37,7 +46,7 @@ def lock_requests_query(count: int) -> sa.Select[Any]:
     """Lock ``count`` request rows (``id_0`` …) in id order and read them whole."""
     request = schema.request
     return (sa.select(*(request.c[name] for name in REQUEST_COLUMNS))
-            .where(request.c.id.in_(_ids(count))).order_by(request.c.id).with_for_update())
+            .where(request.c.id.in_(id_binds(count))).order_by(request.c.id).with_for_update())
 
 
 @lru_cache(maxsize=128)
@@ -65,7 +74,7 @@ def move_statement(count: int, returning: bool) -> sa.Update:
     request, quota = schema.request, schema.tenant_quota
     statement = (
         request.update()
-        .where(request.c.id.in_(_ids(count)), state_is(sa.bindparam("current")))
+        .where(request.c.id.in_(id_binds(count)), state_is(sa.bindparam("current")))
         .values(state=sa.bindparam("to_state"), updated=sa.bindparam("now", type_=sa.Double),
                 reason=sa.bindparam("reason"))
     )
@@ -108,7 +117,7 @@ def outbox_delete_statement(count: int) -> sa.Delete:
     """The outbox rows of ``count`` ended requests (``id_i``): undelivered ones and stops."""
     outbox = schema.outbox
     return outbox.delete().where(
-        outbox.c.request_id.in_(_ids(count)),
+        outbox.c.request_id.in_(id_binds(count)),
         sa.or_(outbox.c.delivered == sa.false(), outbox.c.stopping == sa.true()),
     )
 
