@@ -30,7 +30,8 @@ lock raise the rate with several processes?
 
 ``stale``: one process; the CPU of the first four admissions after another
 connection committed (a changed pool cap), against the steady state, ours and
-raw: what a change of hands costs each.
+raw (and raw with ``Ledger.admit``'s audit row, docs/decisions/032): what a change of hands
+costs each.
 
 The timing adds about a microsecond per statement to both kinds.
 """
@@ -122,7 +123,8 @@ def _spin(seconds: float) -> None:
 
 
 def _admitter(url: str, kind: str, spin: float) -> tuple[Callable[[], int], Callable[[], None]]:
-    """``kind``: ``raw``, ``ours``, ``raw, spin inside`` or ``raw, spin outside``."""
+    """``kind``: ``raw``, ``raw + audit row``, ``ours``, ``raw, spin inside`` or ``raw, spin
+    outside``."""
     path = url.removeprefix("sqlite:///")
     if kind == "ours":
         engine = create_engine(url, creator=partial(_connect, path, raw=False))
@@ -133,7 +135,7 @@ def _admitter(url: str, kind: str, spin: float) -> tuple[Callable[[], int], Call
             engine.dispose()
 
         return (lambda: len(ledger.admit(1))), close
-    baseline = RawAdmission(url, TENANTS)
+    baseline = RawAdmission(url, TENANTS, audit=kind == "raw + audit row")
     baseline.connection.close()
     baseline.connection = _connect(path, raw=True)
     if kind == "raw, spin inside":
@@ -268,7 +270,7 @@ def measure_stale(url: str, engine: Any, cycles: int) -> list[list[str]]:
         other.execute("COMMIT")
 
     rows: list[list[str]] = []
-    for kind in ("raw", "ours"):
+    for kind in ("raw", "raw + audit row", "ours"):
         reset(engine)
         admit, close = _admitter(url, kind, 0.0)
         for _ in range(20):
