@@ -83,7 +83,9 @@ def redis_client(
             )
     except ValueError as exc:
         raise InvalidInput(f"not a Redis URL ({redact(url)}): {exc}", code=invalid_code) from exc
-    except redis.exceptions.RedisError as exc:
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        # RedisClusterException ("cannot be connected", "cluster mode is not enabled")
+        # is no RedisError: without it here an unreachable cluster was a traceback.
         raise StoreUnavailable(f"{needed_by}: the Redis {redact(url)} cannot be reached ({exc})",
                                code=unavailable_code) from exc
     return RedisClient(client, cluster, redact(url))
