@@ -292,9 +292,11 @@ def translate(error: DBAPIError) -> Exception:
         return StoreUnavailable("the ledger database cannot be reached; nothing was changed")
     refusal = refusal_at_connect(error)
     if refusal is not None:
+        # The hint only where it fits: "too many clients" is refused at connect as well.
+        hint = "check the user, password and database name of its URL; " if any(
+            word in refusal.lower() for word in ("role", "user", "password", "database")) else ""
         return StoreUnavailable(
-            f"the database refused the connection ({refusal}); check the user, password and "
-            "database name of its URL; nothing was changed")
+            f"the database refused the connection ({refusal}); {hint}nothing was changed")
     if is_schema_missing(error):
         return StoreUnavailable(
             "the ledger schema is missing in this database; run 'quotagate init' first",
