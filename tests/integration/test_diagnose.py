@@ -60,6 +60,33 @@ def test_the_checkpoint_layer_compares_the_commit_log_with_the_sink(gate: Quotag
     assert "1 row(s) in the business table(s) came from no batch" in behind["verdict"]
 
 
+def test_a_side_without_any_batch_is_said_in_words(gate: Quotagate, tmp_path: Path) -> None:
+    # The first batch took effect, its commits/0 is missing: it read "the commit log ends at None".
+    gate.set_tenant("team-a", {"gpu": 4})
+    gate.set_pool("pool-1", {"gpu": 4})
+    gate.submit("stream-1", "team-a", {"gpu": 1})
+    sink_url = f"sqlite:///{tmp_path / 'business.db'}"
+    with SinkStore(sink_url) as sink:
+        sink.business_table("events", EVENT_KEYS, event_columns)
+    checkpoint = tmp_path / "checkpoint"
+    write_batch_files(checkpoint, "offsets", 0)
+    where = StreamingLocation(str(checkpoint), sink_url, "q")
+    assert layers(gate, where)["checkpoint"]["verdict"] == (
+        "in step: neither the commit log nor the sink has a batch yet")
+
+    write_batch_files(checkpoint, "commits", 0)
+    assert layers(gate, where)["checkpoint"]["verdict"].startswith(
+        "commit log ahead: the engine committed batch 0 but the sink has no batch; ")
+
+    (checkpoint / "commits" / "0").unlink()
+    with SinkStore(sink_url) as sink:
+        table = sink.business_table("events", EVENT_KEYS, event_columns)
+        sink.write_batch("q", 0, table, EVENT_KEYS, lambda: events(0, 3))
+    verdict = layers(gate, where)["checkpoint"]["verdict"]
+    assert verdict.startswith("sink ahead: batch 0 took effect but the commit log has no entry; ")
+    assert "None" not in verdict
+
+
 def test_without_a_sink_or_checkpoint_the_streaming_layers_say_what_is_missing(gate: Quotagate) -> None:
     gate.set_tenant("team-a", {"gpu": 4})
     gate.set_pool("pool-1", {"gpu": 4})

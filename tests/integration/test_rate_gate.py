@@ -289,6 +289,12 @@ def test_cli_rate_commands_and_exit_code(
     assert '"capacity": 4' in run("rate", "show", "team-c", "--json").output
     assert "no rate quota" in run("rate", "set", "team-c", "none").output
     assert "no rate quota" in run("rate", "show", "team-c").output
+    # A topic's bucket is named as one: its line read like the tenant's own bucket's.
+    topic_line = run("rate", "set", "team-c", "capacity=7,refill=0", "--topic", "orders").output
+    assert topic_line.startswith("rate of topic orders: 7 of 7 tokens left")
+    assert run("rate", "show", "team-c", "--topic", "orders").output.startswith(
+        "rate of topic orders: 7 of 7 tokens left")
+    assert run("rate", "show", "team-c").output.startswith("rate: no rate quota")
     # The old names are gone: `tokens` was the rate bucket, `token` an API credential.
     assert run("tokens", "add", "team-c", "1").exit_code == 2
     assert run("token", "list").exit_code == 2

@@ -7,6 +7,7 @@ nobody else's Redis.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from quotagate.domain.bucket import BucketConfig
-from quotagate.errors import NotFound
+from quotagate.errors import NotFound, StoreUnavailable
 from quotagate.rate.backend import RateStore, Take
 from quotagate.rate.keys import BucketKey
 from quotagate.rate.redis import SCRIPT_SHA, RedisRateStore
@@ -264,3 +265,18 @@ def test_redis_cluster_takes_and_batches_across_slots(redis_cluster: RedisCluste
         "tenant:{team-a}:*", target_nodes=store.client.ALL_NODES)}
     assert len(slots) == 1
     store.close()
+
+
+@pytest.mark.parametrize("cause", ["a server without cluster mode", "nothing listening"])
+def test_a_cluster_url_nobody_answers_as_a_cluster_is_rate_store_unavailable(
+    redis_server: RedisServer, cause: str
+) -> None:
+    # redis-py raises RedisClusterException, which is no RedisError, for both.
+    with socket.socket() as bound_not_listening:  # a port that refuses connections
+        bound_not_listening.bind(("127.0.0.1", 0))
+        port = redis_server.port if cause == "a server without cluster mode" \
+            else int(bound_not_listening.getsockname()[1])
+        with pytest.raises(StoreUnavailable) as refused:
+            rate_store_from_url(f"redis+cluster://:secret-word@127.0.0.1:{port}/0")
+    assert refused.value.code == "rate_store_unavailable"
+    assert "cannot be reached" in str(refused.value) and "secret-word" not in str(refused.value)

@@ -16,7 +16,7 @@ import redis
 
 from quotagate import NotFound, Quotagate
 from quotagate.domain.bucket import BucketConfig
-from quotagate.errors import QuotagateError, StoreUnavailable
+from quotagate.errors import InvalidInput, QuotagateError, StoreUnavailable
 from quotagate.rate.keys import BucketKey, redis_key
 from quotagate.rate.redis import RedisRateStore
 from quotagate.rate.stores import rate_store_from_url
@@ -44,6 +44,16 @@ def closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize("path", ["x", "9/extra", "db0"])
+def test_a_redis_database_that_is_not_a_number_is_refused(path: str) -> None:
+    # redis-py reads a path it cannot parse as database 0: the buckets went there silently.
+    with pytest.raises(InvalidInput) as refused:
+        rate_store_from_url(f"redis://:secret-word@127.0.0.1:1/{path}")
+    assert refused.value.code == "invalid_rate_store_url"
+    assert f"got {path!r}" in str(refused.value) and "secret-word" not in str(refused.value)
+    assert isinstance(rate_store_from_url("redis://127.0.0.1:1/12"), RedisRateStore)
 
 
 def test_clients_get_short_timeouts_by_default_and_from_the_url() -> None:
@@ -205,7 +215,7 @@ def test_shaping_a_bucket_in_a_silent_redis_stalls_only_the_admin(
 
 
 def test_removing_a_bucket_while_redis_is_down_still_removes_it(
-    db_url: str, own_redis: RedisServer
+    db_url: str, own_redis: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     with Quotagate.connect(db_url, rate_store=own_redis.url) as gate:
         gate.set_pool("pool-1", {"gpu": 10})
@@ -217,3 +227,6 @@ def test_removing_a_bucket_while_redis_is_down_still_removes_it(
         assert gate.set_rate("team-a", None) is None
         assert gate.rate_status("team-a") is None
         assert gate.submit("job-2", "team-a", {"gpu": 1}).created
+    # One line that says why, no traceback under a removal that succeeded.
+    [warning] = [record for record in caplog.records if "was removed" in record.getMessage()]
+    assert warning.exc_info is None and "cannot be reached" in warning.getMessage()

@@ -122,6 +122,14 @@ def test_bad_configurations_are_refused(capacity: object, refill_rate: object) -
     assert caught.value.code == "invalid_rate"
 
 
+@pytest.mark.parametrize("capacity", [-1, 0, 0.5, 1e13])
+def test_an_out_of_range_capacity_is_told_the_range_it_must_be_in(capacity: float) -> None:
+    # It said "zero or more" for -1, and a 0 was then refused as well.
+    with pytest.raises(InvalidInput) as caught:
+        BucketConfig(capacity, 0)
+    assert str(caught.value).startswith("rate capacity must be at least 1 and at most 1e+12")
+
+
 @pytest.mark.parametrize(
     "text",
     ["junk", "capacity=", "capacity=five", "refill=1", "capacity=5,burst=2", "capacity=-1",

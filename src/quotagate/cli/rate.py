@@ -22,14 +22,16 @@ rate_store_option = click.option(
 )
 
 
-def describe_rate(status: dict[str, Any] | None) -> str:
-    """One line: ``rate: 2 of 5 tokens left, refill 0/s (store …)``."""
+def describe_rate(status: dict[str, Any] | None, topic: str | None = None) -> str:
+    """One line: ``rate: 2 of 5 tokens left, refill 0/s (store …)``; a topic's bucket names it."""
+    # A topic's line looked exactly like the tenant's own bucket's.
+    label = "rate" if topic is None else f"rate of topic {topic}"
     if status is None:
-        return "rate: no rate quota (submissions are not rate limited)"
+        return f"{label}: no rate quota (submissions are not rate limited)"
     refill = status["refill_per_second"]
     refill_text = "no refill: top up with 'quotagate rate add'" if refill == 0 else (
         f"refill {refill:g}/s")
-    return (f"rate: {format_tokens(status['tokens'])} of {status['capacity']} tokens left, "
+    return (f"{label}: {format_tokens(status['tokens'])} of {status['capacity']} tokens left, "
             f"{refill_text} (store {status['store']})")
 
 
@@ -62,7 +64,7 @@ def rate_add(
                        f"(its capacity is {status['capacity']})")
         else:
             click.echo(f"tenant {tenant}: added {amount}")
-        click.echo(describe_rate(status))
+        click.echo(describe_rate(status, topic))
 
 
 @rate.command("show")
@@ -81,7 +83,7 @@ def rate_show(
     if as_json:
         echo_json(status)
     else:
-        click.echo(describe_rate(status))
+        click.echo(describe_rate(status, topic))
 
 
 @rate.command("set")
@@ -103,7 +105,7 @@ def rate_set(
     if as_json:
         echo_json(status)
     else:
-        click.echo(describe_rate(status))
+        click.echo(describe_rate(status, topic))
 
 
 COMMANDS = [rate]

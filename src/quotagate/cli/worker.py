@@ -138,11 +138,11 @@ def target() -> None:
 @click.option("--module", help="spark: a Python module run as the job (python -m MODULE).")
 @click.option("--checkpoint-root", help="spark: where checkpoints go, ROOT/LEDGER/TENANT/NAME "
               "(default ./quotagate-checkpoints).")
-@click.option("--run-dir", help="process: where run directories go (default ./quotagate-runs).")
-@click.option("--environment", help="process: names of worker environment variables the "
-              "command may inherit, comma-separated (beyond PATH, HOME, LANG).")
+@click.option("--run-dir", help="process, spark: where run directories go (default ./quotagate-runs).")
+@click.option("--environment", help="process, spark: names of worker environment variables "
+              "the command or job may inherit, comma-separated (beyond PATH, HOME, LANG).")
 @click.option("--stop-grace", type=float,
-              help="process: seconds between SIGTERM and SIGKILL on a stop (default 10).")
+              help="process, spark: seconds between SIGTERM and SIGKILL on a stop (default 10).")
 @click.option("--url", help="webhook: the URL requests are POSTed to.")
 @click.option("--timeout", type=float, help="webhook: seconds per HTTP call (default 10).")
 @click.option("--poll-every", type=float, help="webhook: read each running object's outcome "

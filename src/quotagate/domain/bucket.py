@@ -41,14 +41,14 @@ MAX_CAPACITY = 1e12
 MAX_REFILL_PER_SECOND = 1e9
 
 
-def _number(value: object, what: str, *, maximum: float) -> float:
+def _number(value: object, what: str, *, minimum: float, maximum: float) -> float:
     # bool is an int subclass; "capacity=true" is a mistake, not a 1.
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(f"{what} must be a number, got {value!r}", code="invalid_rate")
     number = float(value)
-    if not math.isfinite(number) or number < 0 or number > maximum:
+    if not math.isfinite(number) or number < minimum or number > maximum:
         raise InvalidInput(
-            f"{what} must be zero or more and at most {maximum:g}, got {value!r}",
+            f"{what} must be at least {minimum:g} and at most {maximum:g}, got {value!r}",
             code="invalid_rate",
         )
     return number
@@ -62,11 +62,14 @@ class BucketConfig:
     refill_per_second: float
 
     def __post_init__(self) -> None:
-        capacity = _number(self.capacity, "rate capacity", maximum=MAX_CAPACITY)
+        # The range is said with the least capacity, 1: "zero or more" invited a 0
+        # that the whole-number check then refused.
+        capacity = _number(self.capacity, "rate capacity", minimum=1, maximum=MAX_CAPACITY)
         refill_rate = _number(
-            self.refill_per_second, "rate refill per second", maximum=MAX_REFILL_PER_SECOND
+            self.refill_per_second, "rate refill per second", minimum=0,
+            maximum=MAX_REFILL_PER_SECOND,
         )
-        if capacity < 1 or not capacity.is_integer():
+        if not capacity.is_integer():
             raise InvalidInput(
                 "rate capacity must be a whole number of tokens, at least 1, "
                 f"got {self.capacity!r}",

@@ -44,9 +44,7 @@ def explain_waiting(
     fitting_pools = sorted(name for name, usage in pools.items() if fits(cost, usage))
     if tenant_blocks:
         verdict = "tenant quota: " + ", ".join(
-            f"{block['resource']} needs {block['need']}, "
-            f"{int(block['cap']) - int(block['used'])} of {block['cap']} left"
-            for block in tenant_blocks
+            _tenant_block_text(block) for block in tenant_blocks
         )
     elif not fitting_pools:
         verdict = "no pool has room: " + "; ".join(
@@ -60,3 +58,11 @@ def explain_waiting(
     else:
         verdict = "fits now; it will be admitted by the next admission pass"
     return WaitingReason(tenant_blocks, pool_blocks, fitting_pools, verdict)
+
+
+def _tenant_block_text(block: Mapping[str, int | str]) -> str:
+    # A cap lowered below use (allowed: docs/admission.md, Caps) leaves no room, not
+    # negative room: "-1 of 1 left" read as a bug.
+    used, cap = int(block["used"]), int(block["cap"])
+    text = f"{block['resource']} needs {block['need']}, {max(0, cap - used)} of {cap} left"
+    return text + (f" (used {used} is over the cap)" if used > cap else "")

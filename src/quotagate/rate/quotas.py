@@ -111,11 +111,12 @@ class RateQuotas:
     def _forget_outside(self, key: BucketKey) -> None:
         try:
             self.store.forget(key)
-        except QuotagateError:
+        except QuotagateError as error:
             # The row is gone, so nothing takes from this state any more, and a new
-            # bucket of the same key starts from its own configure.
+            # bucket of the same key starts from its own configure. The error's own
+            # sentence says why; a traceback under a removal that succeeded read as a failure.
             logger.warning("the rate bucket %s was removed; its tokens stay in %s until it "
-                           "is shaped again", key, self.store.description, exc_info=True)
+                           "is shaped again (%s)", key, self.store.description, error)
 
     def add(
         self, tenant: str, amount: int, *, topic: str | None = None, actor: str = "admin"

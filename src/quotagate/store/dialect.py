@@ -254,6 +254,31 @@ def is_unreachable(error: DBAPIError) -> bool:
     return False
 
 
+# Access denied (to the server, to a database), unknown database.
+_MYSQL_REFUSED_CODES = {1044, 1045, 1049, 1698}
+
+
+def refusal_at_connect(error: DBAPIError) -> str | None:
+    """The server's sentence when it answered and turned the connection away, else None.
+
+    A wrong user or password, or a database the server does not have, is no server
+    that is down, but it is no less a store the command cannot use: it was a
+    traceback. The sentence names the user and the database, never the password.
+    """
+    original = error.orig
+    args = getattr(original, "args", ())
+    if args and isinstance(args[0], int) and args[0] in _MYSQL_REFUSED_CODES:
+        return str(args[1]) if len(args) > 1 else str(original)
+    sqlstate = getattr(original, "sqlstate", None) or ""
+    message = str(original)
+    # psycopg reports a failed connection attempt as "connection failed: …" with no
+    # SQLSTATE; refusals that do come with one are class 28 (authorization) and 3D000.
+    if sqlstate.startswith("28") or sqlstate == "3D000" or (
+            isinstance(error, OperationalError) and message.startswith("connection failed:")):
+        return " ".join(message.rpartition("FATAL:")[2].split())
+    return None
+
+
 def is_schema_missing(error: DBAPIError) -> bool:
     message = str(error.orig).lower()
     return "qg_" in message and any(
@@ -265,6 +290,13 @@ def translate(error: DBAPIError) -> Exception:
     """The domain error for a driver error, or the error itself when none fits."""
     if is_unreachable(error):
         return StoreUnavailable("the ledger database cannot be reached; nothing was changed")
+    refusal = refusal_at_connect(error)
+    if refusal is not None:
+        # The hint only where it fits: "too many clients" is refused at connect as well.
+        hint = "check the user, password and database name of its URL; " if any(
+            word in refusal.lower() for word in ("role", "user", "password", "database")) else ""
+        return StoreUnavailable(
+            f"the database refused the connection ({refusal}); {hint}nothing was changed")
     if is_schema_missing(error):
         return StoreUnavailable(
             "the ledger schema is missing in this database; run 'quotagate init' first",

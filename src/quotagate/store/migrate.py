@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+
+from quotagate.store.dialect import raise_translated
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -29,10 +32,19 @@ def upgrade(engine: Engine, revision: str = "head") -> str | None:
     from alembic import command
 
     config = alembic_config()
-    with engine.begin() as connection:
+    with _connected(engine) as connection, connection.begin():
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
     return current_revision(engine)
+
+
+def _connected(engine: Engine) -> Connection:
+    # Only the connect is translated (a server down or refusing us is a clear
+    # error, not a traceback); a failing migration statement stays what it is.
+    try:
+        return engine.connect()
+    except DBAPIError as error:
+        raise_translated(error)
 
 
 def current_revision(engine: Engine) -> str | None:

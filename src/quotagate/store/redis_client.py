@@ -66,6 +66,7 @@ def redis_client(
         "socket_timeout": DEFAULT_TIMEOUT,
     }
     cluster = url.startswith(CLUSTER_SCHEME)
+    _check_database_number(url, invalid_code)
     try:
         if cluster:
             # The cluster client retries moved slots itself; a timeout still is not retried.
@@ -83,7 +84,21 @@ def redis_client(
             )
     except ValueError as exc:
         raise InvalidInput(f"not a Redis URL ({redact(url)}): {exc}", code=invalid_code) from exc
-    except redis.exceptions.RedisError as exc:
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        # RedisClusterException ("cannot be connected", "cluster mode is not enabled")
+        # is no RedisError: without it here an unreachable cluster was a traceback.
         raise StoreUnavailable(f"{needed_by}: the Redis {redact(url)} cannot be reached ({exc})",
                                code=unavailable_code) from exc
     return RedisClient(client, cluster, redact(url))
+
+
+def _check_database_number(url: str, invalid_code: str) -> None:
+    """Refuse ``redis://host/x``: redis-py silently reads a path it cannot parse as database 0."""
+    scheme, _, rest = url.partition("://")
+    if scheme == "unix":  # the path is the socket's; the database is ?db=N
+        return
+    path = rest.partition("?")[0].partition("#")[0].partition("/")[2]
+    if path and not path.isdigit():
+        raise InvalidInput(
+            f"not a Redis URL ({redact(url)}): the database after the host must be a number, "
+            f"as in redis://HOST:PORT/0, got {path!r}", code=invalid_code)

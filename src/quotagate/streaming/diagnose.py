@@ -180,14 +180,19 @@ def _checkpoint(state: CheckpointState | None, markers: list[BatchMarker] | None
     if bypassed > 0:
         notes.append(f"; {bypassed} row(s) in the business table(s) came from no batch: written around "
                      "the checkpoint (by hand, or by another writer of the same table)")
+    # Either side may have no batch at all (a first batch whose commits/0 was never
+    # written, or is deleted): said in words, where it read "ends at None".
     if committed == latest_marker:
-        verdict = f"in step: the commit log and the sink both end at batch {committed}"
+        verdict = ("in step: neither the commit log nor the sink has a batch yet" if committed is None
+                   else f"in step: the commit log and the sink both end at batch {committed}")
     elif latest_marker is None or (committed is not None and committed > latest_marker):
-        verdict = (f"commit log ahead: the engine committed batch {committed} but the sink's newest batch is "
-                   f"{latest_marker}; a batch counted as done left no business effect (the sink failed part-way, "
+        newest = " has no batch" if latest_marker is None else f"'s newest batch is {latest_marker}"
+        verdict = (f"commit log ahead: the engine committed batch {committed} but the sink{newest}; "
+                   "a batch counted as done left no business effect (the sink failed part-way, "
                    "or wrote somewhere else)")
     else:
-        verdict = (f"sink ahead: batch {latest_marker} took effect but the commit log ends at {committed}; "
+        log_end = "has no entry" if committed is None else f"ends at {committed}"
+        verdict = (f"sink ahead: batch {latest_marker} took effect but the commit log {log_end}; "
                    "the engine will run it again on restart, and the sink must absorb it as conflicts")
     return Layer("checkpoint", verdict + "".join(notes), facts)
 
