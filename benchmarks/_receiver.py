@@ -203,5 +203,8 @@ def build_app(mode: str, quotagate_url: str, executor_token: str,
 
 def serve(port: int, mode: str, quotagate_url: str, executor_token: str) -> None:
     """Run the receiver until the process is terminated (the benchmark's child process)."""
+    # The plain asyncio loop and h11 whatever is installed: the receiver stays the
+    # same process when a run compares serve with and without uvicorn's extras.
     uvicorn.run(build_app(mode, quotagate_url, executor_token), host="127.0.0.1", port=port,
-                log_level="warning", access_log=False, lifespan="off")
+                log_level="warning", access_log=False, lifespan="off", loop="asyncio",
+                http="h11")

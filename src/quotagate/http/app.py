@@ -11,6 +11,7 @@ from quotagate.auth.authorizer import Authorizer, default_authorizer
 from quotagate.http.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from quotagate.http.context import ApiContext
 from quotagate.http.errors import install_error_handlers
+from quotagate.http.hot_routes import HotRoutes
 from quotagate.http.openapi import API_ERRORS, PROBE_ERRORS, constrain_parameters, whole_bounds
 from quotagate.http.routers import admin, audit, dashboard, health, rate, requests, streams
 from quotagate.http.strict_query import refuse_unknown_query_parameters
@@ -45,7 +46,7 @@ def create_app(
         "Authenticate with `Authorization: Bearer <token>` (`quotagate api-token create`).",
         openapi_url="/openapi.json",
     )
-    app.state.context = ApiContext(
+    context = app.state.context = ApiContext(
         gate=gate,
         authorizer=authorizer or default_authorizer,
         metrics=metrics or gate.metrics,
@@ -58,6 +59,9 @@ def create_app(
                            dependencies=[Depends(refuse_unknown_query_parameters)])
     _state_constraints(app)
     dashboard.mount_ui(app)
+    # Submits and callbacks skip FastAPI's routing (http/hot_routes.py); the body
+    # limit, added last, is outside it.
+    app.add_middleware(HotRoutes, context=context)
     app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes)
     return app
 

@@ -13,6 +13,8 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+# The scope key of the whole body once it is read (http/hot_routes.py parses it there).
+BUFFERED_BODY = "quotagate.body"
 
 
 class BodyLimitMiddleware:
@@ -48,13 +50,14 @@ class BodyLimitMiddleware:
             chunks.append(body)
             if not message.get("more_body", False):
                 break
+        whole = scope[BUFFERED_BODY] = b"".join(chunks)
         replayed = False
 
         async def replay() -> Message:
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                return {"type": "http.request", "body": whole, "more_body": False}
             return await receive()
 
         await self.app(scope, replay, send)

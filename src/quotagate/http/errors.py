@@ -58,10 +58,24 @@ async def _http_error(_request: Request, error: Exception) -> JSONResponse:
                         status_code=error.status_code, headers=error.headers)
 
 
-async def _database_error(_request: Request, error: Exception) -> JSONResponse:
+def known_error_response(error: Exception) -> JSONResponse | None:
+    """The answer to an error an endpoint may raise, or None for a bug (the 500 handler's).
+
+    FastAPI's routes reach these through the handlers below; http/hot_routes.py, which
+    runs the same endpoints outside FastAPI's exception middleware, calls it directly.
+    """
+    if isinstance(error, QuotagateError):
+        return error_response(error)
+    if isinstance(error, DBAPIError):
+        return _database_answer(error)
+    if isinstance(error, PoolTimeout):
+        return _pool_exhausted_answer()
+    return None
+
+
+def _database_answer(error: DBAPIError) -> JSONResponse:
     # Reads go straight to the engine (not through run_transaction), so a
     # database that went away surfaces here as a driver error.
-    assert isinstance(error, DBAPIError)
     translated = translate(error)
     if isinstance(translated, QuotagateError):
         return error_response(translated)
@@ -69,12 +83,21 @@ async def _database_error(_request: Request, error: Exception) -> JSONResponse:
     return JSONResponse({"code": "internal_error", "message": "internal error"}, status_code=500)
 
 
-async def _pool_exhausted(_request: Request, error: Exception) -> JSONResponse:
+def _pool_exhausted_answer() -> JSONResponse:
     # Every pooled connection stayed busy for the pool timeout: overload, not a bug.
     log.warning("no database connection free within the pool timeout")
     return error_response(StoreUnavailable(
         "the ledger database is too busy to take this request; retry", code="store_busy"
     ))
+
+
+async def _database_error(_request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, DBAPIError)
+    return _database_answer(error)
+
+
+async def _pool_exhausted(_request: Request, _error: Exception) -> JSONResponse:
+    return _pool_exhausted_answer()
 
 
 async def _unexpected_error(_request: Request, error: Exception) -> JSONResponse:

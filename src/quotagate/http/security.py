@@ -17,14 +17,14 @@ from quotagate.store.audit import AuditEntry
 
 log = logging.getLogger("quotagate.http")
 
-_bearer = HTTPBearer(auto_error=False, description="An API token: `quotagate api-token create`")
+bearer_scheme = HTTPBearer(auto_error=False, description="An API token: `quotagate api-token create`")
 
 
 # The bearer credentials alone, read on the event loop. Hot routes authenticate
 # with them where their work runs instead of using CurrentActor: submit in its
 # worker thread, saving one thread-pool hand-off per call; complete, fail and
 # cancel on the group release's thread (docs/decisions/316), saving both.
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
 
 
 def current_actor(context: Context, credentials: Credentials) -> Actor:

@@ -243,10 +243,20 @@ def get_request(
     return data
 
 
-async def _release(
+# The calls that end a request, by their last path segment: the operation asked of
+# the authorizer and the state the request ends in.
+ENDS: dict[str, tuple[str, RequestState]] = {
+    "cancel": (operations.REQUEST_CANCEL, RequestState.CANCELLED),
+    "complete": (operations.REQUEST_COMPLETE, RequestState.COMPLETED),
+    "fail": (operations.REQUEST_FAIL, RequestState.FAILED),
+}
+
+
+async def run_release(
     context: ApiContext, credentials: Credentials, tenant: str, request_id: str, operation: str,
     to_state: RequestState, body: ReleaseBody | None,
 ) -> dict[str, Any]:
+    """End one request through the group release (these routes, and http/hot_routes.py)."""
     arrived = time.monotonic()
 
     def prepare() -> End:
@@ -279,8 +289,7 @@ async def cancel(
     tenant: str, request_id: str, context: Context, credentials: Credentials,
     body: ReleaseBody | None = None,
 ) -> dict[str, Any]:
-    return await _release(context, credentials, tenant, request_id, operations.REQUEST_CANCEL,
-                          RequestState.CANCELLED, body)
+    return await run_release(context, credentials, tenant, request_id, *ENDS["cancel"], body)
 
 
 @router.post("/{request_id}/complete",
@@ -289,8 +298,7 @@ async def complete(
     tenant: str, request_id: str, context: Context, credentials: Credentials,
     body: ReleaseBody | None = None,
 ) -> dict[str, Any]:
-    return await _release(context, credentials, tenant, request_id, operations.REQUEST_COMPLETE,
-                          RequestState.COMPLETED, body)
+    return await run_release(context, credentials, tenant, request_id, *ENDS["complete"], body)
 
 
 @router.post("/{request_id}/fail",
@@ -299,8 +307,7 @@ async def fail(
     tenant: str, request_id: str, context: Context, credentials: Credentials,
     body: ReleaseBody | None = None,
 ) -> dict[str, Any]:
-    return await _release(context, credentials, tenant, request_id, operations.REQUEST_FAIL,
-                          RequestState.FAILED, body)
+    return await run_release(context, credentials, tenant, request_id, *ENDS["fail"], body)
 
 
 def _check(tenant: str, request_id: str) -> None:
