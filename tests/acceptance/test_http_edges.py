@@ -71,6 +71,50 @@ def test_a_lone_surrogate_payload_is_400_and_stored_nowhere(api: Api, payload: b
     assert request_id not in _listing(api)
 
 
+@pytest.mark.parametrize(("body", "says"), [
+    (b'{"id":"%s","cost":{"gpu":1},"payload":' + b"[" * 3000 + b"]" * 3000 + b"}", "too deeply"),
+    (b'{"id":"%s","cost":{"gpu":' + b"9" * 5000 + b"}}", "number too long"),
+    (b'{"id":"%s","cost":{"gpu":1},"payload":"\xff"}', "not UTF-8"),
+])
+def test_a_body_the_parser_cannot_read_is_422_with_a_sentence(
+    api: Api, body: bytes, says: str
+) -> None:
+    # FastAPI answered these with a bare 400 "There was an error parsing the body".
+    request_id = f"p-{uuid.uuid4().hex[:10]}"
+    answer = _raw_submit(api, body.replace(b"%s", request_id.encode()))
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["code"] == "invalid_input"
+    assert says in answer.json()["message"]
+    assert request_id not in _listing(api)
+
+
+@pytest.mark.parametrize("path", ["/v1/tenants/team-a/requests:batch",
+                                  "/v1/tenants/team-a/requests:end",
+                                  "/v1/tenants/team-a/topics/t/messages"])
+def test_every_body_nested_past_the_parser_is_422(api: Api, path: str) -> None:
+    answer = api.admin.post(path, content=b"[" * 3000 + b"]" * 3000,
+                            headers={"Content-Type": "application/json"})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["code"] == "invalid_input"
+
+
+def test_a_payload_nested_past_the_limit_is_400_and_one_at_it_is_accepted(api: Api) -> None:
+    from quotagate.domain.model import MAX_PAYLOAD_DEPTH
+
+    deep, at_limit = f"d-{uuid.uuid4().hex[:10]}", f"d-{uuid.uuid4().hex[:10]}"
+    levels = MAX_PAYLOAD_DEPTH + 1
+    answer = _raw_submit(api, b'{"id":"%s","cost":{"gpu":1},"payload":%s}'
+                         % (deep.encode(), b"[" * levels + b"]" * levels))
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["code"] == "invalid_payload"
+    assert str(MAX_PAYLOAD_DEPTH) in answer.json()["message"]
+    assert deep not in _listing(api)
+    levels = MAX_PAYLOAD_DEPTH
+    answer = _raw_submit(api, b'{"id":"%s","cost":{"gpu":1},"payload":%s}'
+                         % (at_limit.encode(), b'{"a":' * levels + b"1" + b"}" * levels))
+    assert answer.status_code == 202, answer.text
+
+
 def test_an_astral_character_payload_round_trips(api: Api) -> None:
     request_id = f"s-{uuid.uuid4().hex[:10]}"
     answer = _raw_submit(api, b'{"id":"%s","cost":{"gpu":1},"payload":"\\ud83d\\ude00"}'

@@ -112,7 +112,7 @@ def answer(error: Any) -> Answer:
     text = error.body if isinstance(error.body, str) else ""
     try:
         body: Any = json.loads(text or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         # Not a Status (e.g. "404 page not found" for an API group nobody serves).
         body = {"message": text.strip()[:200]}
     if not isinstance(body, dict):

@@ -380,7 +380,7 @@ class WebhookTarget:
     def _json(response: _Answer) -> dict[str, Any]:
         try:
             answer = response.json() if response.content else {}
-        except ValueError:  # not JSON, or not UTF-8
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser
             return {}
         return answer if isinstance(answer, dict) else {}
 
