@@ -160,6 +160,24 @@ def test_cancelling_a_reserved_request_is_a_stop_that_returns_its_cost_once_conf
     assert ledger.check_invariants() == []
 
 
+def test_a_confirmed_stop_keeps_the_cancellers_reason_and_audits_the_targets(
+    ledger: Quotagate,
+) -> None:
+    ledger.submit("job-0", "team-a", {"gpu": 1})
+    ledger.admit()
+    ledger.release("job-0", RequestState.CANCELLED, reason="wrong dataset", actor="cli")
+    confirmed = ledger.ledger.release("job-0", RequestState.CANCELLED, stopped=True,
+                                      reason="command exited with signal 15", actor="worker:w")
+    # The stop's reason used to replace the canceller's on the request.
+    assert confirmed.request.reason == "wrong dataset"
+    assert ledger.show("job-0").reason == "wrong dataset"
+    entries = {entry["operation"]: entry for entry in ledger.list_audit(tenant="team-a").items
+               if entry["target"] == "job-0"}
+    assert entries["cancel"]["reason"] == "wrong dataset"
+    assert entries["cancelled"]["reason"] == "command exited with signal 15"
+    assert entries["cancelled"]["outcome"] == "released"
+
+
 def test_expiry_after_the_ttl(ledger: Quotagate, clock: ManualClock) -> None:
     ledger.submit("old", "team-a", {"gpu": 1})
     clock.advance(3000)

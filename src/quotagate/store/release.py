@@ -130,10 +130,17 @@ class _Move:
     end: End
     row: dict[str, Any]
     current: RequestState
-    # Where the row goes and why: the end's, except for a preemption's victim,
-    # whose confirmed stop ends it preempted with its preemption reason.
+    # Where the row goes and why: the end's, except for a stop's confirmation, which
+    # keeps the reason the stop was asked with (a preemption's, a time limit's, the
+    # canceller's). ``audit_reason``: what the target said of a cancel's stop, for
+    # the audit entry (None: the audit entry gives ``reason``).
     to_state: RequestState
     reason: str | None
+    audit_reason: str | None = None
+
+    @property
+    def recorded_reason(self) -> str | None:
+        return self.reason if self.audit_reason is None else self.audit_reason
 
 
 def lock_decisions(transaction: sa.Connection | DriverTransaction) -> None:
@@ -226,6 +233,12 @@ def _round(
                 # keeps the reason that names the limit, whatever the target answered.
                 moves.append(_Move(index, end, row, current, RequestState.TIMED_OUT,
                                    row["reason"]))
+            elif current == RequestState.CANCELLING:
+                # A cancel of running work, confirmed: the request keeps what its
+                # canceller said; how the target stopped it is the audit entry's
+                # reason (docs/decisions/810).
+                moves.append(_Move(index, end, row, current, end.to_state, row["reason"],
+                                   end.reason))
             else:
                 moves.append(_Move(index, end, row, current, end.to_state, end.reason))
     if not moves:
@@ -250,7 +263,7 @@ def _round(
     record(transaction, now, *(
         AuditEntry(move.end.actor, move.to_state.value,
                    "released" if move.row["id"] in released else "ok", move.row["tenant"],
-                   move.row["id"], move.reason)
+                   move.row["id"], move.recorded_reason)
         for move in moves
     ))
     for move in moves:
