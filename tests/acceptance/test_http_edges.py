@@ -115,6 +115,18 @@ def test_a_payload_nested_past_the_limit_is_400_and_one_at_it_is_accepted(api: A
     assert answer.status_code == 202, answer.text
 
 
+@pytest.mark.parametrize("body", [{"quota": {"gpu": 50}, "budget": {"gpu": "9" * 100_000}},
+                                  {"quota": {"gpu": 50}, "reclaim": "x" * 100_000}])
+def test_a_refusal_quotes_at_most_80_characters_of_a_huge_value(
+    api: Api, body: dict[str, Any]
+) -> None:
+    answer = api.admin.put(f"/v1/tenants/{api.tenant}", json=body)
+    assert answer.status_code == 400, answer.text[:300]
+    message = answer.json()["message"]
+    assert message.endswith("… (100000 characters)"), message[:300]
+    assert len(message) < 300, message[:300]
+
+
 def test_an_astral_character_payload_round_trips(api: Api) -> None:
     request_id = f"s-{uuid.uuid4().hex[:10]}"
     answer = _raw_submit(api, b'{"id":"%s","cost":{"gpu":1},"payload":"\\ud83d\\ude00"}'

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from quotagate.errors import InvalidInput, QuotagateError, RateLimited, StoreUnavailable
+from quotagate.errors import InvalidInput, QuotagateError, RateLimited, StoreUnavailable, quoted
 
 if TYPE_CHECKING:
     from quotagate.app import Quotagate
@@ -125,7 +125,7 @@ def parse_assignments(
     for value in values:
         name, sep, amount = value.partition("=")
         if not sep or not name:
-            raise InvalidInput(f"{what} must look like NAME=AMOUNT, got {value!r}",
+            raise InvalidInput(f"{what} must look like NAME=AMOUNT, got {quoted(value)}",
                                code=f"invalid_{what}")
         if allow_none and amount.strip() == "none":
             parsed[name.strip()] = None
@@ -134,7 +134,7 @@ def parse_assignments(
             parsed[name.strip()] = int(amount)
         except ValueError:
             raise InvalidInput(
-                f"{what} for {name!r} must be a whole number, got {amount!r}",
+                f"{what} for {quoted(name)} must be a whole number, got {quoted(amount)}",
                 code=f"invalid_{what}",
             ) from None
     return parsed
@@ -145,7 +145,7 @@ def parse_whole(text: str, what: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise InvalidInput(f"{what} must be a whole number, got {text!r}",
+        raise InvalidInput(f"{what} must be a whole number, got {quoted(text)}",
                            code=f"invalid_{what}") from None
 
 

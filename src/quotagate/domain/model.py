@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quotagate.domain.budget import parse_duration
-from quotagate.errors import InvalidInput
+from quotagate.errors import InvalidInput, quoted
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 # Arrays and objects inside one another, at most: every later json.dumps of the
@@ -178,14 +178,14 @@ def validate_amounts(
         # bool is an int subclass; "gpu=true" is a mistake, not a 1.
         if isinstance(amount, bool) or not isinstance(amount, int):
             raise InvalidInput(
-                f"{what} for {resource!r} must be a whole number, got {amount!r}",
+                f"{what} for {quoted(resource)} must be a whole number, got {quoted(amount)}",
                 code=f"invalid_{what}",
             )
         low = 0 if allow_zero else 1
         if amount < low or amount > MAX_AMOUNT:
             bound = "zero or more" if allow_zero else "at least 1"
             raise InvalidInput(
-                f"{what} for {resource!r} must be {bound} and at most {MAX_AMOUNT}, got {amount}",
+                f"{what} for {quoted(resource)} must be {bound} and at most {MAX_AMOUNT}, got {amount}",
                 code=f"invalid_{what}",
             )
         checked[resource] = amount
@@ -218,7 +218,7 @@ def validate_weight(value: object) -> int:
 
 def validate_policy(value: object, allowed: tuple[str, ...], what: str) -> str:
     if not isinstance(value, str) or value not in allowed:
-        raise InvalidInput(f"{what} must be one of {', '.join(allowed)}, got {value!r}",
+        raise InvalidInput(f"{what} must be one of {', '.join(allowed)}, got {quoted(value)}",
                            code=f"invalid_{what}")
     return value
 

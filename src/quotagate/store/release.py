@@ -57,7 +57,7 @@ from quotagate.domain.model import (
     RequestState,
     validate_reason,
 )
-from quotagate.errors import Conflict, InvalidInput, NotFound
+from quotagate.errors import Conflict, InvalidInput, NotFound, quoted
 from quotagate.store import (
     budgets,
     fair_history,
@@ -302,7 +302,7 @@ def _judge(
 ) -> ReleaseResult | str:
     """The rules of one release on a locked row: a no-op result, ``"stop"`` or ``"move"``."""
     if row is None or not _in_scope(end, row):
-        raise NotFound(f"request {end.request_id!r} does not exist", code="unknown_request")
+        raise NotFound(f"request {quoted(end.request_id)} does not exist", code="unknown_request")
     if isinstance(end.guard, ExecutorGuard):
         end.guard.judge(row, end.to_state, facts[row["id"]])
     elif end.guard is not None:
@@ -324,7 +324,7 @@ def _judge(
             return ReleaseResult(request_from_row(row), released={})  # already stopping
         if end.to_state != RequestState.CANCELLED:
             raise Conflict(
-                f"request {end.request_id!r} is {current.value}; only the confirmed stop "
+                f"request {quoted(end.request_id)} is {current.value}; only the confirmed stop "
                 "ends it",
                 code="invalid_transition",
             )
@@ -333,7 +333,7 @@ def _judge(
     )
     if not allowed:
         raise Conflict(
-            f"request {end.request_id!r} is {current.value}; it cannot become "
+            f"request {quoted(end.request_id)} is {current.value}; it cannot become "
             f"{end.to_state.value}",
             code="invalid_transition",
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from quotagate.domain.model import Submission
-from quotagate.errors import InvalidInput, NotFound
+from quotagate.errors import InvalidInput, NotFound, quoted
 
 
 def require_submittable(
@@ -22,7 +22,7 @@ def require_submittable(
     """
     if "tenant" not in facts:
         raise NotFound(
-            f"tenant {submission.tenant!r} does not exist; create it with "
+            f"tenant {quoted(submission.tenant)} does not exist; create it with "
             "'quotagate tenant set'",
             code="unknown_tenant",
         )
@@ -33,17 +33,17 @@ def require_submittable(
             code="unknown_resource",
         )
     if submission.target is not None and "target" not in facts:
-        raise NotFound(f"target {submission.target!r} does not exist", code="unknown_target")
+        raise NotFound(f"target {quoted(submission.target)} does not exist", code="unknown_target")
     if "default_closed" in facts:
         raise NotFound(
             "the request names no target and the default target does not serve tenant "
-            f"{submission.tenant!r}; name a target",
+            f"{quoted(submission.tenant)}; name a target",
             code="no_default_target",
         )
     maximum = facts.get("max_priority")
     if check_priority and maximum and submission.priority > int(next(iter(maximum))):
         raise InvalidInput(
-            f"priority {submission.priority} is above tenant {submission.tenant!r}'s maximum "
+            f"priority {submission.priority} is above tenant {quoted(submission.tenant)}'s maximum "
             f"{next(iter(maximum))}; nothing was submitted",
             code="priority_above_max",
         )
