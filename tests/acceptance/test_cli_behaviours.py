@@ -8,6 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from quotagate import Quotagate, RequestState
 from support.cli import QUOTAGATE, run
 
@@ -89,3 +91,26 @@ def test_a_payload_nested_past_the_parser_is_refused_with_a_sentence(
                                 "deeper than 64 levels"), error
     with Quotagate.connect(db_url) as gate:
         assert gate.list_requests("team-a").items == []
+
+
+@pytest.mark.parametrize(("url", "shown", "says"), [
+    # Nothing listens on port 9: the server cannot be reached.
+    ("postgresql://team:s3cret@127.0.0.1:9/test", "postgresql+psycopg://team:***@127.0.0.1:9/test",
+     "cannot be reached"),
+    ("mysql://root:s3cret@127.0.0.1:9/test", "mysql+pymysql://root:***@127.0.0.1:9/test",
+     "cannot be reached"),
+    # The server answers and refuses: these used to be a traceback.
+    ("postgresql://127.0.0.1:5432/no_such_ledger", "postgresql+psycopg://127.0.0.1:5432/no_such_ledger",
+     'refused the connection: database "no_such_ledger" does not exist'),
+    ("mysql://root@127.0.0.1:3306/no_such_ledger", "mysql+pymysql://root@127.0.0.1:3306/no_such_ledger",
+     "refused the connection: Unknown database 'no_such_ledger'"),
+])
+@pytest.mark.parametrize("command", [("tenant", "show", "team-a"), ("worker",), ("serve", "--port", "0")])
+def test_an_unusable_database_is_named_with_its_password_masked(
+    tmp_path: Path, url: str, shown: str, says: str, command: tuple[str, ...]
+) -> None:
+    error = run(*command, db=url, cwd=tmp_path, expect=6).stderr
+    assert error.startswith("error: store_unavailable: the ledger database "), error
+    assert says in error
+    assert error.rstrip().endswith(f"(database {shown})"), error
+    assert "s3cret" not in error

@@ -39,6 +39,8 @@ _PG_RETRY_SQLSTATES = {"40001", "40P01", "55P03"}
 _MYSQL_RETRY_CODES = {1205, 1213}
 # Error codes meaning "the server is not there".
 _MYSQL_DOWN_CODES = {2002, 2003, 2006, 2013}
+# MySQL's refusals of a connection it took: no such database, access denied (to it).
+_MYSQL_REFUSED_CODES = {1044, 1045, 1049}
 
 
 def supports_skip_locked(engine: HasDialect) -> bool:
@@ -254,6 +256,20 @@ def is_unreachable(error: DBAPIError) -> bool:
     return False
 
 
+def connection_refusal(error: DBAPIError) -> str | None:
+    """What the server said when it answered but refused the connection (no such database,
+    no such role, a wrong password), or None for any other error."""
+    original = error.orig
+    args = getattr(original, "args", ())
+    if args and isinstance(args[0], int) and args[0] in _MYSQL_REFUSED_CODES:
+        return str(args[1]) if len(args) > 1 else str(original)
+    first_line = (str(original).splitlines() or [""])[0]
+    # psycopg: 'connection failed: connection to server at "…", port 5432 failed: FATAL:  …'
+    if isinstance(error, OperationalError) and first_line.startswith("connection failed:"):
+        return " ".join(first_line.partition("FATAL:")[2].split()) or first_line
+    return None
+
+
 def is_schema_missing(error: DBAPIError) -> bool:
     message = str(error.orig).lower()
     return "qg_" in message and any(
@@ -265,6 +281,10 @@ def translate(error: DBAPIError) -> Exception:
     """The domain error for a driver error, or the error itself when none fits."""
     if is_unreachable(error):
         return StoreUnavailable("the ledger database cannot be reached; nothing was changed")
+    refusal = connection_refusal(error)
+    if refusal is not None:
+        return StoreUnavailable(
+            f"the ledger database refused the connection: {refusal}; nothing was changed")
     if is_schema_missing(error):
         return StoreUnavailable(
             "the ledger schema is missing in this database; run 'quotagate init' first",
