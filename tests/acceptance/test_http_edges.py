@@ -127,6 +127,21 @@ def test_a_refusal_quotes_at_most_80_characters_of_a_huge_value(
     assert len(message) < 300, message[:300]
 
 
+def test_a_cost_above_the_quota_is_400_with_resource_cost_and_limit(api: Api) -> None:
+    request_id = f"c-{uuid.uuid4().hex[:10]}"
+    answer = api.admin.post(f"/v1/tenants/{api.tenant}/requests",
+                            json={"id": request_id, "cost": {"gpu": 51}})
+    assert answer.status_code == 400, answer.text
+    assert answer.json() == {
+        "code": "cost_above_quota", "resource": "gpu", "needed": 51, "limit": 50,
+        "message": "cost gpu=51 is more than tenant 'team-a' can ever hold: its quota allows "
+                   "gpu=50; nothing was submitted"}
+    dry = api.admin.post(f"/v1/tenants/{api.tenant}/requests", params={"dry_run": "true"},
+                         json={"id": request_id, "cost": {"gpu": 51}})
+    assert (dry.status_code, dry.json()["code"]) == (400, "cost_above_quota")
+    assert request_id not in _listing(api)
+
+
 def test_an_astral_character_payload_round_trips(api: Api) -> None:
     request_id = f"s-{uuid.uuid4().hex[:10]}"
     answer = _raw_submit(api, b'{"id":"%s","cost":{"gpu":1},"payload":"\\ud83d\\ude00"}'

@@ -43,15 +43,17 @@ def explain_waiting(
     }
     fitting_pools = sorted(name for name, usage in pools.items() if fits(cost, usage))
     if tenant_blocks:
-        verdict = "tenant quota: " + ", ".join(
-            f"{block['resource']} needs {block['need']}, "
-            f"{int(block['cap']) - int(block['used'])} of {block['cap']} left"
-            for block in tenant_blocks
-        )
+        verdict = "tenant quota: " + ", ".join(_tenant_block(block) for block in tenant_blocks)
+        if any(int(block["need"]) > int(block["cap"]) for block in tenant_blocks):
+            # Its quota was lowered under its cost after it was accepted (docs/decisions/809).
+            verdict += "; it cannot be admitted until the quota is raised"
     elif not fitting_pools:
         verdict = "no pool has room: " + "; ".join(
             f"{name} lacks {', '.join(resources)}" for name, resources in pool_blocks.items()
         ) if pool_blocks else "no pool exists"
+        if pool_blocks and not any(_could_ever_fit(cost, usage) for usage in pools.values()):
+            verdict += ("; no pool could hold it even empty: it cannot be admitted until a "
+                        "pool is given more capacity")
     elif tenant_position > admission_window:
         verdict = (
             f"fits, but is number {tenant_position} in its tenant's queue; admission looks "
@@ -60,3 +62,15 @@ def explain_waiting(
     else:
         verdict = "fits now; it will be admitted by the next admission pass"
     return WaitingReason(tenant_blocks, pool_blocks, fitting_pools, verdict)
+
+
+def _tenant_block(block: Mapping[str, int | str]) -> str:
+    need, used, cap = int(block["need"]), int(block["used"]), int(block["cap"])
+    if need > cap:
+        return f"{block['resource']} needs {need}, more than its whole quota of {cap}"
+    return f"{block['resource']} needs {need}, {cap - used} of {cap} left"
+
+
+def _could_ever_fit(cost: Cost, usage: Usage) -> bool:
+    """Whether ``cost`` fits the holder's caps with nothing of them used."""
+    return all(usage.get(resource, (0, 0))[1] >= amount for resource, amount in cost.items())

@@ -32,6 +32,7 @@ def require_submittable(
             f"unknown resource {', '.join(map(repr, unknown))}: no pool offers it",
             code="unknown_resource",
         )
+    _require_within_ceilings(submission, facts)
     if submission.target is not None and "target" not in facts:
         raise NotFound(f"target {quoted(submission.target)} does not exist", code="unknown_target")
     if "default_closed" in facts:
@@ -47,3 +48,46 @@ def require_submittable(
             f"{next(iter(maximum))}; nothing was submitted",
             code="priority_above_max",
         )
+
+
+def _require_within_ceilings(submission: Submission, facts: Mapping[str, set[str]]) -> None:
+    """Refuse a cost no admission could ever grant as the ledger stands: more than the
+    tenant could ever hold, or more than any one pool holds (docs/decisions/809).
+
+    Such a request would wait until it expired, ``explain`` saying only that it did not fit.
+    A cohort member free to borrow as far as its cohort has room is not judged here: that
+    room changes with every member's quota.
+    """
+    ceilings: dict[str, int | None] = {}
+    for value in facts.get("ceiling", ()):
+        resource, _, amount = value.partition(":")
+        ceilings[resource] = int(amount) if amount else None
+    for resource, needed in sorted(submission.cost.items()):
+        ceiling = ceilings.get(resource, 0)  # no quota for it: a cap of zero
+        if ceiling is not None and needed > ceiling:
+            raise InvalidInput(
+                f"cost {resource}={needed} is more than tenant {quoted(submission.tenant)} can "
+                f"ever hold: its quota allows {resource}={ceiling}; nothing was submitted",
+                code="cost_above_quota", resource=resource, needed=needed, limit=ceiling,
+            )
+    pools: dict[str, dict[str, int]] = {}
+    for value in facts.get("pool_cap", ()):
+        pool, resource, capacity = value.split(":")
+        pools.setdefault(pool, {})[resource] = int(capacity)
+    if any(all(capacity.get(resource, 0) >= needed
+               for resource, needed in submission.cost.items())
+           for capacity in pools.values()):
+        return
+    for resource, needed in sorted(submission.cost.items()):
+        largest = max((capacity.get(resource, 0) for capacity in pools.values()), default=0)
+        if needed > largest:
+            raise InvalidInput(
+                f"cost {resource}={needed} is more than any pool holds: the largest has "
+                f"{resource}={largest}; nothing was submitted",
+                code="cost_above_capacity", resource=resource, needed=needed, limit=largest,
+            )
+    wanted = ", ".join(f"{resource}={needed}" for resource, needed in sorted(submission.cost.items()))
+    raise InvalidInput(
+        f"no pool holds {wanted} at once: each lacks one of them; nothing was submitted",
+        code="cost_above_capacity",
+    )
