@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from quotagate import ManualClock, Quotagate
 from quotagate.store import schema
 from support.databases import BACKENDS, fresh_database
-from support.http_servers import bearer, make_token, running_server, start_server
+from support.http_servers import bearer, make_token, put_stalled_tenant, running_server, start_server
 from support.redis_servers import RedisServer
 
 
@@ -306,11 +306,12 @@ def test_the_document_states_errors_and_constraints(api: Api) -> None:
 
 
 def test_completing_or_failing_a_waiting_request_is_409_invalid_transition(api: Api) -> None:
-    request_id = f"t-{uuid.uuid4().hex[:10]}"
-    submitted = api.admin.post(f"/v1/tenants/{api.tenant}/requests",
-                               json={"id": request_id, "cost": {"gpu": 10_000}})  # never fits
+    request_id, tenant = f"t-{uuid.uuid4().hex[:10]}", f"t-{uuid.uuid4().hex[:8]}"
+    put_stalled_tenant(api.admin, tenant)
+    submitted = api.admin.post(f"/v1/tenants/{tenant}/requests",
+                               json={"id": request_id, "cost": {"gpu": 1}})  # never admitted
     assert submitted.status_code == 202, submitted.text
-    path = f"/v1/tenants/{api.tenant}/requests/{request_id}"
+    path = f"/v1/tenants/{tenant}/requests/{request_id}"
     for verb in ("complete", "fail"):
         refused = api.admin.post(f"{path}/{verb}")
         assert refused.status_code == 409, (verb, refused.text)
@@ -320,12 +321,12 @@ def test_completing_or_failing_a_waiting_request_is_409_invalid_transition(api: 
 
 def test_a_listing_is_newest_first_and_pages_without_gaps_or_repeats(api: Api) -> None:
     tenant = f"l-{uuid.uuid4().hex[:8]}"
-    assert api.admin.put(f"/v1/tenants/{tenant}", json={"quota": {"gpu": 1}}).status_code == 200
+    put_stalled_tenant(api.admin, tenant)
     submitted = []
     for number in range(7):
         request_id = f"l-{number:02d}"
         assert api.admin.post(f"/v1/tenants/{tenant}/requests",
-                              json={"id": request_id, "cost": {"gpu": 5}}).status_code == 202
+                              json={"id": request_id, "cost": {"gpu": 1}}).status_code == 202
         submitted.append(request_id)
     seen: list[dict[str, object]] = []
     cursor = None

@@ -422,8 +422,7 @@ def submission_facts_query(with_target: bool, resources: int | None = None
     """Everything submit must know before it writes, in one round trip.
 
     Rows ``(fact, value)``: ``request`` if the id exists, ``tenant`` if the
-    tenant exists, one ``resource`` per cost resource some pool offers,
-    ``target`` if the named target exists and serves the tenant,
+    tenant exists, ``target`` if the named target exists and serves the tenant,
     ``default_closed`` if no target is named and the default target serves only
     other tenants, ``bucket`` if the tenant has a rate quota, ``max_priority``
     (as text) if the tenant has a maximum priority, ``default_max_runtime``
@@ -431,7 +430,8 @@ def submission_facts_query(with_target: bool, resources: int | None = None
     tenant has a quota for (``resource:amount``, the most it could ever hold: its cap,
     a cohort member's nominal plus borrowing limit; ``resource:`` for a member free to
     borrow as far as its cohort has room), one ``pool_cap`` per pool and cost resource
-    it offers (``pool:resource:capacity``, its slices summed). Parameters: ``id``,
+    it offers (``pool:resource:capacity``, its slices summed: the cost resources some
+    pool offers are those named here). Parameters: ``id``,
     ``tenant``, ``resources`` (a list), ``target``; with ``resources`` given, that
     many ``resource_i`` instead of the list, for the driver cursor (which takes no
     expanding list: :func:`submission_facts_parameters`).
@@ -446,9 +446,6 @@ def submission_facts_query(with_target: bool, resources: int | None = None
         .where(request.c.id == sa.bindparam("id")),
         sa.select(sa.literal("tenant").label("fact"), schema.tenant.c.name.label("value"))
         .where(schema.tenant.c.name == sa.bindparam("tenant")),
-        sa.select(sa.literal("resource").label("fact"), capacity.c.resource.label("value"))
-        .where(offered)
-        .distinct(),
         sa.select(sa.literal("bucket").label("fact"), schema.rate_bucket.c.key.label("value"))
         .where(schema.rate_bucket.c.key == sa.bindparam("tenant")),
         sa.select(sa.literal("max_priority").label("fact"),

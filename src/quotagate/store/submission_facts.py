@@ -26,13 +26,15 @@ def require_submittable(
             "'quotagate tenant set'",
             code="unknown_tenant",
         )
-    unknown = sorted(set(submission.cost) - facts.get("resource", set()))
+    pools = _pool_capacities(facts)
+    offered = {resource for capacity in pools.values() for resource in capacity}
+    unknown = sorted(set(submission.cost) - offered)
     if unknown:
         raise InvalidInput(
             f"unknown resource {', '.join(map(repr, unknown))}: no pool offers it",
             code="unknown_resource",
         )
-    _require_within_ceilings(submission, facts)
+    _require_within_ceilings(submission, facts, pools)
     if submission.target is not None and "target" not in facts:
         raise NotFound(f"target {quoted(submission.target)} does not exist", code="unknown_target")
     if "default_closed" in facts:
@@ -50,7 +52,18 @@ def require_submittable(
         )
 
 
-def _require_within_ceilings(submission: Submission, facts: Mapping[str, set[str]]) -> None:
+def _pool_capacities(facts: Mapping[str, set[str]]) -> dict[str, dict[str, int]]:
+    """Each pool's capacity per cost resource it offers, from the ``pool_cap`` facts."""
+    pools: dict[str, dict[str, int]] = {}
+    for value in facts.get("pool_cap", ()):
+        pool, resource, capacity = value.split(":")
+        pools.setdefault(pool, {})[resource] = int(capacity)
+    return pools
+
+
+def _require_within_ceilings(
+    submission: Submission, facts: Mapping[str, set[str]], pools: Mapping[str, Mapping[str, int]]
+) -> None:
     """Refuse a cost no admission could ever grant as the ledger stands: more than the
     tenant could ever hold, or more than any one pool holds (docs/decisions/809).
 
@@ -70,10 +83,6 @@ def _require_within_ceilings(submission: Submission, facts: Mapping[str, set[str
                 f"ever hold: its quota allows {resource}={ceiling}; nothing was submitted",
                 code="cost_above_quota", resource=resource, needed=needed, limit=ceiling,
             )
-    pools: dict[str, dict[str, int]] = {}
-    for value in facts.get("pool_cap", ()):
-        pool, resource, capacity = value.split(":")
-        pools.setdefault(pool, {})[resource] = int(capacity)
     if any(all(capacity.get(resource, 0) >= needed
                for resource, needed in submission.cost.items())
            for capacity in pools.values()):
