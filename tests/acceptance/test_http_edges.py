@@ -233,10 +233,11 @@ def test_serve_prunes_past_retention_when_told_to(tmp_path: Path) -> None:
     day = 86400.0
     with fresh_database("sqlite", tmp_path) as db_url:
         with Quotagate.connect(db_url, clock=ManualClock(start=time.time() - 40 * day)) as gate:
-            gate.set_tenant("team-a", {"gpu": 4})
-            gate.set_pool("main", {"gpu": 4})
+            gate.set_tenant("team-a", {"gpu": 100})
+            gate.set_pool("main", {"gpu": 100})
             gate.submit("old-done", "team-a", {"gpu": 1})
             gate.submit("old-waiting", "team-a", {"gpu": 100})
+            gate.set_tenant("team-a", {"gpu": 4})  # old-waiting never fits now
             gate.admit_until_idle()
             gate.complete("old-done")
         token = make_token(db_url)
