@@ -126,6 +126,11 @@ class Quotagate:
             # now, so a bad cache time is refused here, not by the first request.
             self.api_tokens  # noqa: B018
 
+    @property
+    def database(self) -> str:
+        """The ledger database's URL with its password masked, safe to print and log."""
+        return self.engine.url.render_as_string(hide_password=True)
+
     def _part(self, name: str, build: Callable[[], _Part]) -> _Part:
         """The part ``name``, built by ``build`` the first time it is asked for, then kept."""
         part = self._parts.get(name)

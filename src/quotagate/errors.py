@@ -18,6 +18,7 @@ __all__ = [
     "StaleGeneration",
     "StoreUnavailable",
     "Unauthorized",
+    "quoted",
 ]
 
 
@@ -89,3 +90,20 @@ class StoreUnavailable(QuotagateError):
 
     status = 503
     default_code = "store_unavailable"
+
+
+# What an error message quotes of a caller's value, at most (docs/decisions/811).
+MAX_QUOTED = 80
+
+
+def quoted(value: object) -> str:
+    """``repr(value)`` for an error message, cut after :data:`MAX_QUOTED` characters.
+
+    A refusal names what it refuses, but a 100 kB bad field must not come back whole
+    in the answer, the CLI's stderr and every log line that quotes the error.
+    """
+    text = repr(value)
+    if len(text) <= MAX_QUOTED:
+        return text
+    size = len(value) if isinstance(value, str | bytes) else len(text)
+    return f"{text[:MAX_QUOTED]}… ({size} characters)"

@@ -33,7 +33,7 @@ def _wait_ready(client: Any, deadline: float) -> None:
         except Exception:
             pass
         time.sleep(0.1)
-    raise StoreUnavailable("the server did not become ready within 30 s")
+    raise StoreUnavailable("the server did not become ready within 30 s", code="server_not_ready")
 
 
 TOUR_TOKEN_LABEL = "tour"

@@ -149,11 +149,11 @@ def test_cohorts_over_http(db_url: str, tmp_path: Path) -> None:
             greedy = client.post("/v1/tenants/team-a/requests",
                                  json={"id": "a-greedy", "cost": {"gpu": 1}, "priority": 8})
             assert greedy.status_code == 400 and greedy.json()["code"] == "priority_above_max"
+            # More than nominal 2 + borrowing limit 1 could ever be: refused, as submit would.
             dry = client.post("/v1/tenants/team-a/requests", params={"dry_run": "true"},
                               json={"id": "a-dry", "cost": {"gpu": 4}})
-            assert dry.status_code == 200, dry.text
-            assert dry.json()["reasons"] == [
-                {"code": "borrowing_limit", "resource": "gpu", "needed": 4, "available": 3}]
+            assert dry.status_code == 400, dry.text
+            assert dry.json()["code"] == "cost_above_quota" and dry.json()["limit"] == 3
             assert client.get("/v1/tenants/team-a/requests/a-dry").status_code == 404
             for index in range(4):
                 submitted = client.post("/v1/tenants/team-a/requests",

@@ -18,7 +18,7 @@ import pytest
 
 from quotagate import Quotagate
 from support.databases import BACKENDS, fresh_database
-from support.http_servers import Server, bearer, make_token, running_server
+from support.http_servers import Server, bearer, make_token, put_stalled_tenant, running_server
 from support.waiting import wait_for
 
 DEADLINE = 30.0
@@ -38,6 +38,12 @@ class Api:
         name = f"t-{uuid.uuid4().hex[:10]}"
         response = self.admin.put(f"/v1/tenants/{name}", json={"quota": quota or {"gpu": 4}})
         assert response.status_code == 200, response.text
+        return name, self.client(make_token(self.db_url, tenant=name))
+
+    def stalled_tenant(self) -> tuple[str, httpx.Client]:
+        """A fresh tenant whose requests all stay waiting, and a client scoped to it."""
+        name = f"t-{uuid.uuid4().hex[:10]}"
+        put_stalled_tenant(self.admin, name)
         return name, self.client(make_token(self.db_url, tenant=name))
 
 
@@ -147,7 +153,7 @@ def test_a_waiting_request_shows_its_queue_position_and_what_blocks_it(api: Api)
 
 
 def test_listing_pages_with_a_cursor_and_filters_by_state(api: Api) -> None:
-    name, client = api.tenant({"gpu": 0})  # nothing is admitted: all stay waiting
+    name, client = api.stalled_tenant()  # nothing is admitted: all stay waiting
     ids = [new_id() for _ in range(5)]
     for request_id in ids:
         assert client.post(f"/v1/tenants/{name}/requests",
@@ -180,8 +186,8 @@ def test_listing_pages_with_a_cursor_and_filters_by_state(api: Api) -> None:
 
 
 def test_a_tenant_token_cannot_see_or_touch_another_tenant(api: Api) -> None:
-    mine, me = api.tenant({"gpu": 0})
-    theirs, them = api.tenant({"gpu": 0})
+    mine, me = api.stalled_tenant()
+    theirs, them = api.stalled_tenant()
     their_id = new_id()
     assert them.post(f"/v1/tenants/{theirs}/requests",
                      json={"id": their_id, "cost": {"gpu": 1}}).status_code == 202

@@ -28,7 +28,7 @@ def test_a_replaced_authorizer_decides_every_operation(tmp_path: Path) -> None:
 
     with fresh_database("sqlite", tmp_path) as db_url, Quotagate.connect(db_url) as gate:
         gate.set_pool("main", {"gpu": 2})
-        gate.set_tenant("team-a", {"gpu": 0})
+        gate.set_tenant("team-a", {"gpu": 1})  # the app alone runs no admission: all wait
         gate.submit("job-1", "team-a", {"gpu": 1})
         admin, tenant = make_token(db_url), make_token(db_url, tenant="team-a")
         tenant_actor = f"token:{tenant.split('_')[1]}"

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from quotagate import ManualClock, Quotagate
 from quotagate.store import schema
 from support.databases import BACKENDS, fresh_database
-from support.http_servers import bearer, make_token, running_server, start_server
+from support.http_servers import bearer, make_token, put_stalled_tenant, running_server, start_server
 from support.redis_servers import RedisServer
 
 
@@ -68,6 +68,77 @@ def test_a_lone_surrogate_payload_is_400_and_stored_nowhere(api: Api, payload: b
     assert answer.status_code == 400, answer.text
     assert answer.json()["code"] == "invalid_payload"
     assert api.admin.get(f"/v1/tenants/{api.tenant}/requests/{request_id}").status_code == 404
+    assert request_id not in _listing(api)
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    (b'{"id":"%s","cost":{"gpu":1},"payload":' + b"[" * 3000 + b"]" * 3000 + b"}", "too deeply"),
+    (b'{"id":"%s","cost":{"gpu":' + b"9" * 5000 + b"}}", "number too long"),
+    (b'{"id":"%s","cost":{"gpu":1},"payload":"\xff"}', "not UTF-8"),
+])
+def test_a_body_the_parser_cannot_read_is_422_with_a_sentence(
+    api: Api, body: bytes, says: str
+) -> None:
+    # FastAPI answered these with a bare 400 "There was an error parsing the body".
+    request_id = f"p-{uuid.uuid4().hex[:10]}"
+    answer = _raw_submit(api, body.replace(b"%s", request_id.encode()))
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["code"] == "invalid_input"
+    assert says in answer.json()["message"]
+    assert request_id not in _listing(api)
+
+
+@pytest.mark.parametrize("path", ["/v1/tenants/team-a/requests:batch",
+                                  "/v1/tenants/team-a/requests:end",
+                                  "/v1/tenants/team-a/topics/t/messages"])
+def test_every_body_nested_past_the_parser_is_422(api: Api, path: str) -> None:
+    answer = api.admin.post(path, content=b"[" * 3000 + b"]" * 3000,
+                            headers={"Content-Type": "application/json"})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["code"] == "invalid_input"
+
+
+def test_a_payload_nested_past_the_limit_is_400_and_one_at_it_is_accepted(api: Api) -> None:
+    from quotagate.domain.model import MAX_PAYLOAD_DEPTH
+
+    deep, at_limit = f"d-{uuid.uuid4().hex[:10]}", f"d-{uuid.uuid4().hex[:10]}"
+    levels = MAX_PAYLOAD_DEPTH + 1
+    answer = _raw_submit(api, b'{"id":"%s","cost":{"gpu":1},"payload":%s}'
+                         % (deep.encode(), b"[" * levels + b"]" * levels))
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["code"] == "invalid_payload"
+    assert str(MAX_PAYLOAD_DEPTH) in answer.json()["message"]
+    assert deep not in _listing(api)
+    levels = MAX_PAYLOAD_DEPTH
+    answer = _raw_submit(api, b'{"id":"%s","cost":{"gpu":1},"payload":%s}'
+                         % (at_limit.encode(), b'{"a":' * levels + b"1" + b"}" * levels))
+    assert answer.status_code == 202, answer.text
+
+
+@pytest.mark.parametrize("body", [{"quota": {"gpu": 50}, "budget": {"gpu": "9" * 100_000}},
+                                  {"quota": {"gpu": 50}, "reclaim": "x" * 100_000}])
+def test_a_refusal_quotes_at_most_80_characters_of_a_huge_value(
+    api: Api, body: dict[str, Any]
+) -> None:
+    answer = api.admin.put(f"/v1/tenants/{api.tenant}", json=body)
+    assert answer.status_code == 400, answer.text[:300]
+    message = answer.json()["message"]
+    assert message.endswith("… (100000 characters)"), message[:300]
+    assert len(message) < 300, message[:300]
+
+
+def test_a_cost_above_the_quota_is_400_with_resource_cost_and_limit(api: Api) -> None:
+    request_id = f"c-{uuid.uuid4().hex[:10]}"
+    answer = api.admin.post(f"/v1/tenants/{api.tenant}/requests",
+                            json={"id": request_id, "cost": {"gpu": 51}})
+    assert answer.status_code == 400, answer.text
+    assert answer.json() == {
+        "code": "cost_above_quota", "resource": "gpu", "needed": 51, "limit": 50,
+        "message": "cost gpu=51 is more than tenant 'team-a' can ever hold: its quota allows "
+                   "gpu=50; nothing was submitted"}
+    dry = api.admin.post(f"/v1/tenants/{api.tenant}/requests", params={"dry_run": "true"},
+                         json={"id": request_id, "cost": {"gpu": 51}})
+    assert (dry.status_code, dry.json()["code"]) == (400, "cost_above_quota")
     assert request_id not in _listing(api)
 
 
@@ -162,10 +233,11 @@ def test_serve_prunes_past_retention_when_told_to(tmp_path: Path) -> None:
     day = 86400.0
     with fresh_database("sqlite", tmp_path) as db_url:
         with Quotagate.connect(db_url, clock=ManualClock(start=time.time() - 40 * day)) as gate:
-            gate.set_tenant("team-a", {"gpu": 4})
-            gate.set_pool("main", {"gpu": 4})
+            gate.set_tenant("team-a", {"gpu": 100})
+            gate.set_pool("main", {"gpu": 100})
             gate.submit("old-done", "team-a", {"gpu": 1})
             gate.submit("old-waiting", "team-a", {"gpu": 100})
+            gate.set_tenant("team-a", {"gpu": 4})  # old-waiting never fits now
             gate.admit_until_idle()
             gate.complete("old-done")
         token = make_token(db_url)
@@ -235,11 +307,12 @@ def test_the_document_states_errors_and_constraints(api: Api) -> None:
 
 
 def test_completing_or_failing_a_waiting_request_is_409_invalid_transition(api: Api) -> None:
-    request_id = f"t-{uuid.uuid4().hex[:10]}"
-    submitted = api.admin.post(f"/v1/tenants/{api.tenant}/requests",
-                               json={"id": request_id, "cost": {"gpu": 10_000}})  # never fits
+    request_id, tenant = f"t-{uuid.uuid4().hex[:10]}", f"t-{uuid.uuid4().hex[:8]}"
+    put_stalled_tenant(api.admin, tenant)
+    submitted = api.admin.post(f"/v1/tenants/{tenant}/requests",
+                               json={"id": request_id, "cost": {"gpu": 1}})  # never admitted
     assert submitted.status_code == 202, submitted.text
-    path = f"/v1/tenants/{api.tenant}/requests/{request_id}"
+    path = f"/v1/tenants/{tenant}/requests/{request_id}"
     for verb in ("complete", "fail"):
         refused = api.admin.post(f"{path}/{verb}")
         assert refused.status_code == 409, (verb, refused.text)
@@ -249,12 +322,12 @@ def test_completing_or_failing_a_waiting_request_is_409_invalid_transition(api: 
 
 def test_a_listing_is_newest_first_and_pages_without_gaps_or_repeats(api: Api) -> None:
     tenant = f"l-{uuid.uuid4().hex[:8]}"
-    assert api.admin.put(f"/v1/tenants/{tenant}", json={"quota": {"gpu": 1}}).status_code == 200
+    put_stalled_tenant(api.admin, tenant)
     submitted = []
     for number in range(7):
         request_id = f"l-{number:02d}"
         assert api.admin.post(f"/v1/tenants/{tenant}/requests",
-                              json={"id": request_id, "cost": {"gpu": 5}}).status_code == 202
+                              json={"id": request_id, "cost": {"gpu": 1}}).status_code == 202
         submitted.append(request_id)
     seen: list[dict[str, object]] = []
     cursor = None

@@ -30,7 +30,8 @@ except ImportError as error:  # schemathesis is in the dev extra: missing is a b
 EXAMPLES_PER_OPERATION = 25
 
 # Valid by the document, refused by what the ledger holds: a resource no pool
-# offers; a cursor the API never returned (cursors are opaque: the document can
+# offers; a cost above what the tenant or any pool could ever hold
+# (docs/decisions/809); a cursor the API never returned (cursors are opaque: the document can
 # say only that one is base64url text); cohort settings that depend on the
 # tenant's cohort, quota and the cohort tree (docs/fair-sharing.md); slices for
 # a pool that has no capacity row yet (store/pool_slices.configure). No document
@@ -38,6 +39,7 @@ EXAMPLES_PER_OPERATION = 25
 STATE_DEPENDENT_REFUSALS = frozenset({
     "unknown_resource", "invalid_cursor", "not_in_cohort", "unknown_quota_resource",
     "invalid_lending_limit", "cohort_cycle", "slices_without_capacity",
+    "cost_above_quota", "cost_above_capacity",
 })
 
 

@@ -222,3 +222,20 @@ def test_a_consumer_process_serves_its_stream_counters(
                       "g", "--name", "c3", "--print", "--until-idle", "--metrics-port",
                       str(busy.getsockname()[1]), *redis_option, db=db, cwd=tmp_path, expect=2)
     assert "error: metrics_port_unavailable:" in refused.stderr
+
+
+def test_consume_says_how_many_failed_and_went_to_the_dlq(
+    db: str, tmp_path: Path, private_redis: RedisServer
+) -> None:
+    tenant, redis = one_partition_tenant(db, tmp_path), ["--redis", private_redis.url]
+    create_one_partition_topic(tenant, "orders", *redis, db=db, cwd=tmp_path)
+    run("stream", "produce", "--tenant", tenant, "--topic", "orders", "bad", *redis,
+        db=db, cwd=tmp_path)
+    consumed = run("stream", "consume", "--tenant", tenant, "--topic", "orders", "--group", "g",
+                   "--name", "c1", "--command", "exit 1", "--max-deliveries", "2",
+                   "--visibility-timeout", "0.1", "--until-idle", *redis, db=db, cwd=tmp_path)
+    # It used to say only "acked 0": a handler failing every entry looked like an idle topic.
+    assert consumed.stderr.strip().endswith("acked 0, failed 2, dead-lettered 1"), consumed.stderr
+    status = json.loads(run("stream", "status", "--tenant", tenant, "--topic", "orders",
+                            "--json", *redis, db=db, cwd=tmp_path).stdout)
+    assert status["dlq_length"] == 1

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from quotagate import ManualClock, Quotagate
+from quotagate import InvalidInput, ManualClock, Quotagate
 from quotagate.domain.placement import Placement
 from quotagate.store import admission_stats, cohorts, statements
 from quotagate.store.engine import create_engine
@@ -199,10 +199,11 @@ def test_a_wider_read_of_the_same_admission_does_not_see_what_it_reserved(
     with fresh_database("sqlite", tmp_path) as url:
         made = _side(url, clock, window=8)
         made.gate.set_pool("pool-1", {"gpu": 100})
-        made.gate.set_tenant("team-a", {"gpu": 5})
+        made.gate.set_tenant("team-a", {"gpu": 9})
         for index, gpu in enumerate((1, 9, 9, 9, 1, 1, 1, 1, 1, 1)):
             made.gate.submit(f"a{index}", "team-a", {"gpu": gpu})
             clock.advance(1)
+        made.gate.set_tenant("team-a", {"gpu": 5})  # the 9s never fit now
         assert _ids(made.ledger.admit(1)) == ["a0"]
         # Kept: a1-a3, fewer than a read of 4 asks for: team-a is read again, 8 deep.
         assert _ids(made.ledger.admit(2)) == ["a4", "a5"]
@@ -241,14 +242,24 @@ def _step(generator: random.Random, sides: list[Side], state: dict[str, Any],
         tenant, cost = generator.choice(TEAMS), generator.choice(COSTS)
         priority, name = generator.randint(0, 2), f"q{state['next']}"
         state["next"] += 1
+        answers = []
         for side in sides:
-            side.gate.submit(name, tenant, cost, priority=priority)
+            try:
+                side.gate.submit(name, tenant, cost, priority=priority)
+                answers.append("waiting")
+            except InvalidInput as error:  # above team-a's lowered cap: refused at submit
+                answers.append(error.code)
+        assert len(set(answers)) == 1 and answers[0] in ("waiting", "cost_above_quota")
+        if answers[0] != "waiting":
+            state["refused"].add(name)
     elif choice < 0.82 and state["reserved"]:
         name = state["reserved"].pop(generator.randrange(len(state["reserved"])))
         for side in sides:
             side.gate.complete(name)
     elif choice < 0.88 and state["next"]:
         name = f"q{generator.randrange(state['next'])}"
+        if name in state["refused"]:
+            return None
         states = {side.gate.show(name).state.value for side in sides}
         assert len(states) == 1
         if states == {"waiting"}:  # a reserved one's cancel is a stop, left to a worker
@@ -275,7 +286,7 @@ def test_placements_are_those_of_a_ledger_that_reads_every_time(
         sides = [_side(kept_url, clock, window=6), _side(fresh_url, clock, reuse=False, window=6)]
         for side in sides:
             _configure(side.gate)
-        state: dict[str, Any] = {"next": 0, "reserved": []}
+        state: dict[str, Any] = {"next": 0, "reserved": [], "refused": set()}
         admissions = 0
         for _ in range(400):
             placed = _step(generator, sides, state, clock)
@@ -286,7 +297,8 @@ def test_placements_are_those_of_a_ledger_that_reads_every_time(
             admissions += 1
             state["reserved"] += _ids(kept)
         for side in sides:
-            assert side.gate.check_invariants() == []
+            # Usage may stand above team-a's cap, lowered at random: not a violation.
+            assert side.gate.check_ledger().violations == []
         # No stale read either (a conditional UPDATE would have caught it: a rerun).
         assert sides[0].reruns == sides[1].reruns
         # The kept reads were used (else this compared a ledger with itself).

@@ -10,10 +10,11 @@ def test_a_request_behind_the_window_waits_and_explain_says_why(
 ) -> None:
     with Quotagate.connect(db_url, clock=clock, admission_window=2) as gate:
         gate.set_tenant("team-a", {"gpu": 1000})
-        gate.set_pool("pool-1", {"gpu": 8})
-        for number in range(3):  # ahead in the queue, and never fit any pool
+        gate.set_pool("pool-1", {"gpu": 100})
+        for number in range(3):  # ahead in the queue, and never fit the pool shrunk below
             gate.submit(f"big-{number}", "team-a", {"gpu": 100}, priority=5)
             clock.advance(1)
+        gate.set_pool("pool-1", {"gpu": 8})
         gate.submit("small", "team-a", {"gpu": 1})
         assert gate.admit_until_idle() == 0  # admission looks at big-0 and big-1 only
         explained = gate.explain("small")

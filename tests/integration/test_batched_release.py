@@ -121,7 +121,7 @@ def test_processes_ending_the_same_requests_get_each_cost_back_once(db_url: str)
 
 def test_a_refused_end_writes_nothing_and_the_batch_goes_on(gate: Quotagate) -> None:
     _setup(gate, 4)
-    gate.submit("waiting-1", "team-a", {"gpu": 10**6})  # never fits: stays waiting
+    gate.submit("waiting-1", "team-a", {"gpu": 1})  # no admission runs after it: waiting
     before = gate.usage()
     results = gate.ledger.release_many([
         End("r-000", RequestState.COMPLETED, actor="test"),

@@ -236,7 +236,9 @@ def test_a_budget_shows_its_hours_and_a_request_it_blocks_waits_for_the_reason_e
     gate.submit("running", "team-a", {"gpu": 1}, max_runtime="2h")  # reserves 2
     gate.admit()
     gate.submit("next", "team-a", {"gpu": 3}, max_runtime="2h")  # needs 6 of the 4 left
-    gate.submit("b-1", "team-b", {"gpu": 3})  # over team-b's quota: no budget involved
+    gate.set_tenant("team-b", {"gpu": 3})
+    gate.submit("b-1", "team-b", {"gpu": 3})
+    gate.set_tenant("team-b", {"gpu": 2})  # now over team-b's quota: no budget involved
     assert gate.admit() == []
     snapshot = gate.dashboard()
     shown = {(row.name, row.resource): (row.budget_spent_hours, row.budget_reserved_hours,

@@ -58,8 +58,10 @@ def test_requests_ahead_take_their_room_first(plain: Quotagate, clock: ManualClo
 def test_a_pool_without_room_is_named(plain: Quotagate) -> None:
     gate = plain
     gate.set_tenant("team-b", {"gpu": 8})
-    answer = gate.simulate("team-b", {"gpu": 5})
-    assert _codes(answer) == [("pool_capacity", "gpu", 5, 4)]
+    gate.submit("a-0", "team-a", {"gpu": 2})
+    gate.admit()
+    answer = gate.simulate("team-b", {"gpu": 3})
+    assert _codes(answer) == [("pool_capacity", "gpu", 3, 2)]
 
 
 def test_a_member_is_told_its_borrowing_limit_and_its_cohorts_room(gate: Quotagate) -> None:
@@ -68,7 +70,9 @@ def test_a_member_is_told_its_borrowing_limit_and_its_cohorts_room(gate: Quotaga
     gate.set_tenant("team-a", {"gpu": 2}, cohort="research", borrowing_limit={"gpu": 1})
     gate.set_tenant("team-b", {"gpu": 2}, cohort="research")
     assert gate.simulate("team-a", {"gpu": 3})["admissible"] is True  # 1 borrowed
-    assert _codes(gate.simulate("team-a", {"gpu": 4})) == [("borrowing_limit", "gpu", 4, 3)]
+    with pytest.raises(InvalidInput) as beyond:  # more than nominal + borrowing limit, ever
+        gate.simulate("team-a", {"gpu": 4})
+    assert (beyond.value.code, beyond.value.fields["limit"]) == ("cost_above_quota", 3)
     for index in range(2):
         gate.submit(f"b-{index}", "team-b", {"gpu": 1})
     gate.admit_until_idle()
@@ -95,9 +99,10 @@ def test_a_request_beyond_the_admission_window_waits_for_the_head(
     with Quotagate.connect(str(gate.engine.url.render_as_string(hide_password=False)),
                            clock=clock, admission_window=2) as narrow:
         narrow.set_pool("pool-1", {"gpu": 8})
-        narrow.set_tenant("team-a", {"gpu": 4})
+        narrow.set_tenant("team-a", {"gpu": 8})
         for index in range(2):
             narrow.submit(f"big-{index}", "team-a", {"gpu": 8})
+        narrow.set_tenant("team-a", {"gpu": 4})  # the bigs never fit now
         clock.advance(1)
         answer = narrow.simulate("team-a", {"gpu": 1})
         assert _codes(answer) == [("queue_window", "queue", 3, 2)]
@@ -161,9 +166,10 @@ def test_a_request_other_tenants_heads_leave_no_pool_room_for_says_so(
 def test_explain_of_a_member_speaks_of_its_cohort(gate: Quotagate) -> None:
     gate.set_pool("pool-1", {"gpu": 16})
     gate.set_cohort("research")
-    gate.set_tenant("team-a", {"gpu": 1}, cohort="research", borrowing_limit={"gpu": 1})
+    gate.set_tenant("team-a", {"gpu": 1}, cohort="research", borrowing_limit={"gpu": 2})
     gate.set_tenant("team-b", {"gpu": 1}, cohort="research")
     gate.submit("a-0", "team-a", {"gpu": 3})
+    gate.set_tenant("team-a", {"gpu": 1}, borrowing_limit={"gpu": 1})  # lowered under it
     explained = gate.explain("a-0")
     assert explained["reasons"] == [
         {"code": "borrowing_limit", "resource": "gpu", "needed": 3, "available": 2}]

@@ -160,6 +160,24 @@ def test_cancelling_a_reserved_request_is_a_stop_that_returns_its_cost_once_conf
     assert ledger.check_invariants() == []
 
 
+def test_a_confirmed_stop_keeps_the_cancellers_reason_and_audits_the_targets(
+    ledger: Quotagate,
+) -> None:
+    ledger.submit("job-0", "team-a", {"gpu": 1})
+    ledger.admit()
+    ledger.release("job-0", RequestState.CANCELLED, reason="wrong dataset", actor="cli")
+    confirmed = ledger.ledger.release("job-0", RequestState.CANCELLED, stopped=True,
+                                      reason="command exited with signal 15", actor="worker:w")
+    # The stop's reason used to replace the canceller's on the request.
+    assert confirmed.request.reason == "wrong dataset"
+    assert ledger.show("job-0").reason == "wrong dataset"
+    entries = {entry["operation"]: entry for entry in ledger.list_audit(tenant="team-a").items
+               if entry["target"] == "job-0"}
+    assert entries["cancel"]["reason"] == "wrong dataset"
+    assert entries["cancelled"]["reason"] == "command exited with signal 15"
+    assert entries["cancelled"]["outcome"] == "released"
+
+
 def test_expiry_after_the_ttl(ledger: Quotagate, clock: ManualClock) -> None:
     ledger.submit("old", "team-a", {"gpu": 1})
     clock.advance(3000)
@@ -178,8 +196,8 @@ def test_a_big_request_does_not_block_smaller_ones_behind_it(
     ledger: Quotagate, clock: ManualClock
 ) -> None:
     ledger.set_tenant("team-b", {"gpu": 8})
-    ledger.set_pool("pool-1", {"gpu": 3})  # no pool can hold 4 gpu now
     ledger.submit("big", "team-b", {"gpu": 4}, priority=10)
+    ledger.set_pool("pool-1", {"gpu": 3})  # no pool can hold 4 gpu now
     clock.advance(1)
     ledger.submit("small", "team-b", {"gpu": 1})
     assert [placement.id for placement in ledger.admit(10)] == ["small"]
@@ -240,11 +258,17 @@ def test_best_fit_placement_leaves_big_holes_whole(ledger: Quotagate) -> None:
 
 
 def test_a_request_needs_all_of_its_resources_in_one_pool(ledger: Quotagate) -> None:
-    # pool-1 has the gpus, pool-2 is the snug cpu fit; neither has 3 gpu and 10 cpu... pool-1 does.
+    # pool-1 has the gpus, pool-2 the cpus; neither has 3 gpu and 10 cpu: refused at submit.
     ledger.set_pool("pool-1", {"gpu": 4, "cpu": 4})
     ledger.set_pool("pool-2", {"gpu": 2, "cpu": 32})
     ledger.set_tenant("team-b", {"gpu": 4, "cpu": 32})
+    with pytest.raises(InvalidInput) as refused:
+        ledger.submit("split", "team-b", {"gpu": 3, "cpu": 10})
+    assert refused.value.code == "cost_above_capacity"
+    # Accepted while pool-1 held both, it waits once pool-1 lost the cpus.
+    ledger.set_pool("pool-1", {"gpu": 4, "cpu": 16})
     ledger.submit("split", "team-b", {"gpu": 3, "cpu": 10})
+    ledger.set_pool("pool-1", {"gpu": 4, "cpu": 4})
     assert ledger.admit() == []
     assert ledger.explain("split")["pools_blocked"] == {"pool-1": ["cpu"], "pool-2": ["gpu"]}
 
@@ -261,7 +285,7 @@ def test_explain_names_position_and_blocking_tenant_resource(ledger: Quotagate) 
 
 def test_inspect_joins_requests_with_outbox(ledger: Quotagate) -> None:
     ledger.submit("a", "team-a", {"gpu": 1})
-    ledger.submit("b", "team-a", {"gpu": 9})
+    ledger.submit("b", "team-a", {"gpu": 2})  # 1 of team-a's 2 gpu left after a
     ledger.admit()
     data = ledger.inspect()
     rows = {row["id"]: row for row in data["requests"]}

@@ -56,9 +56,9 @@ def _history(gate: Quotagate, clock: ManualClock) -> dict[str, str]:
         connection.execute(sa.update(schema.outbox).where(schema.outbox.c.request_id == "delivered")
                            .values(delivered=True))
     gate.cancel("cancelling")  # a stop to carry out: still charged
-    gate.submit("cancelled-waiting", "team-a", {"gpu": 1000})
+    gate.submit("cancelled-waiting", "team-a", {"gpu": 100})
     gate.cancel("cancelled-waiting")
-    gate.submit("waiting", "team-a", {"gpu": 1000})  # never fits: stays waiting
+    gate.submit("waiting", "team-a", {"gpu": 100})  # never fits beside the 3 charged: waiting
     clock.advance(40 * DAY)
     return {request_id: str(_state(gate, request_id)) for request_id in (
         "done", "failed", "cancelled-waiting", "reserved", "delivered",
@@ -230,7 +230,7 @@ def test_quotagate_prune_from_the_cli(db_url: str, tmp_path: Path) -> None:
         gate.set_tenant("team-a", {"gpu": 4})
         gate.set_pool("pool-1", {"gpu": 4})
         gate.submit("old-done", "team-a", {"gpu": 1})
-        gate.submit("old-waiting", "team-a", {"gpu": 100})
+        gate.submit("old-waiting", "team-a", {"gpu": 4})  # 3 left after old-done: waiting
         gate.admit_until_idle()
         gate.complete("old-done")
     answer = run("prune", "--older-than", "30d", db=db_url, cwd=tmp_path)

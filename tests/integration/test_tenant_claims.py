@@ -29,11 +29,12 @@ def fresh_counters() -> Iterator[None]:
 def _claimed_set_admits_nothing(gate: Quotagate) -> None:
     """team-a has work that fits; team-b (the only other) has only work that does not."""
     gate.set_tenant("team-a", {"gpu": 8})
-    gate.set_tenant("team-b", {"gpu": 1})
+    gate.set_tenant("team-b", {"gpu": 2})
     # A sliced pool: the ledger expects several admitters and claims tenants.
     gate.set_pool("pool-1", {"gpu": 8}, slices=2)
     gate.submit("a-0", "team-a", {"gpu": 1})
-    gate.submit("b-0", "team-b", {"gpu": 2})  # above team-b's cap: never fits
+    gate.submit("b-0", "team-b", {"gpu": 2})
+    gate.set_tenant("team-b", {"gpu": 1})  # now above team-b's cap: never fits
 
 
 def test_claimed_tenants_that_admit_nothing_roll_back_and_wait_for_the_held_tenant(

@@ -110,6 +110,18 @@ def make_token(db_url: str, *, tenant: str | None = None, label: str | None = No
         return gate.create_api_token(admin=tenant is None, tenant=tenant, label=label, actor="test").token
 
 
+def put_stalled_tenant(admin: httpx.Client, name: str) -> None:
+    """Make ``name`` a tenant whose requests are accepted and never admitted by a running
+    server's admission loop: a cohort member with no nominal quota of its own and no
+    borrowing limit, alone in a cohort with nothing to lend. (A cost above a tenant's
+    quota is refused at submit: docs/decisions/809.)"""
+    cohort = f"stalled-{name}"[:63]
+    answer = admin.put(f"/v1/cohorts/{cohort}", json={"parent": None})
+    assert answer.status_code == 200, answer.text
+    answer = admin.put(f"/v1/tenants/{name}", json={"quota": {"gpu": 0}, "cohort": cohort})
+    assert answer.status_code == 200, answer.text
+
+
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 

@@ -2,13 +2,17 @@
 
 docs/invariants.md names, for each invariant, the tests that hold it: each named
 test must exist. docs/decisions/README.md indexes the decisions: every file is in
-it. The code and the tests cite only what is in the repository.
+it. The code and the tests cite only what is in the repository. Every option of
+every command is in the docs.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
+
+import click
 
 ROOT = Path(__file__).resolve().parents[2]
 DECISIONS = ROOT / "docs" / "decisions"
@@ -51,3 +55,33 @@ def test_code_and_tests_cite_only_what_is_in_the_repository() -> None:
         if outside.search(line)
     ]
     assert offenders == []
+
+
+def _commands(group: click.Group, context: click.Context,
+              path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], click.Command]]:
+    for name in group.list_commands(context):
+        command = group.get_command(context, name)
+        assert command is not None, name
+        if isinstance(command, click.Group):
+            yield from _commands(command, context, (*path, name))
+        else:
+            yield (*path, name), command
+
+
+def test_every_option_of_every_command_is_in_the_docs() -> None:
+    # --help shows an option to a user, who then looks for it in docs/ or the README:
+    # each long option of each command must be written there at least once.
+    from quotagate.cli.main import cli
+
+    text = "\n".join(path.read_text() for path in
+                     [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+    undocumented = [
+        f"quotagate {' '.join(path)} {names[0]}"
+        for path, command in _commands(cli, click.Context(cli))
+        for option in command.params
+        if isinstance(option, click.Option)
+        and (names := [name for name in (*option.opts, *option.secondary_opts)
+                       if name.startswith("--") and name != "--help"])
+        and not any(re.search(re.escape(name) + r"(?![\w-])", text) for name in names)
+    ]
+    assert undocumented == []

@@ -5,7 +5,7 @@ import pytest
 from quotagate.domain.model import build_submission, canonical_payload, validate_amounts
 from quotagate.domain.ordering import effective_priority, queue_key
 from quotagate.domain.placement import Candidate, best_fit_pool, plan_admissions
-from quotagate.errors import InvalidInput
+from quotagate.errors import InvalidInput, quoted
 
 
 def test_queue_key_orders_like_aged_priority_at_any_time() -> None:
@@ -85,3 +85,21 @@ def test_reasons_from_outside_are_bounded_before_they_reach_the_ledger() -> None
     assert bounded_reason("a\x00b") == "ab"
     assert len(bounded_reason("x" * 5000) or "") == MAX_REASON_LENGTH
     assert bounded_reason(None) is None
+
+
+def test_an_error_quotes_a_long_value_cut_with_its_length() -> None:
+    assert quoted("job-1") == "'job-1'"
+    assert quoted("x" * 78) == repr("x" * 78)  # 80 characters with its quotes: whole
+    cut = quoted("x" * 100_000)
+    assert cut == "'" + "x" * 79 + "… (100000 characters)"
+
+
+def test_a_payload_nests_at_most_64_levels() -> None:
+    assert canonical_payload({"a": [[{"b": 1}]]}) == '{"a":[[{"b":1}]]}'
+    nested: object = 1
+    for _ in range(64):
+        nested = [nested]
+    canonical_payload(nested)
+    with pytest.raises(InvalidInput, match="deeper than 64 levels") as refused:
+        canonical_payload([nested])
+    assert refused.value.code == "invalid_payload"

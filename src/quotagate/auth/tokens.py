@@ -24,7 +24,7 @@ from sqlalchemy.engine import Engine
 from quotagate.auth.authorizer import Actor
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import validate_name
-from quotagate.errors import InvalidInput, NotFound, Unauthorized
+from quotagate.errors import InvalidInput, NotFound, Unauthorized, quoted
 from quotagate.store import api_tokens
 from quotagate.store.api_tokens import TokenRow
 from quotagate.store.audit import AuditEntry, record
@@ -218,7 +218,7 @@ class TokenStore:
 
         def work(connection: sa.Connection) -> TokenInfo:
             if executor_target is not None and not api_tokens.target_exists(connection, executor_target):
-                raise NotFound(f"target {executor_target!r} does not exist",
+                raise NotFound(f"target {quoted(executor_target)} does not exist",
                                code="unknown_target")
             now = self.clock.now()
             row = TokenRow(
@@ -243,7 +243,7 @@ class TokenStore:
         def work(connection: sa.Connection) -> TokenInfo:
             row = api_tokens.lock(connection, token_id)
             if row is None:
-                raise NotFound(f"token {token_id!r} does not exist", code="unknown_token")
+                raise NotFound(f"token {quoted(token_id)} does not exist", code="unknown_token")
             if row["revoked"] is not None:
                 return _info(row)
             now = self.clock.now()

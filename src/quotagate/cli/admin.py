@@ -25,7 +25,7 @@ from quotagate.cli.stream_settings import (
 from quotagate.domain.bucket import parse_rate
 from quotagate.domain.budget import format_duration
 from quotagate.domain.sharing import KEEP, Keep
-from quotagate.errors import InvalidInput, NotFound
+from quotagate.errors import InvalidInput, NotFound, quoted
 
 
 @click.command()
@@ -177,7 +177,7 @@ def parse_budgets(values: tuple[str, ...]) -> dict[str, object]:
     for value in values:
         name, sep, limit = value.partition("=")
         if not sep or not name:
-            raise InvalidInput(f"budget must look like RESOURCE=100h/30d, got {value!r}",
+            raise InvalidInput(f"budget must look like RESOURCE=100h/30d, got {quoted(value)}",
                                code="invalid_budget")
         parsed[name.strip()] = None if limit.strip() == "none" else limit.strip()
     return parsed

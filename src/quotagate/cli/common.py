@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from quotagate.errors import InvalidInput, QuotagateError, RateLimited, StoreUnavailable
+from quotagate.errors import InvalidInput, QuotagateError, RateLimited, StoreUnavailable, quoted
 
 if TYPE_CHECKING:
     from quotagate.app import Quotagate
@@ -51,12 +51,31 @@ hold_seconds_option = click.option(
 )
 
 
+# The codes of errors about the ledger database itself: the CLI names the database in them.
+_LEDGER_UNAVAILABLE = frozenset({"store_unavailable", "schema_missing", "store_timeout",
+                                 "store_busy"})
+# The ledger database of the gate this command opened, password masked: an error about an
+# unreachable database names which one (a typo in $QUOTAGATE_DB is the usual cause).
+_opened_database: str | None = None
+
+
 def open_gate(db_url: str | None, **options: Any) -> Quotagate:
     # Imported here, not at the top: `--help`, `--version` and a usage error need neither the
     # facade nor SQLAlchemy, and every CLI module imports this one (docs/performance.md, CLI startup).
     from quotagate.app import Quotagate
 
-    return Quotagate.connect(db_url, **options)
+    global _opened_database
+    gate = Quotagate.connect(db_url, **options)
+    _opened_database = gate.database
+    return gate
+
+
+def error_line(error: QuotagateError) -> str:
+    """The one stderr line for ``error``; an unreachable ledger database is named."""
+    message = error.message
+    if error.code in _LEDGER_UNAVAILABLE and _opened_database is not None:
+        message = f"{message} (database {_opened_database})"
+    return f"error: {error.code}: {message}"
 
 
 def ensure_schema(gate: Quotagate) -> None:
@@ -66,7 +85,9 @@ def ensure_schema(gate: Quotagate) -> None:
     try:
         present = gate.has_schema()
     except OperationalError as error:
-        raise StoreUnavailable("the ledger database cannot be reached") from error
+        translated = _translated(error)
+        raise (translated if isinstance(translated, StoreUnavailable) else
+               StoreUnavailable("the ledger database cannot be reached")) from error
     if not present:
         click.echo("creating the ledger schema", err=True)
         gate.init()
@@ -98,6 +119,22 @@ class LazyChoice(click.Choice[str]):
             self._loaded = tuple(value)
 
 
+def _translated(error: Exception) -> QuotagateError | None:
+    """The domain error for a driver error that escaped the facade untranslated (a
+    worker's first read of the ledger id, say), or None: an unreachable database is one
+    error line and exit 6, never a traceback."""
+    if "sqlalchemy" not in sys.modules:  # nothing opened a database: not a driver error
+        return None
+    from sqlalchemy.exc import DBAPIError
+
+    from quotagate.store.dialect import translate
+
+    if not isinstance(error, DBAPIError):
+        return None
+    translated = translate(error)
+    return translated if isinstance(translated, QuotagateError) else None
+
+
 def reports_errors(function: F) -> F:
     """Turn quotagate errors into one stderr line and a meaningful exit code."""
 
@@ -105,8 +142,11 @@ def reports_errors(function: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return function(*args, **kwargs)
-        except QuotagateError as error:
-            click.echo(f"error: {error.code}: {error.message}", err=True)
+        except Exception as raised:
+            error = raised if isinstance(raised, QuotagateError) else _translated(raised)
+            if error is None:
+                raise
+            click.echo(error_line(error), err=True)
             if isinstance(error, RateLimited):
                 click.echo(f"retry after {error.retry_after:.1f}s", err=True)
             sys.exit(_EXIT_BY_STATUS.get(error.status, EXIT_ERROR))
@@ -125,7 +165,7 @@ def parse_assignments(
     for value in values:
         name, sep, amount = value.partition("=")
         if not sep or not name:
-            raise InvalidInput(f"{what} must look like NAME=AMOUNT, got {value!r}",
+            raise InvalidInput(f"{what} must look like NAME=AMOUNT, got {quoted(value)}",
                                code=f"invalid_{what}")
         if allow_none and amount.strip() == "none":
             parsed[name.strip()] = None
@@ -134,7 +174,7 @@ def parse_assignments(
             parsed[name.strip()] = int(amount)
         except ValueError:
             raise InvalidInput(
-                f"{what} for {name!r} must be a whole number, got {amount!r}",
+                f"{what} for {quoted(name)} must be a whole number, got {quoted(amount)}",
                 code=f"invalid_{what}",
             ) from None
     return parsed
@@ -145,7 +185,7 @@ def parse_whole(text: str, what: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise InvalidInput(f"{what} must be a whole number, got {text!r}",
+        raise InvalidInput(f"{what} must be a whole number, got {quoted(text)}",
                            code=f"invalid_{what}") from None
 
 

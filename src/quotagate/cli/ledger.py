@@ -131,7 +131,8 @@ cancel = _release_command("cancel", RequestState.CANCELLED,
 
 
 @click.command()
-@click.option("--ttl", default=3600.0, show_default=True, type=click.FloatRange(1))
+@click.option("--ttl", default=3600.0, show_default=True, type=click.FloatRange(1),
+              help="Seconds a request may wait; older waiting ones expire.")
 @db_option
 @reports_errors
 def expire(ttl: float, db_url: str | None) -> None:

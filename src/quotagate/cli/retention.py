@@ -9,7 +9,7 @@ import click
 
 from quotagate.cli.common import db_option, open_gate, reports_errors
 from quotagate.domain.help_defaults import PRUNE_BATCH as DEFAULT_BATCH
-from quotagate.errors import InvalidInput
+from quotagate.errors import InvalidInput, quoted
 
 if TYPE_CHECKING:
     from quotagate.store.retention import PruneProgress
@@ -23,7 +23,7 @@ def parse_duration(text: str) -> float:
     match = _DURATION.fullmatch(text.strip())
     if match is None or float(match["amount"]) <= 0:
         raise InvalidInput(
-            f"duration {text!r} is not a positive number with an optional unit "
+            f"duration {quoted(text)} is not a positive number with an optional unit "
             "s, m, h, d or w (e.g. 30d)",
             code="invalid_duration",
         )

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from quotagate.errors import InvalidInput
+from quotagate.errors import InvalidInput, quoted
 
 if TYPE_CHECKING:
     from quotagate.store.stream_settings import StreamSettings
@@ -32,7 +32,7 @@ def _count(value: str, what: str) -> int | None:
     try:
         return int(value)
     except ValueError:
-        raise InvalidInput(f"{what} must be a whole number or 'none', got {value!r}",
+        raise InvalidInput(f"{what} must be a whole number or 'none', got {quoted(value)}",
                            code="invalid_stream_setting") from None
 
 

@@ -256,7 +256,9 @@ def stream_consume(
             stop_metrics()
         for refusal in consumer.refusals:
             click.echo(f"refused: {refusal.code}: {refusal.message}", err=True)
-    click.echo(f"acked {acked}", err=True)
+        failures, dead_lettered = consumer.failures, consumer.dead_lettered
+    # "acked 0" alone hid a handler that failed every entry into the DLQ.
+    click.echo(f"acked {acked}, failed {failures}, dead-lettered {dead_lettered}", err=True)
 
 
 def _serve_metrics(host: str, port: int | None) -> Callable[[], None]:

@@ -27,7 +27,7 @@ from quotagate.delivery.worker_defaults import (
     DEFAULT_LEASE_TTL,
     DEFAULT_MAX_ATTEMPTS,
 )
-from quotagate.errors import InvalidInput
+from quotagate.errors import InvalidInput, quoted
 
 if TYPE_CHECKING:
     from quotagate.app import Quotagate
@@ -252,7 +252,7 @@ def lease_show(name: str | None, as_json: bool, db_url: str | None) -> None:
         if not leases:
             from quotagate.errors import NotFound
 
-            raise NotFound(f"lease {name!r} does not exist", code="unknown_lease")
+            raise NotFound(f"lease {quoted(name)} does not exist", code="unknown_lease")
     rows = [
         {**held.to_dict(), "expires_in": round(held.expires_at - now, 3),
          "held": held.owner is not None and held.expires_at >= now}

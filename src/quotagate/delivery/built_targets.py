@@ -17,7 +17,7 @@ from typing import Any
 
 from quotagate.delivery.registry import TargetConfig, TargetStore
 from quotagate.delivery.targets import Target, build_target
-from quotagate.errors import NotFound
+from quotagate.errors import NotFound, quoted
 
 __all__ = ["BuiltTargets"]
 
@@ -90,7 +90,7 @@ class BuiltTargets:
                 )
             return configs[defaults[0]]
         if name not in configs:
-            raise NotFound(f"target {name!r} does not exist", code="unknown_target")
+            raise NotFound(f"target {quoted(name)} does not exist", code="unknown_target")
         return configs[name]
 
     @staticmethod

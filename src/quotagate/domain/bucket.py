@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from quotagate.domain.clock import Clock
-from quotagate.errors import InvalidInput
+from quotagate.errors import InvalidInput, quoted
 
 __all__ = [
     "MAX_CAPACITY",
@@ -44,11 +44,11 @@ MAX_REFILL_PER_SECOND = 1e9
 def _number(value: object, what: str, *, minimum: float, maximum: float) -> float:
     # bool is an int subclass; "capacity=true" is a mistake, not a 1.
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidInput(f"{what} must be a number, got {value!r}", code="invalid_rate")
+        raise InvalidInput(f"{what} must be a number, got {quoted(value)}", code="invalid_rate")
     number = float(value)
     if not math.isfinite(number) or number < minimum or number > maximum:
         raise InvalidInput(
-            f"{what} must be at least {minimum:g} and at most {maximum:g}, got {value!r}",
+            f"{what} must be at least {minimum:g} and at most {maximum:g}, got {quoted(value)}",
             code="invalid_rate",
         )
     return number
@@ -72,7 +72,7 @@ class BucketConfig:
         if not capacity.is_integer():
             raise InvalidInput(
                 "rate capacity must be a whole number of tokens, at least 1, "
-                f"got {self.capacity!r}",
+                f"got {quoted(self.capacity)}",
                 code="invalid_rate",
             )
         object.__setattr__(self, "capacity", capacity)
@@ -112,7 +112,7 @@ def validate_amount(value: object, what: str = "amount") -> int:
     """A whole number of tokens, at least 1 (a take or a top-up)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value > MAX_CAPACITY:
         raise InvalidInput(
-            f"{what} must be a whole number of tokens, at least 1, got {value!r}",
+            f"{what} must be a whole number of tokens, at least 1, got {quoted(value)}",
             code="invalid_amount",
         )
     return value
@@ -178,14 +178,14 @@ def parse_rate(text: str) -> BucketConfig | None:
         field = aliases.get(name.strip().lower())
         if not sep or field is None:
             raise InvalidInput(
-                f"rate must look like capacity=N,refill=R (or 'none'), got {text!r}",
+                f"rate must look like capacity=N,refill=R (or 'none'), got {quoted(text)}",
                 code="invalid_rate",
             )
         try:
             fields[field] = float(value)
         except ValueError:
             raise InvalidInput(
-                f"rate {name.strip()} must be a number, got {value.strip()!r}", code="invalid_rate"
+                f"rate {name.strip()} must be a number, got {quoted(value.strip())}", code="invalid_rate"
             ) from None
     if "capacity" not in fields:
         raise InvalidInput("rate must name a capacity: capacity=N", code="invalid_rate")

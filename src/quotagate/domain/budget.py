@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
-from quotagate.errors import InvalidInput
+from quotagate.errors import InvalidInput, quoted
 
 # A request's cost, as quotagate.domain.model has it (not imported: model imports this).
 Cost = Mapping[str, int]
@@ -60,10 +60,10 @@ def parse_duration(value: object, *, what: str) -> int:
         seconds = _seconds(value)
     else:
         raise InvalidInput(
-            f"{what} must be a duration like 90s, 30m or 2h, or whole seconds, got {value!r}",
+            f"{what} must be a duration like 90s, 30m or 2h, or whole seconds, got {quoted(value)}",
             code=f"invalid_{what}")
     if seconds < 1 or seconds > MAX_RUNTIME:
-        raise InvalidInput(f"{what} must be between 1 second and 366 days, got {value!r}",
+        raise InvalidInput(f"{what} must be between 1 second and 366 days, got {quoted(value)}",
                            code=f"invalid_{what}")
     return seconds
 
@@ -80,10 +80,10 @@ def parse_grace(value: object) -> int:
     else:
         raise InvalidInput(
             f"max_runtime_grace must be whole seconds, 0 or more (0: none), or a duration "
-            f"like 90s or 5m, got {value!r}", code="invalid_max_runtime_grace")
+            f"like 90s or 5m, got {quoted(value)}", code="invalid_max_runtime_grace")
     if seconds < 0 or seconds > MAX_GRACE:
         raise InvalidInput(f"max_runtime_grace must be between 0 and {MAX_GRACE} seconds "
-                           f"(a week), got {value!r}", code="invalid_max_runtime_grace")
+                           f"(a week), got {quoted(value)}", code="invalid_max_runtime_grace")
     return seconds
 
 
@@ -104,7 +104,7 @@ def parse_budget(text: object) -> BudgetLimit:
     if match is None:
         raise InvalidInput(
             f"budget must look like 100h/30d (an amount in s, m, h or d per a window in h or "
-            f"d, at most 416d), got {text!r}", code="invalid_budget")
+            f"d, at most 416d), got {quoted(text)}", code="invalid_budget")
     return BudgetLimit(_seconds(match.group(1)), _seconds(match.group(2)))
 
 

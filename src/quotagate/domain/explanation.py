@@ -43,13 +43,17 @@ def explain_waiting(
     }
     fitting_pools = sorted(name for name, usage in pools.items() if fits(cost, usage))
     if tenant_blocks:
-        verdict = "tenant quota: " + ", ".join(
-            _tenant_block_text(block) for block in tenant_blocks
-        )
+        verdict = "tenant quota: " + ", ".join(_tenant_block(block) for block in tenant_blocks)
+        if any(int(block["need"]) > int(block["cap"]) for block in tenant_blocks):
+            # Its quota was lowered under its cost after it was accepted (docs/decisions/809).
+            verdict += "; it cannot be admitted until the quota is raised"
     elif not fitting_pools:
         verdict = "no pool has room: " + "; ".join(
             f"{name} lacks {', '.join(resources)}" for name, resources in pool_blocks.items()
         ) if pool_blocks else "no pool exists"
+        if pool_blocks and not any(_could_ever_fit(cost, usage) for usage in pools.values()):
+            verdict += ("; no pool could hold it even empty: it cannot be admitted until a "
+                        "pool is given more capacity")
     elif tenant_position > admission_window:
         verdict = (
             f"fits, but is number {tenant_position} in its tenant's queue; admission looks "
@@ -60,9 +64,16 @@ def explain_waiting(
     return WaitingReason(tenant_blocks, pool_blocks, fitting_pools, verdict)
 
 
-def _tenant_block_text(block: Mapping[str, int | str]) -> str:
+def _tenant_block(block: Mapping[str, int | str]) -> str:
+    need, used, cap = int(block["need"]), int(block["used"]), int(block["cap"])
+    if need > cap:
+        return f"{block['resource']} needs {need}, more than its whole quota of {cap}"
     # A cap lowered below use (allowed: docs/admission.md, Caps) leaves no room, not
     # negative room: "-1 of 1 left" read as a bug.
-    used, cap = int(block["used"]), int(block["cap"])
-    text = f"{block['resource']} needs {block['need']}, {max(0, cap - used)} of {cap} left"
+    text = f"{block['resource']} needs {need}, {max(0, cap - used)} of {cap} left"
     return text + (f" (used {used} is over the cap)" if used > cap else "")
+
+
+def _could_ever_fit(cost: Cost, usage: Usage) -> bool:
+    """Whether ``cost`` fits the holder's caps with nothing of them used."""
+    return all(usage.get(resource, (0, 0))[1] >= amount for resource, amount in cost.items())

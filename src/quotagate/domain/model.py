@@ -11,9 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quotagate.domain.budget import parse_duration
-from quotagate.errors import InvalidInput
+from quotagate.errors import InvalidInput, quoted
 
 MAX_PAYLOAD_BYTES = 64 * 1024
+# Arrays and objects inside one another, at most: every later json.dumps of the
+# payload (the answer, the delivery, the dashboard) recurses once per level, and
+# must stay far from Python's recursion limit wherever it runs (docs/decisions/808).
+MAX_PAYLOAD_DEPTH = 64
 MAX_AMOUNT = 10**12
 MAX_WEIGHT = 1000
 RECLAIM_POLICIES = ("never", "lower-priority", "any")
@@ -174,14 +178,14 @@ def validate_amounts(
         # bool is an int subclass; "gpu=true" is a mistake, not a 1.
         if isinstance(amount, bool) or not isinstance(amount, int):
             raise InvalidInput(
-                f"{what} for {resource!r} must be a whole number, got {amount!r}",
+                f"{what} for {quoted(resource)} must be a whole number, got {quoted(amount)}",
                 code=f"invalid_{what}",
             )
         low = 0 if allow_zero else 1
         if amount < low or amount > MAX_AMOUNT:
             bound = "zero or more" if allow_zero else "at least 1"
             raise InvalidInput(
-                f"{what} for {resource!r} must be {bound} and at most {MAX_AMOUNT}, got {amount}",
+                f"{what} for {quoted(resource)} must be {bound} and at most {MAX_AMOUNT}, got {amount}",
                 code=f"invalid_{what}",
             )
         checked[resource] = amount
@@ -214,7 +218,7 @@ def validate_weight(value: object) -> int:
 
 def validate_policy(value: object, allowed: tuple[str, ...], what: str) -> str:
     if not isinstance(value, str) or value not in allowed:
-        raise InvalidInput(f"{what} must be one of {', '.join(allowed)}, got {value!r}",
+        raise InvalidInput(f"{what} must be one of {', '.join(allowed)}, got {quoted(value)}",
                            code=f"invalid_{what}")
     return value
 
@@ -230,8 +234,37 @@ def validate_priority(value: object) -> int:
     return value
 
 
+def nesting_depth(value: Any, *, beyond: int) -> int:
+    """How deep arrays and objects nest in ``value`` (a scalar: 0), counted without
+    recursion; it stops counting once past ``beyond``."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        depth += 1
+        if depth > deepest:
+            deepest = depth
+            if deepest > beyond:
+                return deepest
+        pending.extend((child, depth) for child in children)
+    return deepest
+
+
+def _payload_too_deep() -> InvalidInput:
+    return InvalidInput(f"payload nests arrays and objects deeper than {MAX_PAYLOAD_DEPTH} "
+                        "levels; nothing was submitted", code="invalid_payload")
+
+
 def canonical_payload(payload: Any) -> str:
     """Serialise a payload so equal payloads compare equal byte for byte."""
+    if nesting_depth(payload, beyond=MAX_PAYLOAD_DEPTH) > MAX_PAYLOAD_DEPTH:
+        raise _payload_too_deep()
     try:
         text = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -310,6 +343,9 @@ def parse_payload_text(text: str) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise InvalidInput(f"payload is not valid JSON: {exc}", code="invalid_payload") from exc
+    except RecursionError:
+        # The parser recurses once per level: far deeper than MAX_PAYLOAD_DEPTH anyway.
+        raise _payload_too_deep() from None
 
 
 def build_submission(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from quotagate.domain.bucket import Decision
-from quotagate.errors import RateLimited
+from quotagate.errors import RateLimited, quoted
 
 __all__ = [
     "NO_REFILL_RETRY_AFTER",
@@ -48,7 +48,7 @@ def rate_limited(decision: Decision, tenant: str, request_id: str) -> RateLimite
         else "the bucket does not refill: it needs a top-up ('quotagate rate add')"
     )
     return RateLimited(
-        f"tenant {tenant!r} has no rate quota left for request {request_id!r} "
+        f"tenant {quoted(tenant)} has no rate quota left for request {quoted(request_id)} "
         f"({rejection_reason(decision)}); it was recorded as rejected; {when}",
         code="rate_quota_exhausted",
         retry_after=round(retry_after, 3),

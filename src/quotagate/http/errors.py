@@ -51,8 +51,32 @@ async def _validation_error(_request: Request, error: Exception) -> JSONResponse
     return JSONResponse({"code": "invalid_input", "message": message[:1000]}, status_code=422)
 
 
+def _unparseable_body(error: HTTPException) -> str | None:
+    """Why FastAPI could not parse a body it answers 400 for, or None for another 400.
+
+    FastAPI turns a JSON syntax error into a validation error (422) but any other
+    failure of ``json.loads`` into a bare 400: JSON nested deeper than the parser's
+    recursion limit, a number of more digits than Python converts, bytes that are
+    not UTF-8. All are
+    malformed bodies, which docs/http-api.md answers with 422.
+    """
+    cause = error.__cause__
+    if error.status_code != 400 or cause is None:
+        return None
+    if isinstance(cause, RecursionError):
+        return "the body nests arrays and objects too deeply to be read; nothing was changed"
+    if isinstance(cause, UnicodeDecodeError):
+        return "the body is not UTF-8 text; nothing was changed"
+    if isinstance(cause, ValueError) and "digits" in str(cause):
+        return "the body holds a number too long to be read; nothing was changed"
+    return "the body is not JSON this API can read; nothing was changed"
+
+
 async def _http_error(_request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, HTTPException)
+    unparseable = _unparseable_body(error)
+    if unparseable is not None:
+        return JSONResponse({"code": "invalid_input", "message": unparseable}, status_code=422)
     code = _CODES_BY_STATUS.get(error.status_code, "http_error")
     return JSONResponse({"code": code, "message": str(error.detail)},
                         status_code=error.status_code, headers=error.headers)

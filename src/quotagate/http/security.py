@@ -11,7 +11,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from quotagate.auth.authorizer import REQUEST_OPERATIONS, TOPIC_OPERATIONS, Actor
 from quotagate.auth.refusals import refusal_reason
-from quotagate.errors import Forbidden, NotFound, QuotagateError, Unauthorized
+from quotagate.errors import Forbidden, NotFound, QuotagateError, Unauthorized, quoted
 from quotagate.http.context import ApiContext, Context
 from quotagate.store.audit import AuditEntry
 
@@ -67,11 +67,11 @@ def authorize(
     target = f"{tenant}/{request_id}" if request_id else (f"tenant/{tenant}" if tenant else None)
     _audit_refusal(context, actor, operation, target)
     if operation in REQUEST_OPERATIONS:
-        raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
+        raise NotFound(f"request {quoted(request_id)} does not exist", code="unknown_request")
     if operation in TOPIC_OPERATIONS:
         # A listing names no topic: the same sentence whether or not the tenant exists.
-        raise NotFound(f"topic {request_id!r} does not exist" if request_id
-                       else f"topics of tenant {tenant!r} do not exist", code="unknown_topic")
+        raise NotFound(f"topic {quoted(request_id)} does not exist" if request_id
+                       else f"topics of tenant {quoted(tenant)} do not exist", code="unknown_topic")
     scope = f"tenant {tenant!r}" if tenant else "the whole platform"
     raise Forbidden(f"this token may not {operation} for {scope}", code="forbidden")
 

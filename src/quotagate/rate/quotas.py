@@ -28,7 +28,7 @@ from sqlalchemy.exc import IntegrityError
 from quotagate.domain.bucket import BucketConfig, Decision, validate_amount
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.rate_refusal import format_tokens
-from quotagate.errors import Conflict, NotFound, QuotagateError
+from quotagate.errors import Conflict, NotFound, QuotagateError, quoted
 from quotagate.rate.backend import RateStore
 from quotagate.rate.keys import BucketKey
 from quotagate.rate.sql import SqlRateStore
@@ -237,6 +237,6 @@ class _Told:
 def _require_tenant(connection: sa.Connection, tenant: str) -> None:
     if not rate_buckets.tenant_exists(connection, tenant):
         raise NotFound(
-            f"tenant {tenant!r} does not exist; create it with 'quotagate tenant set'",
+            f"tenant {quoted(tenant)} does not exist; create it with 'quotagate tenant set'",
             code="unknown_tenant",
         )

@@ -15,7 +15,7 @@ from sqlalchemy.engine.url import make_url
 from sqlalchemy.exc import ArgumentError
 
 from quotagate.domain import help_defaults
-from quotagate.errors import InvalidInput
+from quotagate.errors import InvalidInput, quoted
 from quotagate.plugins import Plugins
 from quotagate.rate.backend import RateStore
 
@@ -60,7 +60,7 @@ def rate_store_from_url(url: str | None, ledger_engine: Engine | None = None) ->
     factory = RATE_STORES.get(scheme)
     if factory is None:
         raise InvalidInput(
-            f"rate store URL scheme {scheme or url!r} is not supported; use one of "
+            f"rate store URL scheme {quoted(scheme or url)} is not supported; use one of "
             f"{', '.join(RATE_STORES.names())}",
             code="invalid_rate_store_url",
         )

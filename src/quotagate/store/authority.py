@@ -23,7 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from quotagate.domain.model import CHARGED_STATES, RequestState
-from quotagate.errors import Conflict, Forbidden, NotFound
+from quotagate.errors import Conflict, Forbidden, NotFound, quoted
 from quotagate.store import schema
 from quotagate.store.driver import DriverTransaction
 
@@ -50,7 +50,7 @@ def tenant_guard(_connection: sa.Connection, row: Mapping[str, Any], to_state: R
     """A tenant may cancel its requests; ending charged work is its executor's word."""
     if to_state in _ENDINGS and RequestState(row["state"]) in CHARGED_STATES:
         raise Forbidden(
-            f"request {row['id']!r} is {row['state']}: only its executor or an admin may mark "
+            f"request {quoted(row['id'])} is {row['state']}: only its executor or an admin may mark "
             f"it {to_state.value}; cancel it to ask for a stop",
             code="executor_only",
         )
@@ -126,7 +126,7 @@ class ExecutorGuard:
                              fencing_token)
             return
         if found.target != self.target:
-            raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
+            raise NotFound(f"request {quoted(request_id)} does not exist", code="unknown_request")
         _require_token(request_id, fencing_token)
         assert fencing_token is not None
         bound = int(found.fencing_token or 0)
@@ -170,7 +170,7 @@ def _judge_in_flight(
     ):
         # Another target's request, or one never delivered: the same answer as
         # for an id that does not exist, so an executor learns nothing of others.
-        raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
+        raise NotFound(f"request {quoted(request_id)} does not exist", code="unknown_request")
     _require_token(request_id, fencing_token)
     assert fencing_token is not None
     claimed = int(found.claim_token or 0)

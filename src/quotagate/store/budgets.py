@@ -47,7 +47,7 @@ from quotagate.domain.budget import (
 from quotagate.domain.model import CHARGED_STATES, validate_resource
 from quotagate.domain.placement import Placement
 from quotagate.domain.sharing import KEEP
-from quotagate.errors import InvalidInput
+from quotagate.errors import InvalidInput, quoted
 from quotagate.store import schema
 from quotagate.store.dialect import reserves_with_lock
 from quotagate.store.driver import DriverTransaction
@@ -106,7 +106,7 @@ def budget_change(
         return None
     if stop_at_max_runtime is not None and not isinstance(stop_at_max_runtime, bool):
         raise InvalidInput(f"stop_at_max_runtime must be true or false, got "
-                           f"{stop_at_max_runtime!r}", code="invalid_stop_at_max_runtime")
+                           f"{quoted(stop_at_max_runtime)}", code="invalid_stop_at_max_runtime")
     parsed: dict[str, BudgetLimit | None] = {}
     for resource, text in (limits or {}).items():
         validate_resource(resource)

@@ -41,7 +41,7 @@ from quotagate.domain.sharing import (
     shared_delta,
     would_cycle,
 )
-from quotagate.errors import InvalidInput, NotFound
+from quotagate.errors import InvalidInput, NotFound, quoted
 from quotagate.store import schema, statements
 from quotagate.store.dialect import update_returns_rows
 from quotagate.store.driver import DriverTransaction
@@ -379,10 +379,10 @@ def set_cohort(
     if parent is not KEEP and parent is not None:
         assert isinstance(parent, str)
         if parent not in parents:
-            raise NotFound(f"cohort {parent!r} does not exist; create it first",
+            raise NotFound(f"cohort {quoted(parent)} does not exist; create it first",
                            code="unknown_cohort")
         if parent == name or would_cycle(name, parent, parents):
-            raise InvalidInput(f"cohort {parent!r} is inside {name!r}: the tree would loop",
+            raise InvalidInput(f"cohort {quoted(parent)} is inside {quoted(name)}: the tree would loop",
                                code="cohort_cycle")
     if row is None:
         chosen = None if parent is KEEP else parent
@@ -440,7 +440,7 @@ def apply_tenant_sharing(
         else:
             assert isinstance(cohort_name, str)
             if cohort_name not in parents:
-                raise NotFound(f"cohort {cohort_name!r} does not exist; create it with "
+                raise NotFound(f"cohort {quoted(cohort_name)} does not exist; create it with "
                                "'quotagate cohort set'", code="unknown_cohort")
             new_root = root_of(cohort_name, parents)
             values["cohort"] = cohort_name
@@ -456,7 +456,7 @@ def apply_tenant_sharing(
     if change.borrowing_limit or change.lending_limit:
         if new_root is None:
             raise InvalidInput(
-                f"tenant {name!r} is in no cohort: borrowing and lending limits need one "
+                f"tenant {quoted(name)} is in no cohort: borrowing and lending limits need one "
                 "(--cohort)", code="not_in_cohort")
         caps = {resource: int(cap) for resource, cap in connection.execute(
             sa.select(quota.c.resource, quota.c.cap).where(quota.c.tenant == name))}
@@ -465,11 +465,11 @@ def apply_tenant_sharing(
             for resource, amount in sorted(limits.items()):
                 if resource not in caps:
                     raise InvalidInput(
-                        f"tenant {name!r} has no quota for {resource!r}: set its nominal "
+                        f"tenant {quoted(name)} has no quota for {quoted(resource)}: set its nominal "
                         f"first (--quota {resource}=N)", code="unknown_quota_resource")
                 if column == "lending_limit" and amount is not None and amount > caps[resource]:
                     raise InvalidInput(
-                        f"lending limit for {resource!r} ({amount}) is above the nominal quota "
+                        f"lending limit for {quoted(resource)} ({amount}) is above the nominal quota "
                         f"({caps[resource]}): a tenant lends only what it has",
                         code="invalid_lending_limit")
                 connection.execute(quota.update().where(quota.c.tenant == name,
@@ -484,7 +484,7 @@ def describe_cohort(connection: sa.Connection, name: str) -> dict[str, Any]:
     """A cohort: its parent, root, children, member tenants and (for a root) its room."""
     parents = cohort_parents(connection)
     if name not in parents:
-        raise NotFound(f"cohort {name!r} does not exist", code="unknown_cohort")
+        raise NotFound(f"cohort {quoted(name)} does not exist", code="unknown_cohort")
     root = root_of(name, parents)
     tenant = schema.tenant
     members = list(connection.execute(

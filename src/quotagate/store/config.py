@@ -12,7 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import validate_amounts, validate_name
 from quotagate.domain.sharing import KEEP, Keep, TenantSharing
-from quotagate.errors import Conflict, NotFound
+from quotagate.errors import Conflict, NotFound, quoted
 from quotagate.store import budget_views, budgets, cohorts, fair_history, pool_slices, schema
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.budgets import BudgetChange
@@ -66,7 +66,7 @@ class Configuration:
                 return run_transaction(self.engine, work)
             except IntegrityError:
                 continue
-        raise Conflict(f"cohort {name!r} is being changed concurrently; retry")
+        raise Conflict(f"cohort {quoted(name)} is being changed concurrently; retry")
 
     def get_cohort(self, name: str) -> dict[str, Any]:
         with reading(self.engine) as connection:
@@ -168,7 +168,7 @@ class Configuration:
                 return run_transaction(self.engine, work)
             except IntegrityError:
                 continue  # created concurrently by another admin; run again as an update
-        raise Conflict(f"{holder} {name!r} is being changed concurrently; retry")
+        raise Conflict(f"{holder} {quoted(name)} is being changed concurrently; retry")
 
     @staticmethod
     def _describe(
@@ -198,7 +198,7 @@ class Configuration:
                 sa.select(holder_table).where(holder_table.c.name == name)
             ).mappings().first()
             if row is None:
-                raise NotFound(f"{holder} {name!r} does not exist", code=f"unknown_{holder}")
+                raise NotFound(f"{holder} {quoted(name)} does not exist", code=f"unknown_{holder}")
             resources = self._describe(connection, cap_table, holder, name)
         key = "quota" if holder == "tenant" else "capacity"
         return {"name": name, "created": row["created"], key: resources}

@@ -254,7 +254,8 @@ def is_unreachable(error: DBAPIError) -> bool:
     return False
 
 
-# Access denied (to the server, to a database), unknown database.
+# MySQL's refusals of a connection it took: access denied (to the server, to a
+# database), unknown database.
 _MYSQL_REFUSED_CODES = {1044, 1045, 1049, 1698}
 
 

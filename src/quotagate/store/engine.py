@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-from quotagate.errors import InvalidInput
+from quotagate.errors import InvalidInput, quoted
 from quotagate.store.read_deadline import READ_TIMEOUT_OPTION, configured_read_timeout
 
 DEFAULT_DATABASE_URL = "sqlite:///quotagate.db"
@@ -50,21 +50,21 @@ def normalise_url(text: str) -> URL:
         url = make_url(text)
     except ArgumentError as exc:
         raise InvalidInput(
-            f"database URL {redact(text)!r} is not a URL; expected sqlite:///FILE, "
+            f"database URL {quoted(redact(text))} is not a URL; expected sqlite:///FILE, "
             "postgresql://USER@HOST/DB or mysql://USER@HOST/DB",
             code="invalid_database_url",
         ) from exc
     backend, _, driver = url.drivername.partition("+")
     if backend not in _DRIVERS:
         raise InvalidInput(
-            f"database URL scheme {url.drivername!r} is not supported; "
+            f"database URL scheme {quoted(url.drivername)} is not supported; "
             "use sqlite, postgresql or mysql",
             code="invalid_database_url",
         )
     wanted, _extra = _DRIVERS[backend]
     if driver and f"{wanted.split('+')[0]}+{driver}" != wanted:
         raise InvalidInput(
-            f"driver {driver!r} is not supported; quotagate uses {wanted}",
+            f"driver {quoted(driver)} is not supported; quotagate uses {wanted}",
             code="invalid_database_url",
         )
     if backend == "sqlite":
@@ -76,7 +76,7 @@ def normalise_url(text: str) -> URL:
             )
     elif not url.database:
         raise InvalidInput(
-            f"database URL {redact(text)!r} names no database", code="invalid_database_url"
+            f"database URL {quoted(redact(text))} names no database", code="invalid_database_url"
         )
     return url.set(drivername=wanted)
 

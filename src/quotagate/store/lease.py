@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
 from quotagate.domain.lease import Lease, validate_lease_name, validate_owner, validate_ttl
-from quotagate.errors import NotFound, StaleGeneration
+from quotagate.errors import NotFound, StaleGeneration, quoted
 from quotagate.store import schema
 from quotagate.store.counters import CounterSink, delivery_counters
 from quotagate.store.dialect import database_now, reading, run_transaction
@@ -42,8 +42,8 @@ def _lease_from_row(row: Any) -> Lease:
 
 def _stale_error(lease: Lease, what: str) -> StaleGeneration:
     return StaleGeneration(
-        f"{what} refused: lease {lease.name!r} generation {lease.generation} of "
-        f"{lease.owner!r} is no longer current; a newer generation holds it",
+        f"{what} refused: lease {quoted(lease.name)} generation {lease.generation} of "
+        f"{quoted(lease.owner)} is no longer current; a newer generation holds it",
         lease=lease.name, owner=lease.owner, generation=lease.generation,
     )
 
@@ -154,7 +154,7 @@ class LeaseStore:
         with reading(self.engine) as connection:
             row = connection.execute(sa.select(_lease).where(_lease.c.name == name)).first()
         if row is None:
-            raise NotFound(f"lease {name!r} does not exist", code="unknown_lease")
+            raise NotFound(f"lease {quoted(name)} does not exist", code="unknown_lease")
         return _lease_from_row(row)
 
     def list(self) -> tuple[float, list[Lease]]:

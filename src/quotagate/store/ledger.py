@@ -38,7 +38,7 @@ from quotagate.domain.placement import charge as charge_usage
 from quotagate.domain.preemption import HeldRoom, Preemption, choose_preemption
 from quotagate.domain.rate_refusal import rate_limited
 from quotagate.domain.sharing import Sharing
-from quotagate.errors import Conflict, InvalidInput, QuotagateError
+from quotagate.errors import Conflict, InvalidInput, QuotagateError, quoted
 from quotagate.store import (
     admission_stats,
     budgets,
@@ -254,7 +254,7 @@ class Ledger:
             except _TokenNeeded:
                 assert self.rate_gate is not None
                 held.decision = self.rate_gate.take_outside(submission.tenant)
-        raise Conflict(f"request {submission.id!r} is being submitted concurrently; retry")
+        raise Conflict(f"request {quoted(submission.id)} is being submitted concurrently; retry")
 
     def _submit(
         self, connection: sa.Connection, submission: Submission, actor: str, held: _HeldDecision

@@ -27,7 +27,7 @@ from quotagate.domain.clock import Clock
 from quotagate.domain.external_object import ExternalObject
 from quotagate.domain.lease import Lease
 from quotagate.domain.model import FINAL_STATES, RequestState
-from quotagate.errors import Conflict, StaleGeneration
+from quotagate.errors import Conflict, StaleGeneration, quoted
 from quotagate.store import outbox_statements as statements
 from quotagate.store import schema
 from quotagate.store.audit import AuditEntry, record
@@ -446,7 +446,7 @@ class OutboxStore:
     @staticmethod
     def _lost(claim: Claim) -> StaleGeneration:
         return StaleGeneration(
-            f"request {claim.request_id!r}: claim {claim.fencing_token} of {claim.lease.owner!r} "
+            f"request {quoted(claim.request_id)}: claim {claim.fencing_token} of {quoted(claim.lease.owner)} "
             f"generation {claim.lease.generation} was taken over; write refused",
             code="claim_lost", request_id=claim.request_id,
         )

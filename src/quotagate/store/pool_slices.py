@@ -34,7 +34,7 @@ import sqlalchemy as sa
 
 from quotagate.domain.placement import Placement
 from quotagate.domain.slices import MAX_SLICES, concentrate, spread
-from quotagate.errors import Conflict, InvalidInput
+from quotagate.errors import Conflict, InvalidInput, quoted
 from quotagate.store import schema, statements
 from quotagate.store.charges import charge_rows
 from quotagate.store.dialect import (
@@ -374,7 +374,7 @@ def configure(
     current = _locked_slices(connection, pool)
     if slices is not None and not (set(current) | set(caps)):
         # The slice count lives in the capacity rows: a pool without any has none to keep.
-        raise InvalidInput(f"pool {pool!r} has no capacity to split into slices; set a "
+        raise InvalidInput(f"pool {quoted(pool)} has no capacity to split into slices; set a "
                            "capacity with the slices", code="slices_without_capacity")
     count_now = max((len(by_slice) for by_slice in current.values()), default=1)
     count = count_now if slices is None else slices
@@ -383,7 +383,7 @@ def configure(
                        for index, (used, _cap) in by_slice.items() if index >= count and used})
         if busy:
             raise Conflict(
-                f"pool {pool!r} cannot go to {count} slices: slices {sorted({i for _, i in busy})} "
+                f"pool {quoted(pool)} cannot go to {count} slices: slices {sorted({i for _, i in busy})} "
                 "are in use; retry when their requests have ended", code="slice_in_use")
     for resource in sorted(set(current) | set(caps)):
         by_slice = current.get(resource, {})

@@ -21,7 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
-from quotagate.errors import InvalidInput, StoreUnavailable
+from quotagate.errors import InvalidInput, StoreUnavailable, quoted
 
 # Execution option on an engine: seconds a read-only view may take (0 = no deadline).
 READ_TIMEOUT_OPTION = "quotagate_read_timeout"
@@ -47,7 +47,7 @@ def configured_read_timeout() -> float:
     if not 0 <= seconds <= 3600:
         raise InvalidInput(
             f"{ENVIRONMENT_VARIABLE} must be a number of seconds from 0 (no deadline) to 3600, "
-            f"got {text!r}",
+            f"got {quoted(text)}",
             code="invalid_read_timeout",
         )
     return seconds

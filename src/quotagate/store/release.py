@@ -57,7 +57,7 @@ from quotagate.domain.model import (
     RequestState,
     validate_reason,
 )
-from quotagate.errors import Conflict, InvalidInput, NotFound
+from quotagate.errors import Conflict, InvalidInput, NotFound, quoted
 from quotagate.store import (
     budgets,
     fair_history,
@@ -130,10 +130,17 @@ class _Move:
     end: End
     row: dict[str, Any]
     current: RequestState
-    # Where the row goes and why: the end's, except for a preemption's victim,
-    # whose confirmed stop ends it preempted with its preemption reason.
+    # Where the row goes and why: the end's, except for a stop's confirmation, which
+    # keeps the reason the stop was asked with (a preemption's, a time limit's, the
+    # canceller's). ``audit_reason``: what the target said of a cancel's stop, for
+    # the audit entry (None: the audit entry gives ``reason``).
     to_state: RequestState
     reason: str | None
+    audit_reason: str | None = None
+
+    @property
+    def recorded_reason(self) -> str | None:
+        return self.reason if self.audit_reason is None else self.audit_reason
 
 
 def lock_decisions(transaction: sa.Connection | DriverTransaction) -> None:
@@ -226,6 +233,12 @@ def _round(
                 # keeps the reason that names the limit, whatever the target answered.
                 moves.append(_Move(index, end, row, current, RequestState.TIMED_OUT,
                                    row["reason"]))
+            elif current == RequestState.CANCELLING:
+                # A cancel of running work, confirmed: the request keeps what its
+                # canceller said; how the target stopped it is the audit entry's
+                # reason (docs/decisions/810).
+                moves.append(_Move(index, end, row, current, end.to_state, row["reason"],
+                                   end.reason))
             else:
                 moves.append(_Move(index, end, row, current, end.to_state, end.reason))
     if not moves:
@@ -250,7 +263,7 @@ def _round(
     record(transaction, now, *(
         AuditEntry(move.end.actor, move.to_state.value,
                    "released" if move.row["id"] in released else "ok", move.row["tenant"],
-                   move.row["id"], move.reason)
+                   move.row["id"], move.recorded_reason)
         for move in moves
     ))
     for move in moves:
@@ -289,7 +302,7 @@ def _judge(
 ) -> ReleaseResult | str:
     """The rules of one release on a locked row: a no-op result, ``"stop"`` or ``"move"``."""
     if row is None or not _in_scope(end, row):
-        raise NotFound(f"request {end.request_id!r} does not exist", code="unknown_request")
+        raise NotFound(f"request {quoted(end.request_id)} does not exist", code="unknown_request")
     if isinstance(end.guard, ExecutorGuard):
         end.guard.judge(row, end.to_state, facts[row["id"]])
     elif end.guard is not None:
@@ -311,7 +324,7 @@ def _judge(
             return ReleaseResult(request_from_row(row), released={})  # already stopping
         if end.to_state != RequestState.CANCELLED:
             raise Conflict(
-                f"request {end.request_id!r} is {current.value}; only the confirmed stop "
+                f"request {quoted(end.request_id)} is {current.value}; only the confirmed stop "
                 "ends it",
                 code="invalid_transition",
             )
@@ -320,7 +333,7 @@ def _judge(
     )
     if not allowed:
         raise Conflict(
-            f"request {end.request_id!r} is {current.value}; it cannot become "
+            f"request {quoted(end.request_id)} is {current.value}; it cannot become "
             f"{end.to_state.value}",
             code="invalid_transition",
         )

@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from quotagate.domain.model import Cost, Request, RequestState
-from quotagate.errors import NotFound
+from quotagate.errors import NotFound, quoted
 from quotagate.store import schema, statements
 
 
@@ -50,7 +50,7 @@ def visible_request_row(connection: sa.Connection, request_id: str,
         sa.select(schema.request).where(schema.request.c.id == request_id)
     ).mappings().first()
     if row is None or (tenant is not None and row["tenant"] != tenant):
-        raise NotFound(f"request {request_id!r} does not exist", code="unknown_request")
+        raise NotFound(f"request {quoted(request_id)} does not exist", code="unknown_request")
     return row
 
 

@@ -422,17 +422,21 @@ def submission_facts_query(with_target: bool, resources: int | None = None
     """Everything submit must know before it writes, in one round trip.
 
     Rows ``(fact, value)``: ``request`` if the id exists, ``tenant`` if the
-    tenant exists, one ``resource`` per cost resource some pool offers,
-    ``target`` if the named target exists and serves the tenant,
+    tenant exists, ``target`` if the named target exists and serves the tenant,
     ``default_closed`` if no target is named and the default target serves only
     other tenants, ``bucket`` if the tenant has a rate quota, ``max_priority``
     (as text) if the tenant has a maximum priority, ``default_max_runtime``
-    (as text) if it has a default max-runtime. Parameters: ``id``,
+    (as text) if it has a default max-runtime, one ``ceiling`` per cost resource the
+    tenant has a quota for (``resource:amount``, the most it could ever hold: its cap,
+    a cohort member's nominal plus borrowing limit; ``resource:`` for a member free to
+    borrow as far as its cohort has room), one ``pool_cap`` per pool and cost resource
+    it offers (``pool:resource:capacity``, its slices summed: the cost resources some
+    pool offers are those named here). Parameters: ``id``,
     ``tenant``, ``resources`` (a list), ``target``; with ``resources`` given, that
     many ``resource_i`` instead of the list, for the driver cursor (which takes no
     expanding list: :func:`submission_facts_parameters`).
     """
-    request, capacity = schema.request, schema.pool_capacity
+    request, capacity, quota = schema.request, schema.pool_capacity, schema.tenant_quota
     offered = (capacity.c.resource.in_(sa.bindparam("resources", expanding=True))
                if resources is None else
                capacity.c.resource.in_([sa.bindparam(name) for name in
@@ -442,9 +446,6 @@ def submission_facts_query(with_target: bool, resources: int | None = None
         .where(request.c.id == sa.bindparam("id")),
         sa.select(sa.literal("tenant").label("fact"), schema.tenant.c.name.label("value"))
         .where(schema.tenant.c.name == sa.bindparam("tenant")),
-        sa.select(sa.literal("resource").label("fact"), capacity.c.resource.label("value"))
-        .where(offered)
-        .distinct(),
         sa.select(sa.literal("bucket").label("fact"), schema.rate_bucket.c.key.label("value"))
         .where(schema.rate_bucket.c.key == sa.bindparam("tenant")),
         sa.select(sa.literal("max_priority").label("fact"),
@@ -455,6 +456,15 @@ def submission_facts_query(with_target: bool, resources: int | None = None
                   sa.cast(schema.tenant.c.default_max_runtime, sa.String(16)).label("value"))
         .where(schema.tenant.c.name == sa.bindparam("tenant"),
                schema.tenant.c.default_max_runtime.is_not(None)),
+        _ceilings(quota.c.resource.in_(sa.bindparam("resources", expanding=True))
+                  if resources is None else
+                  quota.c.resource.in_([sa.bindparam(name) for name in
+                                        _names("resource", resources)])),
+        sa.select(sa.literal("pool_cap").label("fact"),
+                  (capacity.c.pool + _COLON + capacity.c.resource + _COLON
+                   + sa.cast(sa.func.sum(capacity.c.cap), sa.String(24))).label("value"))
+        .where(offered)
+        .group_by(capacity.c.pool, capacity.c.resource),
     ]
     target, allowed = schema.delivery_target, schema.target_tenant
     limited = sa.exists().where(allowed.c.target == target.c.name)
@@ -473,6 +483,27 @@ def submission_facts_query(with_target: bool, resources: int | None = None
             .where(target.c.is_default == sa.true(), limited, ~admitted)
         )
     return sa.union_all(*parts)
+
+
+# Written into the SQL: a bound ":" would be named after its column and clash with the
+# resource parameters of the driver-cursor form.
+_COLON = sa.literal_column("':'", sa.String)
+
+
+def _ceilings(resource_listed: sa.ColumnElement[bool]) -> sa.Select[Any]:
+    """The ``ceiling`` rows of :func:`submission_facts_query` (docs/decisions/809)."""
+    quota = schema.tenant_quota
+    ceiling = sa.case(
+        (quota.c.cohort_root.is_(None), quota.c.cap),
+        (quota.c.borrowing_limit.is_not(None), quota.c.cap + quota.c.borrowing_limit),
+        else_=sa.null(),
+    )
+    return (
+        sa.select(sa.literal("ceiling").label("fact"),
+                  (quota.c.resource + _COLON
+                   + sa.func.coalesce(sa.cast(ceiling, sa.String(24)), "")).label("value"))
+        .where(quota.c.tenant == sa.bindparam("tenant"), resource_listed)
+    )
 
 
 def submission_facts_parameters(id_: str, tenant: str, resources: Sequence[str],

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from quotagate.domain.model import validate_name
-from quotagate.errors import NotFound
+from quotagate.errors import NotFound, quoted
 from quotagate.store import schema
 
 __all__ = ["StreamSettings", "read"]
@@ -39,7 +39,7 @@ def read(connection: sa.Connection, tenant: str, *, lock: bool = False) -> Strea
     if lock:
         query = query.with_for_update()
     if connection.execute(query).first() is None:
-        raise NotFound(f"tenant {tenant!r} does not exist; create it with "
+        raise NotFound(f"tenant {quoted(tenant)} does not exist; create it with "
                        "'quotagate tenant set'", code="unknown_tenant")
     row = connection.execute(sa.select(schema.tenant_stream).where(
         schema.tenant_stream.c.tenant == tenant)).first()

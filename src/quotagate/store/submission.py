@@ -24,7 +24,7 @@ from quotagate.domain.clock import Clock
 from quotagate.domain.model import Request, RequestState, Submission, kept_payload
 from quotagate.domain.ordering import queue_key
 from quotagate.domain.rate_refusal import rate_limited, rejection_reason
-from quotagate.errors import Conflict, InvalidInput, QuotagateError
+from quotagate.errors import Conflict, InvalidInput, QuotagateError, quoted
 from quotagate.store import schema, statements
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.dialect import run_transaction
@@ -90,7 +90,7 @@ def replayed(existing: Mapping[Any, Any], submission: Submission) -> Request:
     ]
     if differences:
         raise Conflict(
-            f"request {submission.id!r} already exists with a different "
+            f"request {quoted(submission.id)} already exists with a different "
             f"{', '.join(differences)}; nothing was changed",
             code="request_conflict",
         )

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import validate_name
-from quotagate.errors import NotFound
+from quotagate.errors import NotFound, quoted
 from quotagate.store import schema
 from quotagate.store.audit import AuditEntry, record
 from quotagate.store.dialect import reading, run_transaction
@@ -144,6 +144,6 @@ class TargetRecords:
             else:
                 row = connection.execute(sa.select(_target).where(_target.c.name == name)).first()
                 if row is None:
-                    raise NotFound(f"target {name!r} does not exist", code="unknown_target")
+                    raise NotFound(f"target {quoted(name)} does not exist", code="unknown_target")
             tenants = _tenants_of(connection, [row.name]).get(row.name, ())
         return _from_row(row, tenants)

@@ -21,7 +21,7 @@ from quotagate.domain.model import (
 from quotagate.domain.ordering import effective_priority, queue_key
 from quotagate.domain.placement import Candidate, total_cost
 from quotagate.domain.preemption import choose_preemption
-from quotagate.errors import Conflict
+from quotagate.errors import Conflict, quoted
 from quotagate.store import (
     budget_views,
     budgets,
@@ -368,7 +368,7 @@ class LedgerViews:
             require_submittable(submission, facts, check_priority=False)
             if named and "request" in facts:
                 raise Conflict(
-                    f"request {submission.id!r} exists already; a dry run judges a new "
+                    f"request {quoted(submission.id)} exists already; a dry run judges a new "
                     "request ('quotagate explain' says why a waiting one waits)",
                     code="request_exists")
             key = queue_key(submission.priority, now, self.aging_interval)

@@ -54,7 +54,7 @@ class StreamingLocation:
 def diagnose(gate: Quotagate, request_id: str, where: StreamingLocation | None = None) -> list[Layer]:
     """The layers in troubleshooting order; a rejected request yields the quota layer only."""
     request = gate.show(request_id)
-    layers = [_quota(gate, request.tenant, request.state, request.reason)]
+    layers = [_quota(gate, request.id, request.tenant, request.state, request.reason)]
     if request.state in (RequestState.REJECTED, RequestState.EXPIRED):
         return layers
     trail = gate.delivery_trail(request_id)
@@ -104,7 +104,8 @@ def _spark_defaults(gate: Quotagate, tenant: str, binding: dict[str, Any] | None
     return StreamingLocation(checkpoint, given.sink_url, given.query or binding["external_name"])
 
 
-def _quota(gate: Quotagate, tenant: str, state: RequestState, reason: str | None) -> Layer:
+def _quota(gate: Quotagate, request_id: str, tenant: str, state: RequestState,
+           reason: str | None) -> Layer:
     try:
         bucket = gate.rate_status(tenant)
     except QuotagateError:
@@ -117,7 +118,9 @@ def _quota(gate: Quotagate, tenant: str, state: RequestState, reason: str | None
     if state == RequestState.EXPIRED:
         return Layer("quota", "expired while waiting: it was never admitted nor ran", facts)
     if state == RequestState.WAITING:
-        return Layer("quota", "accepted, still waiting for room (quota explain tells what blocks it)", facts)
+        # explain's own sentence: a quota lowered under the cost says so (docs/decisions/809).
+        why = gate.explain(request_id)["reason"]
+        return Layer("quota", f"accepted, still waiting: {why}", facts)
     return Layer("quota", f"accepted and admitted; now {state.value}", facts)
 
 

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-from quotagate.errors import InvalidInput, StaleGeneration
+from quotagate.errors import InvalidInput, StaleGeneration, quoted
 from quotagate.store.dialect import reading, run_transaction
 from quotagate.store.engine import create_engine
 from quotagate.streaming import sink_schema
@@ -100,7 +100,7 @@ class BatchMarker:
 def validate_identifier(value: object, what: str) -> str:
     if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
         raise InvalidInput(
-            f"{what} must be 1-63 letters, digits or '_', starting with a letter or '_'; got {value!r}",
+            f"{what} must be 1-63 letters, digits or '_', starting with a letter or '_'; got {quoted(value)}",
             code="invalid_identifier",
         )
     return value
@@ -168,7 +168,7 @@ class SinkStore:
         table = sa.Table(name, sa.MetaData(), autoload_with=self.engine)
         if not _has_unique_key(self.engine, name, keys):
             raise InvalidInput(
-                f"table {name!r} exists without a primary key or unique constraint on exactly "
+                f"table {quoted(name)} exists without a primary key or unique constraint on exactly "
                 f"({', '.join(keys)}); add one so that replayed rows are recognised",
                 code="sink_table_without_unique_key",
             )
@@ -206,7 +206,7 @@ class SinkStore:
         keys = _validate_keys(key_columns)
         unknown = [key for key in keys if key not in table.c]
         if unknown:
-            raise InvalidInput(f"key column(s) {', '.join(unknown)} are not in table {table.name!r}",
+            raise InvalidInput(f"key column(s) {', '.join(unknown)} are not in table {quoted(table.name)}",
                                code="invalid_key_columns")
         self.ensure_tables()
         chunk = chunk_rows(len(table.c), self.chunk_size)
@@ -286,7 +286,7 @@ def _known_columns(row: Mapping[str, Any], table: sa.Table) -> Mapping[str, Any]
     unknown = [name for name in row if name not in table.c]
     if unknown:
         raise InvalidInput(
-            f"the batch has column(s) {', '.join(unknown)} that table {table.name!r} lacks; nothing was written",
+            f"the batch has column(s) {', '.join(unknown)} that table {quoted(table.name)} lacks; nothing was written",
             code="sink_unknown_columns",
         )
     return row

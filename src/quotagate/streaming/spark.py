@@ -20,7 +20,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from quotagate.errors import InvalidInput
+from quotagate.errors import InvalidInput, quoted
 from quotagate.streaming.sink_store import (
     DEFAULT_CHUNK_ROWS,
     BatchResult,
@@ -87,7 +87,7 @@ def fencing_from_environment() -> Fencing | None:
     try:
         return Fencing(request_id, int(token))
     except ValueError:
-        raise InvalidInput(f"${FENCING_TOKEN_VARIABLE} must be a whole number, got {token!r}",
+        raise InvalidInput(f"${FENCING_TOKEN_VARIABLE} must be a whole number, got {quoted(token)}",
                            code="invalid_fencing") from None
 
 

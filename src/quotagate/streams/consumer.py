@@ -120,6 +120,10 @@ class Consumer:
         self.owned: dict[int, _Owned] = {}
         self.assigned: set[int] = set()
         self.refusals: list[StaleGeneration] = []
+        # What ``run`` did besides acking, for the CLI's summary: handler failures (each
+        # redelivered later) and entries moved to the DLQ.
+        self.failures = 0
+        self.dead_lettered = 0
         self._held: dict[int, set[str]] = {}
         self._next_tick = 0.0
         self._last_activity = time.monotonic()
@@ -263,6 +267,7 @@ class Consumer:
         for entry_id in dead:
             held.discard(entry_id.decode())
         metrics.increment("dead_lettered", self.tenant, self.topic, len(dead))
+        self.dead_lettered += len(dead)
         entries = [entry for raw in claimed if (entry := _decode_entry(partition, raw))]
         if owned.takeover and len(claimed) + len(dead) < count:
             owned.takeover = False
@@ -389,6 +394,7 @@ class Consumer:
                     failed.append((entry, f"{type(error).__name__}: {error}"))
                 else:
                     acked.append(entry)
+            self.failures += len(failed)
             total += self.settle(acked, failed).acked
         return total
 

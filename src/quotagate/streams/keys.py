@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 
 from quotagate.domain.model import validate_name
-from quotagate.errors import InvalidInput
+from quotagate.errors import InvalidInput, quoted
 
 DEFAULT_TENANT = "default"
 DEFAULT_CONTROL_PREFIX = "streaming:mq"
@@ -54,7 +54,7 @@ def validate_part(value: object, what: str) -> str:
 
 def _validate_prefix(value: str, what: str) -> str:
     if not _PREFIX.fullmatch(value) or value.startswith("tenant:"):
-        raise InvalidInput(f"{what} {value!r} must be letters, digits, '.', '_', ':' or '-' "
+        raise InvalidInput(f"{what} {quoted(value)} must be letters, digits, '.', '_', ':' or '-' "
                            "and must not start with 'tenant:'", code="invalid_key_prefix")
     return value
 

@@ -26,7 +26,7 @@ from typing import Any
 from quotagate.domain.bucket import BucketConfig, Decision, decide
 from quotagate.domain.model import check_unicode
 from quotagate.domain.rate_refusal import retry_after_seconds
-from quotagate.errors import InvalidInput, RateLimited
+from quotagate.errors import InvalidInput, RateLimited, quoted
 from quotagate.rate.backend import RateStore
 from quotagate.rate.keys import BucketKey, redis_key
 from quotagate.rate.redis import RedisRateStore
@@ -150,7 +150,7 @@ class Producer:
         if not self.block or decision.retry_after is None or time.monotonic() + wait > deadline:
             metrics.increment("refused", spec.tenant, spec.name, amount)
             raise RateLimited(
-                f"topic {spec.name!r} of tenant {spec.tenant!r} has no rate quota left for "
+                f"topic {quoted(spec.name)} of tenant {quoted(spec.tenant)} has no rate quota left for "
                 f"{amount} message(s) ({decision.remaining:g} tokens left); nothing was "
                 "written", code="rate_quota_exhausted", retry_after=round(wait, 3),
                 tenant=spec.tenant, topic=spec.name, tokens_left=decision.remaining,

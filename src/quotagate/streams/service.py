@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 
 from quotagate.domain.bucket import BucketConfig
 from quotagate.domain.clock import Clock, SystemClock
-from quotagate.errors import QuotagateError, StoreUnavailable
+from quotagate.errors import QuotagateError, StoreUnavailable, quoted
 from quotagate.rate.quotas import RateQuotas
 from quotagate.store.stream_settings import StreamSettings
 from quotagate.streams.connection import DEFAULT_URL, StreamRedis
@@ -143,7 +143,7 @@ class Streams:
         ]):
             if isinstance(reply, Exception):
                 raise StoreUnavailable(f"the stream Redis refused to remove a lease of topic "
-                                       f"{topic!r}: {reply}", code="stream_store_unavailable")
+                                       f"{quoted(topic)}: {reply}", code="stream_store_unavailable")
 
     # -- producing and consuming ----------------------------------------------------------
 

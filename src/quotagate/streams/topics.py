@@ -24,7 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from quotagate.domain.bucket import BucketConfig
 from quotagate.domain.clock import Clock, SystemClock
 from quotagate.domain.model import validate_name
-from quotagate.errors import Conflict, InvalidInput, NotFound
+from quotagate.errors import Conflict, InvalidInput, NotFound, quoted
 from quotagate.rate.keys import BucketKey
 from quotagate.rate.quotas import RateQuotas
 from quotagate.store import rate_buckets, stream_settings
@@ -70,7 +70,7 @@ class TopicSpec:
 
 def _whole(value: object, what: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidInput(f"{what} must be a whole number from {low} to {high}, got {value!r}",
+        raise InvalidInput(f"{what} must be a whole number from {low} to {high}, got {quoted(value)}",
                            code=f"invalid_{what.replace(' ', '_')}")
     return value
 
@@ -135,7 +135,7 @@ class Topics:
         def work(connection: sa.Connection) -> TopicSpec:
             settings = self._settings(connection, tenant, lock=True)
             if topic_rows.exists(connection, tenant, name):
-                raise Conflict(f"topic {name!r} of tenant {tenant!r} exists already",
+                raise Conflict(f"topic {quoted(name)} of tenant {quoted(tenant)} exists already",
                                code="topic_exists")
             spec = self._capped(requested, settings)
             if not adjust_tenant(connection, tenant, spec.cost, charge=True):
@@ -161,7 +161,7 @@ class Topics:
             with reading(self.engine) as connection:
                 raise self._over_quota(connection, refused.spec) from None
         except IntegrityError as error:
-            raise Conflict(f"topic {name!r} of tenant {tenant!r} is being created concurrently",
+            raise Conflict(f"topic {quoted(name)} of tenant {quoted(tenant)} is being created concurrently",
                            code="topic_exists") from error
 
     def delete(
@@ -263,7 +263,7 @@ class Topics:
                 return run_transaction(self.engine, work)
             except IntegrityError:
                 continue  # inserted concurrently: run again as an update
-        raise Conflict(f"stream settings of {tenant!r} are being changed concurrently; retry")
+        raise Conflict(f"stream settings of {quoted(tenant)} are being changed concurrently; retry")
 
     # -- helpers --------------------------------------------------------------------
 
@@ -277,7 +277,7 @@ class Topics:
         if names:
             shown = ", ".join(names[:5]) + (", …" if len(names) > 5 else "")
             raise Conflict(
-                f"tenant {tenant!r} has topics ({shown}) in its current Redis; delete them "
+                f"tenant {quoted(tenant)} has topics ({shown}) in its current Redis; delete them "
                 "before mapping the tenant to another Redis (their streams would not move)",
                 code="tenant_has_topics")
 
@@ -291,7 +291,7 @@ class Topics:
             return TopicSpec(spec.tenant, spec.name, spec.partitions, spec.parallelism, cap)
         if spec.max_len > cap:
             raise InvalidInput(
-                f"topic max length {spec.max_len} is above tenant {spec.tenant!r}'s stream "
+                f"topic max length {spec.max_len} is above tenant {quoted(spec.tenant)}'s stream "
                 f"length limit {cap} ('quotagate tenant set {spec.tenant} --stream-max-len')",
                 code="max_len_above_limit")
         return spec
@@ -310,7 +310,7 @@ class Topics:
                 short.append(f"{resource} needs {amount}, {cap - used} of {cap} left")
         if not short:  # it fitted when read again: the rows changed meanwhile
             short.append("the tenant's use changed meanwhile; try again")
-        return Conflict(f"topic {spec.name!r} does not fit tenant {spec.tenant!r}'s quota: "
+        return Conflict(f"topic {quoted(spec.name)} does not fit tenant {quoted(spec.tenant)}'s quota: "
                         + "; ".join(short) + "; nothing was created",
                         code="topic_quota_exceeded")
 
@@ -331,4 +331,4 @@ class _OverQuota(Exception):
 
 
 def _unknown(tenant: str, name: str) -> NotFound:
-    return NotFound(f"topic {name!r} of tenant {tenant!r} does not exist", code="unknown_topic")
+    return NotFound(f"topic {quoted(name)} of tenant {quoted(tenant)} does not exist", code="unknown_topic")

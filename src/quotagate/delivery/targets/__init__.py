@@ -22,7 +22,7 @@ from quotagate.delivery.targets.base import (
     Target,
     TargetKind,
 )
-from quotagate.errors import InvalidInput
+from quotagate.errors import InvalidInput, quoted
 from quotagate.plugins import Plugins
 
 TARGET_KINDS: Plugins[TargetKind] = Plugins({
@@ -50,7 +50,7 @@ def target_kind(kind: str) -> TargetKind:
     found = TARGET_KINDS.get(kind)
     if found is None:
         raise InvalidInput(
-            f"target kind {kind!r} is not one of {', '.join(TARGET_KINDS.names())}",
+            f"target kind {quoted(kind)} is not one of {', '.join(TARGET_KINDS.names())}",
             code="invalid_target_kind",
         )
     return found

@@ -38,7 +38,7 @@ from quotagate.delivery.targets.base import (
 )
 from quotagate.delivery.targets.kubernetes_api import ObjectRejected
 from quotagate.delivery.targets.kubernetes_watch import ObjectFollower
-from quotagate.errors import InvalidInput, QuotagateError
+from quotagate.errors import InvalidInput, QuotagateError, quoted
 
 __all__ = ["KubernetesTarget", "ObjectRejected", "validate_config"]
 
@@ -135,7 +135,7 @@ class KubernetesTarget:
             found = self._get(spec.external_name)
             if found is None:
                 raise DeliveryFailed(
-                    f"{spec.external_name!r} existed (409) but was gone when read back; "
+                    f"{quoted(spec.external_name)} existed (409) but was gone when read back; "
                     "it will be created on the next attempt", code="kubernetes_gone",
                     public="kubernetes object vanished while being read back",
                 ) from error
@@ -143,7 +143,7 @@ class KubernetesTarget:
             if deleting:
                 # Adopting it would bind an object that is about to disappear.
                 raise DeliveryFailed(
-                    f"{spec.external_name!r} exists but is being deleted (since {deleting}); "
+                    f"{quoted(spec.external_name)} exists but is being deleted (since {deleting}); "
                     "not adopted: it will be created anew once it is gone",
                     code="kubernetes_object_deleting",
                     public="an object of that name is being deleted in kubernetes",
@@ -181,7 +181,7 @@ class KubernetesTarget:
         if not self.follower.wait_synced(self.timeout):
             raise DeliveryFailed(
                 f"kubernetes: cannot list and watch {self.resource} in namespace "
-                f"{self.namespace!r}: {self.follower.last_error or 'no answer yet'}",
+                f"{quoted(self.namespace)}: {self.follower.last_error or 'no answer yet'}",
                 code="kubernetes_watch_failed", public="kubernetes cannot be watched",
             )
         known = self.follower.snapshot()

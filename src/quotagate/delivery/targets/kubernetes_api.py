@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quotagate.delivery.targets.base import DeliveryFailed
-from quotagate.errors import Conflict, InvalidInput
+from quotagate.errors import Conflict, InvalidInput, quoted
 
 # Connections kept per API server: a worker delivers many requests at once
 # (its --concurrency), and the watch holds one connection for itself.
@@ -112,7 +112,7 @@ def answer(error: Any) -> Answer:
     text = error.body if isinstance(error.body, str) else ""
     try:
         body: Any = json.loads(text or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         # Not a Status (e.g. "404 page not found" for an API group nobody serves).
         body = {"message": text.strip()[:200]}
     if not isinstance(body, dict):
@@ -165,7 +165,7 @@ def failure(error: Any, *, verb: str, resource: str, namespace: str, name: str |
     else:
         hint = "retrying"
         code = "kubernetes_error"
-    return DeliveryFailed(f"kubernetes {verb} {subject} in namespace {namespace!r} answered "
+    return DeliveryFailed(f"kubernetes {verb} {subject} in namespace {quoted(namespace)} answered "
                           f"{found.text} ({hint})", code=code, **fields)
 
 

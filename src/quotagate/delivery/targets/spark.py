@@ -28,7 +28,7 @@ from typing import Any
 
 from quotagate.delivery.targets import process, spark_launcher
 from quotagate.delivery.targets.base import DeliverySpec, ExternalObject, Outcome, StopResult, TargetKind
-from quotagate.errors import InvalidInput
+from quotagate.errors import InvalidInput, quoted
 
 _LAUNCHER = Path(spark_launcher.__file__)
 DEFAULT_CHECKPOINT_ROOT = "quotagate-checkpoints"
@@ -46,7 +46,7 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
         )
     if module is not None and (not isinstance(module, str) or not all(
             part.isidentifier() for part in module.split("."))):
-        raise InvalidInput(f"module must be a dotted Python module name, got {module!r}",
+        raise InvalidInput(f"module must be a dotted Python module name, got {quoted(module)}",
                            code="invalid_target_config")
     if isinstance(command, str):
         command = shlex.split(command)

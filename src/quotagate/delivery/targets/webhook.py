@@ -44,7 +44,7 @@ from quotagate.delivery.targets.base import (
     TargetKind,
     check_identity,
 )
-from quotagate.errors import InvalidInput
+from quotagate.errors import InvalidInput, quoted
 
 FENCING_HEADER = "Quotagate-Fencing-Token"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -217,8 +217,8 @@ class WebhookTarget:
                     200 <= status < 300 or status == 409
                 ):
                     raise DeliveryFailed(
-                        f"webhook POST {redact(url)} answered {status!r} for "
-                        f"{spec.external_name!r}", public=f"webhook answered {status}")
+                        f"webhook POST {redact(url)} answered {quoted(status)} for "
+                        f"{quoted(spec.external_name)}", public=f"webhook answered {status}")
                 results.append(self._created(spec, status,
                                              found if isinstance(found, dict) else {}))
             except (DeliveryFailed, IdentityMismatch) as error:
@@ -231,7 +231,7 @@ class WebhookTarget:
             found = self.read(spec.external_name)
             if found is None:
                 raise DeliveryFailed(
-                    f"webhook answered 409 for {spec.external_name!r} but GET finds nothing",
+                    f"webhook answered 409 for {quoted(spec.external_name)} but GET finds nothing",
                     public="webhook answered 409",
                 )
             return check_identity(found, spec)
@@ -380,7 +380,7 @@ class WebhookTarget:
     def _json(response: _Answer) -> dict[str, Any]:
         try:
             answer = response.json() if response.content else {}
-        except ValueError:  # not JSON, or not UTF-8
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser
             return {}
         return answer if isinstance(answer, dict) else {}
 

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from quotagate.auth import authorizer as operations
 from quotagate.auth.authorizer import Actor
 from quotagate.domain.model import RequestState, validate_name, validate_request_id
-from quotagate.errors import Conflict, NotFound, QuotagateError
+from quotagate.errors import Conflict, NotFound, QuotagateError, quoted
 from quotagate.http.context import ApiContext, Context
 from quotagate.http.models import (
     MAX_BATCH,
@@ -151,7 +151,7 @@ def end_batch(
             validate_request_id(entry.id)
             refused = refusals[operation]
             if refused is not None:
-                raise NotFound(f"request {entry.id!r} does not exist", code="unknown_request")
+                raise NotFound(f"request {quoted(entry.id)} does not exist", code="unknown_request")
         except QuotagateError as error:
             results[index] = EndResult(status=error.status, error=error.to_dict())
             continue
@@ -194,7 +194,7 @@ def _taken_or(context: ApiContext, tenant: str, request_id: str, conflict: Confl
     except NotFound:
         return conflict
     if owner != tenant:
-        return Conflict(f"request id {request_id!r} is already in use; choose another id",
+        return Conflict(f"request id {quoted(request_id)} is already in use; choose another id",
                         code="request_id_taken")
     return conflict
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quotagate.errors import InvalidInput, StoreUnavailable
+from quotagate.errors import InvalidInput, StoreUnavailable, quoted
 from quotagate.streaming.lab import checkpoint, gate, lease, quota
 from quotagate.streaming.lab.databases import Cleanup, new_run_id, server_url, throwaway_database
 from quotagate.streaming.lab.observations import Observation
@@ -67,7 +67,7 @@ def scenario_names(choice: str) -> list[str]:
     if choice == "all":
         return list(SCENARIOS)
     if choice not in SCENARIOS:
-        raise InvalidInput(f"unknown lab scenario {choice!r}; choose one of {', '.join(SCENARIOS)} or all",
+        raise InvalidInput(f"unknown lab scenario {quoted(choice)}; choose one of {', '.join(SCENARIOS)} or all",
                            code="invalid_scenario")
     return [choice]
 
