@@ -115,5 +115,7 @@ def _json(scope: Scope, body: bytes) -> Any:
         return _NOT_OURS
     try:
         return json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
+        # Not valid JSON, too many digits, not UTF-8 (ValueErrors), or nested past the
+        # parser: FastAPI's handlers say which (docs/decisions/808).
         return _NOT_OURS
