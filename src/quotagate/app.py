@@ -401,6 +401,12 @@ class Quotagate:
             rate = config_from_mapping(rate)
         return self.rates.set(tenant, rate, topic=topic, actor=actor)
 
+    def check_rate_store(self, tenant: str, rate: BucketConfig) -> None:
+        """Raise ``rate_store_unavailable`` (or the store's error) if ``tenant``'s bucket
+        could not be shaped now, changing nothing: asked before a tenant change that also
+        gives it a rate, so an outage leaves the tenant as it was (docs/rate-quotas.md)."""
+        self.rates.check_usable(tenant, rate)
+
     def add_tokens(
         self, tenant: str, amount: int, *, topic: str | None = None, actor: str = "admin"
     ) -> dict[str, Any]:

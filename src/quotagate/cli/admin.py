@@ -111,6 +111,8 @@ def tenant_set(
     runtime: object = KEEP if default_max_runtime is None else (
         None if default_max_runtime == "none" else default_max_runtime)
     with open_gate(db_url, rate_store=rate_store) as gate:
+        if bucket is not None:
+            gate.check_rate_store(name, bucket)  # a store that is down changes nothing
         if stream_settings:
             # Judged first, against the tenant as it is: a change refused for its state
             # (a Redis move while it has topics) leaves its quotas as they were. Written

@@ -16,6 +16,7 @@ commit loses that one token — the store under-grants, it never over-grants.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from dataclasses import dataclass
@@ -107,6 +108,17 @@ class RateQuotas:
                 self._forget_outside(key)
             return described
         raise Conflict(f"rate quota of {key} is being changed concurrently; retry")
+
+    def check_usable(self, tenant: str, config: BucketConfig) -> None:
+        """Raise the store's own error if it cannot answer for ``tenant``'s bucket now,
+        changing nothing. A tenant change that also shapes its bucket asks first: the
+        tenant is written before its bucket can be (the bucket needs the tenant's row), so
+        a store that is down would otherwise leave a tenant meant to be limited unlimited."""
+        if self._in_transaction:
+            return  # the ledger's own database: the shaping fails or succeeds with it
+        # NotFound: the store answered, and holds nothing for this bucket yet.
+        with contextlib.suppress(NotFound):
+            self.store.peek(BucketKey(tenant), config)
 
     def _forget_outside(self, key: BucketKey) -> None:
         try:

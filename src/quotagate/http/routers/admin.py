@@ -23,6 +23,8 @@ def put_tenant(
 ) -> dict[str, Any]:
     authorize(context, actor, tenant, operations.TENANT_SET)
     rate = body.rate.config() if body.rate is not None else None  # judged before any change
+    if rate is not None:
+        context.gate.check_rate_store(tenant, rate)  # a store that is down changes nothing
     context.gate.set_tenant(
         tenant, body.quota, actor=actor.name,
         cohort=body.cohort if "cohort" in body.model_fields_set else KEEP,
