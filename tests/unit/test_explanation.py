@@ -12,5 +12,12 @@ def test_a_cap_lowered_below_use_leaves_no_room_and_says_so() -> None:
 
 
 def test_a_cap_not_reached_says_what_is_left() -> None:
+    reason = explain_waiting({"gpu": 2}, {"gpu": (1, 2)}, {"pool-1": {"gpu": (0, 4)}}, 1, 32)
+    assert reason.reason == "tenant quota: gpu needs 2, 1 of 2 left"
+
+
+def test_a_cost_above_the_whole_cap_says_the_cap_must_be_raised() -> None:
+    # Accepted before its quota was lowered under its cost (docs/decisions/809).
     reason = explain_waiting({"gpu": 3}, {"gpu": (1, 2)}, {"pool-1": {"gpu": (0, 4)}}, 1, 32)
-    assert reason.reason == "tenant quota: gpu needs 3, 1 of 2 left"
+    assert reason.reason == ("tenant quota: gpu needs 3, more than its whole quota of 2; "
+                             "it cannot be admitted until the quota is raised")
