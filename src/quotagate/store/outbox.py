@@ -35,6 +35,7 @@ from quotagate.store.authority import ReleaseGuard
 from quotagate.store.counters import CounterSink
 from quotagate.store.dialect import (
     binds_id_arrays,
+    claims_in_one_statement,
     database_now,
     locks_in_lateral_join,
     reading,
@@ -146,9 +147,12 @@ class OutboxStore:
         dialect = self.engine.dialect.name
         by_array = binds_id_arrays(self.engine)
         kinds = [kind for kind, wanted in ((True, stops), (False, deliveries)) if wanted]
+        at_once = claims_in_one_statement(self.engine) and bool(kinds)
 
         def claim(connection: sa.Connection, transaction: DriverTransaction) -> list[Claim]:
             self.leases.fence(connection, lease)
+            if at_once:
+                return self._claimed_at_once(transaction, lease, limit, stops, deliveries)
             candidates: list[Any] = []
             for stopping in kinds:
                 candidates += transaction.rows(
@@ -206,6 +210,24 @@ class OutboxStore:
         self.counters.increment("stops_claimed", stopping)
         self.counters.increment("claimed", len(claims) - stopping)
         return claims
+
+    @staticmethod
+    def _claimed_at_once(transaction: DriverTransaction, lease: Lease, limit: int,
+                         stops: bool, deliveries: bool) -> list[Claim]:
+        """PostgreSQL: the claim's reads and its UPDATE as one statement
+        (outbox_statements.claim_due_statement, docs/decisions/259), in the same order as
+        the statements one by one: stops first, each kind oldest due first."""
+        rows = transaction.rows(
+            statements.claim_due_statement(limit, stops, deliveries),
+            {"owner": lease.owner, "generation": lease.generation, "until": lease.expires_at})
+        rows.sort(key=lambda row: (not row[5], row[6], row[0]))
+        return [
+            Claim(request_id, tenant, target, int(attempts), int(token), lease,
+                  decode_cost(cost), json.loads(payload), stop=bool(stopping),
+                  request_attempt=int(attempt))
+            for (request_id, tenant, target, attempts, token, stopping, _due, cost, payload,
+                 attempt) in rows
+        ]
 
     def fence(self, claim: Claim) -> Callable[[sa.Connection], None]:
         """A check for ``Ledger.release``: lease current and the claim still ours."""

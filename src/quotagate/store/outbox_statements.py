@@ -205,3 +205,46 @@ def mark_delivered_statement(count: int) -> sa.Update:
             .where(_request.c.id.in_(id_binds(count)), state_is(RequestState.RESERVED.value))
             .values(state=RequestState.DELIVERED.value,
                     updated=sa.bindparam("now", type_=sa.Double)))
+
+
+# PostgreSQL: a claim in one statement (docs/decisions/259). The claim was seven round
+# trips (fence, BEGIN, the stops read, the deliveries read, the claim UPDATE, the
+# requests read, COMMIT); each one, in a busy ``serve``, also waits for the GIL to come
+# back to the dispatcher thread.
+@lru_cache(maxsize=16)
+def claim_due_statement(limit: int, stops: bool, deliveries: bool) -> sa.Update:
+    """Lock up to ``limit`` due rows (stops first, then deliveries), claim them for
+    ``owner``'s ``generation`` (held ``until``) and read what the targets need, at once.
+
+    The reads are :func:`claimable_query`'s, each a CTE with its own ``FOR UPDATE SKIP
+    LOCKED``: PostgreSQL reads a CTE only as far as the ``LIMIT`` above it asks, so the
+    deliveries' rows are read (and locked) only for the room the stops left. The rows
+    are locked before the UPDATE finds them again by key, so nobody changed their claim
+    in between: no token condition is needed, and each row's token goes one up. The
+    rows come back in no set order; ``next_attempt_at`` comes with them for the caller
+    to sort by.
+    """
+    kinds = [stopping for stopping, wanted in ((True, stops), (False, deliveries)) if wanted]
+    due = [
+        sa.select(claimable_query("postgresql", stopping, limit, True)
+                  .cte(f"due_{'stops' if stopping else 'deliveries'}").c.request_id)
+        for stopping in kinds
+    ]
+    union = due[0] if len(due) == 1 else sa.union_all(*due)
+    picked = sa.select(union.subquery("due").c.request_id).limit(limit).subquery("picked")
+    # The ids as one array (an InitPlan), each row found again through its key: joined
+    # to the CTE instead, an outbox the statistics did not know yet was read whole and
+    # hashed (the trap of docs/decisions/254).
+    ids = sa.cast(sa.select(sa.func.array_agg(picked.c.request_id)).scalar_subquery(),
+                  sa.ARRAY(sa.Text))
+    return (
+        _outbox.update()
+        .where(_outbox.c.request_id == sa.any_(ids), _request.c.id == _outbox.c.request_id)
+        .values(claimed_by=sa.bindparam("owner"), claim_generation=sa.bindparam("generation"),
+                claimed_until=sa.bindparam("until", type_=sa.Double),
+                claim_token=_outbox.c.claim_token + 1)
+        .returning(_outbox.c.request_id, _outbox.c.tenant, _outbox.c.target,
+                   _outbox.c.attempts, _outbox.c.claim_token, _outbox.c.stopping,
+                   _outbox.c.next_attempt_at, _request.c.cost, _request.c.payload,
+                   _request.c.attempt)
+    )
