@@ -238,6 +238,73 @@ def test_delivery_batches_reach_their_outbox_rows_by_key_before_any_analyze(
     assert "Index Scan using pk_qg_request" in plan, plan
 
 
+CLAIMABLE_INDEX = "ix_qg_outbox_delivered_stopping_next_attempt_at_request_id"
+
+
+def test_the_claimable_read_follows_its_index_without_a_sort_once_analyzed(
+    gate: Quotagate,
+) -> None:
+    """The next delivery batch is the first rows of the claimable index, in its order, on
+    every engine: no sort of the whole undelivered backlog (docs/decisions/257). With the
+    ``(delivered, next_attempt_at)`` index PostgreSQL sorted each run of ``next_attempt_at``
+    by id (an incremental sort) and SQLite built a temporary B-tree for the id.
+    MariaDB's secondary indexes end with the primary key, so it never sorted; it picks
+    its own index, and the test asks only that it reads in order."""
+    from quotagate.store import outbox_statements
+    from quotagate.store.dialect import supports_skip_locked
+
+    _submit_burst(gate, 3000)
+    assert gate.admit_until_idle(batch=256) == 3000
+    name = gate.engine.dialect.name
+    with gate.engine.begin() as connection:
+        connection.exec_driver_sql({"postgresql": "ANALYZE qg_outbox",
+                                    "mysql": "ANALYZE TABLE qg_outbox"}.get(name, "ANALYZE"))
+    query = outbox_statements.claimable_query(name, False, 64, supports_skip_locked(gate.engine))
+    compiled = query.compile(gate.engine, compile_kwargs={"literal_binds": True})
+    with gate.engine.connect() as connection:
+        if name == "postgresql":
+            plan = "\n".join(row[0] for row in connection.exec_driver_sql(f"EXPLAIN {compiled}"))
+            assert f"Index Scan using {CLAIMABLE_INDEX}" in plan, plan
+            assert "Sort" not in plan and "Seq Scan" not in plan, plan
+        elif name == "mysql":
+            rows = connection.exec_driver_sql(f"EXPLAIN {compiled}").mappings().all()
+            outbox = [row for row in rows if row["table"] == "qg_outbox"]
+            assert outbox and all(row["key"] for row in outbox), rows
+            assert not any("filesort" in (row["Extra"] or "") for row in outbox), rows
+        else:
+            plan = "\n".join(str(row[-1]) for row in
+                             connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}"))
+            assert f"USING INDEX {CLAIMABLE_INDEX}" in plan, plan
+            assert "TEMP B-TREE" not in plan, plan
+
+
+@pytest.mark.parametrize("plan_mode", ["custom", "generic"])
+def test_a_claim_in_one_statement_finds_its_rows_by_one_id_array_before_any_analyze(
+    gate: Quotagate, plan_mode: str,
+) -> None:
+    """PostgreSQL, 3,000 outbox rows its statistics do not know yet: the one-statement
+    claim (docs/decisions/259) finds the rows its CTEs locked again by one array of their
+    ids (an InitPlan), as decision 254's claim UPDATE did by its array parameter, never by
+    joining the CTE, which read the whole outbox and the requests into hashes. The
+    generic plan (which the server keeps after the first runs: it is estimated far
+    cheaper than the plan for the values) walks the claimable index and stops at the
+    batch; the plan for the values sorts the backlog it does not know."""
+    if gate.engine.dialect.name != "postgresql":
+        pytest.skip("only PostgreSQL claims in one statement (claims_in_one_statement)")
+    from quotagate.store import outbox_statements
+
+    _submit_burst(gate, 3000)
+    assert gate.admit_until_idle(batch=256) == 3000
+    claim = outbox_statements.claim_due_statement(64, True, True).compile(gate.engine)
+    plan = _prepared_plan(gate, str(claim), claim.construct_params(
+        {"owner": "w", "generation": 1, "until": 1.0}), plan_mode)
+    assert re.search(r"Update on qg_outbox .*rows=64 loops=1", plan), plan
+    assert "InitPlan" in plan and "Hash Join" not in plan, plan
+    if plan_mode == "generic":
+        assert f"Index Scan using {CLAIMABLE_INDEX}" in plan, plan
+        assert "Sort Key: qg_outbox_2" not in plan, plan  # the deliveries' CTE
+
+
 def _submit_burst(gate: Quotagate, count: int) -> None:
     """``count`` waiting one-gpu requests of team-a, ``b-0000`` on, submitted 500 at a time
     (a burst the statistics do not know yet), with room for all of them."""
