@@ -203,11 +203,12 @@ def test_delivery_batches_reach_their_outbox_rows_by_key_before_any_analyze(
     gate: Quotagate, plan_mode: str,
 ) -> None:
     """PostgreSQL, 3,000 outbox rows its statistics do not know yet: a delivery batch's
-    record locks its 64 outbox rows through the primary key, one lookup each, and the
-    claim and the ``delivered`` mark take the ids as one array, with the plan for the
-    values and with a prepared statement's generic plan. By ``request_id IN (…)`` each
-    read the whole outbox, and the generic plan built the id list again for every row
-    (docs/decisions/254). Starting a stop (one id and its state) finds its row by key."""
+    record locks its 64 outbox rows through the primary key, one lookup each, and its
+    writes (one statement since decision 259) take the ids as one array, with the plan
+    for the values and with a prepared statement's generic plan. By ``request_id IN
+    (…)`` each read the whole outbox, and the generic plan built the id list again for
+    every row (docs/decisions/254; the claim, also one statement, is tested below).
+    Starting a stop (one id and its state) finds its row by key."""
     if gate.engine.dialect.name != "postgresql":
         pytest.skip("only PostgreSQL takes the ids as one array (binds_id_arrays)")
     from quotagate.store import outbox_statements, release_statements
@@ -219,18 +220,20 @@ def test_delivery_batches_reach_their_outbox_rows_by_key_before_any_analyze(
     plan = _prepared_plan(gate, str(lock), lock.construct_params({"ids": ids}), plan_mode)
     assert "Seq Scan" not in plan, plan
     assert re.search(r"Index Scan using pk_qg_outbox .*rows=1 loops=64", plan), plan
-    by_ids = (
-        (outbox_statements.claim_by_ids_statement(),
-         {"owner": "w", "generation": 1, "until": 1.0, "token": 0}),
-        (outbox_statements.delivered_by_ids_statement(), {"now": 1.0}),
-    )
-    for statement, values in by_ids:
-        compiled = statement.compile(gate.engine)
-        plan = _prepared_plan(gate, str(compiled), compiled.construct_params(
-            {**values, "ids": ids}), plan_mode)
-        # Whatever the scan: the ids are one value, not an array built for each row.
-        assert "ARRAY[" not in plan, plan
-        assert re.search(r"Update on qg_outbox", plan), plan
+    # The batch's writes, one statement since decision 259: the outbox and request rows by
+    # one array of ids.
+    record = outbox_statements.record_by_arrays_statement().compile(gate.engine)
+    plan = _prepared_plan(gate, str(record), record.construct_params({
+        "now": 1.0, "actor": "w", "delivered": "delivered", "reserved": "reserved",
+        "binding_ids": ids, "binding_targets": ["t"] * 64, "binding_names": ids,
+        "binding_uids": [None] * 64, "binding_tokens": [1] * 64, "marked": ids,
+        "audit_tenants": ["team-a"] * 64, "audit_reasons": ["fencing_token=1"] * 64,
+    }), plan_mode)
+    # Whatever the scan: the ids are one value, not an array built for each row.
+    assert "ARRAY[" not in plan, plan
+    assert re.search(r"Update on qg_outbox .*rows=0 loops=1", plan), plan
+    assert re.search(r"Update on qg_request .*rows=0 loops=1", plan), plan
+    assert re.search(r"Insert on qg_binding .*rows=0 loops=1", plan), plan
     begin = release_statements.begin_stop_statement().compile(gate.engine)
     plan = _prepared_plan(gate, str(begin), begin.construct_params(
         {"id": "b-1000", "current": "reserved", "now": 1.0, "reason": "x"}), plan_mode)

@@ -145,7 +145,6 @@ class OutboxStore:
         """
         skip_locked = supports_skip_locked(self.engine)
         dialect = self.engine.dialect.name
-        by_array = binds_id_arrays(self.engine)
         kinds = [kind for kind, wanted in ((True, stops), (False, deliveries)) if wanted]
         at_once = claims_in_one_statement(self.engine) and bool(kinds)
 
@@ -169,11 +168,6 @@ class OutboxStore:
                       "until": lease.expires_at}
             updated = 0
             for token, group in _by_token(candidates).items():
-                if by_array:  # one array of ids (docs/decisions/254)
-                    updated += transaction.rowcount(
-                        statements.claim_by_ids_statement(),
-                        {**holder, "token": token, "ids": [row[0] for row in group]})
-                    continue
                 updated += transaction.rowcount(
                     statements.claim_statement(len(group)),
                     {**holder, "token": token,
@@ -327,6 +321,26 @@ class OutboxStore:
                     actor, "deliver", "delivered", claim.tenant, claim.request_id,
                     f"fencing_token={claim.fencing_token}",
                 ))
+            if by_key:  # PostgreSQL: the four writes in one statement (docs/decisions/259)
+                if bindings or marked:
+                    transaction.write(statements.record_by_arrays_statement(), {
+                        "now": now, "actor": actor,
+                        "delivered": RequestState.DELIVERED.value,
+                        "reserved": RequestState.RESERVED.value,
+                        "binding_ids": [row["request_id"] for row in bindings],
+                        "binding_targets": [row["target"] for row in bindings],
+                        "binding_names": [row["external_name"] for row in bindings],
+                        "binding_uids": [row["uid"] for row in bindings],
+                        "binding_tokens": [row["fencing_token"] for row in bindings],
+                        "marked": marked,
+                        "audit_tenants": [entry.tenant for entry in entries],
+                        "audit_reasons": [entry.reason for entry in entries],
+                    })
+                if result.gone:
+                    transaction.write(statements.give_up_claims_statement(len(result.gone)),
+                                      statements.id_parameters(result.gone))
+                result.delivered.extend(marked)
+                return result
             # Nothing is read back from these writes: where the driver batches writes
             # (MariaDB, decision 036) they go to the server together, before COMMIT.
             if bindings:
@@ -336,12 +350,8 @@ class OutboxStore:
                                   statements.id_parameters(result.gone))
             if marked:
                 marked_ids = {"now": now, **statements.id_parameters(marked)}
-                if by_key:  # one array of ids (docs/decisions/254)
-                    transaction.write(statements.delivered_by_ids_statement(),
-                                      {"now": now, "ids": marked})
-                else:
-                    transaction.write(statements.delivered_outbox_statement(len(marked)),
-                                      marked_ids)
+                transaction.write(statements.delivered_outbox_statement(len(marked)),
+                                  marked_ids)
                 transaction.write(statements.mark_delivered_statement(len(marked)), marked_ids)
                 record(transaction, now, *entries)
             result.delivered.extend(marked)

@@ -21,12 +21,12 @@ from quotagate.store import schema
 from quotagate.store.dialect import dialect_now
 from quotagate.store.release_statements import id_binds, id_parameters, state_is
 
-__all__ = ["LEASE_PREFIX", "binding_insert", "bindings_query", "claim_by_ids_statement",
+__all__ = ["LEASE_PREFIX", "binding_insert", "bindings_query", "claim_due_statement",
            "claim_statement", "claimable_query", "claimed_tokens_query",
-           "delivered_by_ids_statement", "delivered_outbox_statement",
+           "delivered_outbox_statement",
            "give_up_claims_statement", "id_parameters", "lock_claims_by_key_query",
            "lock_claims_query", "lock_states_query", "mark_delivered_statement",
-           "requests_query"]
+           "record_by_arrays_statement", "requests_query"]
 
 _outbox, _request, _binding, _lease = schema.outbox, schema.request, schema.binding, schema.lease
 # id_parameters (from release_statements) gives the ``id_i`` parameters of the statements
@@ -90,23 +90,6 @@ def claim_statement(count: int) -> sa.Update:
     )
 
 
-# PostgreSQL: the outbox rows of a batch by one array of ids (docs/decisions/254). By
-# ``request_id IN (:id_0, …)`` an outbox its statistics did not know yet (its row
-# estimate, from the declared widths, far too low) was read whole, and a prepared
-# statement's generic plan built the list of 64 ids again for every row it read:
-# 1 ms a statement became 8-19 ms. One array parameter is built once, and one
-# statement text serves every batch size.
-@lru_cache(maxsize=1)
-def claim_by_ids_statement() -> sa.TextClause:
-    """PostgreSQL: :func:`claim_statement` for the rows (``ids``, an array) the claim read
-    locked."""
-    return sa.text(
-        f"UPDATE {_outbox.name} SET claimed_by = :owner, claim_generation = :generation,"
-        " claimed_until = :until, claim_token = claim_token + 1"
-        " WHERE request_id = ANY(CAST(:ids AS TEXT[])) AND claim_token = :token"
-    ).bindparams(sa.bindparam("until", type_=sa.Double))
-
-
 @lru_cache(maxsize=1)
 def lock_claims_by_key_query() -> sa.TextClause:
     """PostgreSQL: :func:`lock_claims_query` for ``ids`` (an array, sorted), each row locked
@@ -119,15 +102,6 @@ def lock_claims_by_key_query() -> sa.TextClause:
         f" delivered FROM {_outbox.name} WHERE request_id = w.id FOR UPDATE) AS held"
         " ORDER BY w.rank"
     )
-
-
-@lru_cache(maxsize=1)
-def delivered_by_ids_statement() -> sa.TextClause:
-    """PostgreSQL: :func:`delivered_outbox_statement` for ``ids`` (an array) at ``now``."""
-    return sa.text(
-        f"UPDATE {_outbox.name} SET delivered = true, delivered_at = :now,"
-        " claimed_until = NULL, last_error = NULL WHERE request_id = ANY(CAST(:ids AS TEXT[]))"
-    ).bindparams(sa.bindparam("now", type_=sa.Double))
 
 
 @lru_cache(maxsize=64)
@@ -248,3 +222,37 @@ def claim_due_statement(limit: int, stops: bool, deliveries: bool) -> sa.Update:
                    _outbox.c.next_attempt_at, _request.c.cost, _request.c.payload,
                    _request.c.attempt)
     )
+
+
+@lru_cache(maxsize=1)
+def record_by_arrays_statement() -> sa.TextClause:
+    """PostgreSQL: a delivery batch's four writes as one statement (docs/decisions/259).
+
+    The bindings (``binding_*`` arrays, one item per new binding), the outbox rows'
+    ``delivered`` mark and the requests' ``reserved → delivered`` (``marked``, an array
+    of ids) and their audit entries (``audit_*``, in the batch's order), at ``now`` by
+    ``actor``: :func:`binding_insert`, :func:`delivered_outbox_statement` (by one id
+    array, as decision 254 wrote it), :func:`mark_delivered_statement` and the audit INSERT, which were four round trips
+    and two ``executemany`` of 64 rows. Every row they touch was locked and checked by
+    the batch's reads before; the data-modifying CTEs write different tables, so the
+    one snapshot they share sees nothing another of them wrote.
+    """
+    return sa.text(
+        f"WITH bound AS (INSERT INTO {_binding.name}"
+        " (request_id, target, external_name, uid, fencing_token, created)"
+        " SELECT item.request_id, item.target, item.external_name, item.uid,"
+        " item.fencing_token, :now FROM unnest(CAST(:binding_ids AS TEXT[]),"
+        " CAST(:binding_targets AS TEXT[]), CAST(:binding_names AS TEXT[]),"
+        " CAST(:binding_uids AS TEXT[]), CAST(:binding_tokens AS BIGINT[]))"
+        " AS item(request_id, target, external_name, uid, fencing_token)),"
+        f" outbox_marked AS (UPDATE {_outbox.name} SET delivered = true,"
+        " delivered_at = :now, claimed_until = NULL, last_error = NULL"
+        " WHERE request_id = ANY(CAST(:marked AS TEXT[]))),"
+        f" requests_marked AS (UPDATE {_request.name} SET state = :delivered, updated = :now"
+        " WHERE id = ANY(CAST(:marked AS TEXT[])) AND coalesce(state, '') = :reserved)"
+        f" INSERT INTO {schema.audit.name} (at, actor, tenant, operation, target, outcome,"
+        " reason) SELECT :now, :actor, entry.tenant, 'deliver', entry.request_id,"
+        " 'delivered', entry.reason FROM unnest(CAST(:audit_tenants AS TEXT[]),"
+        " CAST(:marked AS TEXT[]), CAST(:audit_reasons AS TEXT[])) WITH ORDINALITY"
+        " AS entry(tenant, request_id, reason, rank) ORDER BY entry.rank"
+    ).bindparams(sa.bindparam("now", type_=sa.Double))
