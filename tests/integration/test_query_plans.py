@@ -242,6 +242,7 @@ def test_delivery_batches_reach_their_outbox_rows_by_key_before_any_analyze(
 
 
 CLAIMABLE_INDEX = "ix_qg_outbox_delivered_stopping_next_attempt_at_request_id"
+STOPS_INDEX = "ix_qg_outbox_stopping_delivered_next_attempt_at_request_id"
 
 
 def test_the_claimable_read_follows_its_index_without_a_sort_once_analyzed(
@@ -250,9 +251,9 @@ def test_the_claimable_read_follows_its_index_without_a_sort_once_analyzed(
     """The next delivery batch is the first rows of the claimable index, in its order, on
     every engine: no sort of the whole undelivered backlog (docs/decisions/257). With the
     ``(delivered, next_attempt_at)`` index PostgreSQL sorted each run of ``next_attempt_at``
-    by id (an incremental sort) and SQLite built a temporary B-tree for the id.
-    MariaDB's secondary indexes end with the primary key, so it never sorted; it picks
-    its own index, and the test asks only that it reads in order."""
+    by id (an incremental sort), SQLite built a temporary B-tree for the id, and
+    MariaDB walked ``(stopping, next_attempt_at)``, every delivered row included; now it
+    reads in order through an index whose two first columns are both flags."""
     from quotagate.store import outbox_statements
     from quotagate.store.dialect import supports_skip_locked
 
@@ -272,7 +273,9 @@ def test_the_claimable_read_follows_its_index_without_a_sort_once_analyzed(
         elif name == "mysql":
             rows = connection.exec_driver_sql(f"EXPLAIN {compiled}").mappings().all()
             outbox = [row for row in rows if row["table"] == "qg_outbox"]
-            assert outbox and all(row["key"] for row in outbox), rows
+            # Either index that leads with both flags: never the walk of all delivered rows.
+            assert outbox and all(row["key"] in (CLAIMABLE_INDEX, STOPS_INDEX)
+                                  and int(row["key_len"]) == 2 for row in outbox), rows
             assert not any("filesort" in (row["Extra"] or "") for row in outbox), rows
         else:
             plan = "\n".join(str(row[-1]) for row in
