@@ -47,3 +47,40 @@ def test_full_passes_double_the_next_one_and_a_short_pass_goes_back(gate: Quotag
     assert sorted(admitted) == [f"r-{index:03d}" for index in range(100)]
     assert {gate.show(f"r-{index:03d}").state for index in range(100)} == {RequestState.RESERVED}
     assert gate.check_invariants() == []
+
+
+def test_each_pass_that_reserved_something_rings_once_it_is_committed(gate: Quotagate) -> None:
+    """serve's admission loop rings the dispatcher's bell after every pass that reserved
+    something, and only then: what it reserved is already committed (another connection
+    reads it reserved), and passes that found nothing ring nothing (docs/decisions/258)."""
+    gate.set_pool("main", {"gpu": 1000})
+    gate.set_tenant("team-a", {"gpu": 1000})
+    gate.submit_many("team-a", [{"id": f"r-{index:02d}", "cost": {"gpu": 1}}
+                                for index in range(10)])
+    passes: list[list[str]] = []
+    admit = gate.admit
+
+    def counted(limit: int = 1) -> list[object]:
+        placements = admit(limit)
+        passes.append([placement.id for placement in placements])
+        return placements  # type: ignore[return-value]
+
+    seen_at_ring: list[set[RequestState]] = []
+
+    def ring() -> None:
+        seen_at_ring.append({gate.show(request_id).state for request_id in passes[-1]})
+
+    gate.admit = counted  # type: ignore[method-assign]
+    loop = AdmissionLoop(gate, gate.metrics, batch=4, interval=0.01, on_admitted=ring)
+    stop = threading.Event()
+    thread = threading.Thread(target=loop.run, args=(stop,))
+    thread.start()
+    try:
+        wait_for(lambda: sum(map(len, passes)) == 10 and len(passes) >= 5 and not passes[-1],
+                 "the backlog admitted and empty passes after it")
+    finally:
+        stop.set()
+        thread.join(30)
+    reserving = [ids for ids in passes if ids]
+    assert len(reserving) < len(passes)  # there were empty passes: they rang nothing
+    assert seen_at_ring == [{RequestState.RESERVED}] * len(reserving)

@@ -68,3 +68,40 @@ def test_the_grace_migration_goes_down_and_up_again(empty_db_url: str) -> None:
         gate.init()
         assert gate.tenant("team-a")["max_runtime_grace"] == 0
         assert gate.tenant("team-a")["stop_at_max_runtime"] is True
+
+
+def test_the_claimable_index_migration_goes_down_and_up_again(empty_db_url: str) -> None:
+    """Migration 0014 replaces the outbox's ``(delivered, next_attempt_at)`` and
+    ``(stopping, next_attempt_at)`` indexes by two that lead with both flags and end with
+    the claimable read's order (docs/decisions/257); its downgrade puts the old ones back.
+    The rows stay."""
+    from alembic import command
+
+    from quotagate.store.migrate import alembic_config, current_revision
+
+    def outbox_indexes() -> set[tuple[str, ...]]:
+        return {tuple(index["column_names"])  # type: ignore[arg-type]
+                for index in sa.inspect(gate.engine).get_indexes("qg_outbox")}
+
+    old, new = {("delivered", "next_attempt_at"), ("stopping", "next_attempt_at")}, {
+        ("delivered", "stopping", "next_attempt_at", "request_id"),
+        ("stopping", "delivered", "next_attempt_at", "request_id")}
+    with Quotagate.connect(empty_db_url) as gate:
+        upgrade(gate.engine, "0013")
+        assert old <= outbox_indexes() and not new & outbox_indexes()
+        gate.set_pool("main", {"gpu": 4})
+        gate.set_tenant("team-a", {"gpu": 4})
+        gate.submit("r-1", "team-a", {"gpu": 1})
+        assert len(gate.admit(1)) == 1
+        assert upgrade(gate.engine, "0014") == "0014"
+        assert new <= outbox_indexes() and not old & outbox_indexes()
+        config = alembic_config()
+        with gate.engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.downgrade(config, "0013")
+        assert current_revision(gate.engine) == "0013"
+        assert old <= outbox_indexes() and not new & outbox_indexes()
+        gate.init()
+        assert new <= outbox_indexes()
+        assert gate.show("r-1").state.value == "reserved"
+        assert gate.check_invariants() == []

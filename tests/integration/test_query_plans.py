@@ -203,11 +203,12 @@ def test_delivery_batches_reach_their_outbox_rows_by_key_before_any_analyze(
     gate: Quotagate, plan_mode: str,
 ) -> None:
     """PostgreSQL, 3,000 outbox rows its statistics do not know yet: a delivery batch's
-    record locks its 64 outbox rows through the primary key, one lookup each, and the
-    claim and the ``delivered`` mark take the ids as one array, with the plan for the
-    values and with a prepared statement's generic plan. By ``request_id IN (…)`` each
-    read the whole outbox, and the generic plan built the id list again for every row
-    (docs/decisions/254). Starting a stop (one id and its state) finds its row by key."""
+    record locks its 64 outbox rows through the primary key, one lookup each, and its
+    writes (one statement since decision 259) take the ids as one array, with the plan
+    for the values and with a prepared statement's generic plan. By ``request_id IN
+    (…)`` each read the whole outbox, and the generic plan built the id list again for
+    every row (docs/decisions/254; the claim, also one statement, is tested below).
+    Starting a stop (one id and its state) finds its row by key."""
     if gate.engine.dialect.name != "postgresql":
         pytest.skip("only PostgreSQL takes the ids as one array (binds_id_arrays)")
     from quotagate.store import outbox_statements, release_statements
@@ -219,23 +220,100 @@ def test_delivery_batches_reach_their_outbox_rows_by_key_before_any_analyze(
     plan = _prepared_plan(gate, str(lock), lock.construct_params({"ids": ids}), plan_mode)
     assert "Seq Scan" not in plan, plan
     assert re.search(r"Index Scan using pk_qg_outbox .*rows=1 loops=64", plan), plan
-    by_ids = (
-        (outbox_statements.claim_by_ids_statement(),
-         {"owner": "w", "generation": 1, "until": 1.0, "token": 0}),
-        (outbox_statements.delivered_by_ids_statement(), {"now": 1.0}),
-    )
-    for statement, values in by_ids:
-        compiled = statement.compile(gate.engine)
-        plan = _prepared_plan(gate, str(compiled), compiled.construct_params(
-            {**values, "ids": ids}), plan_mode)
-        # Whatever the scan: the ids are one value, not an array built for each row.
-        assert "ARRAY[" not in plan, plan
-        assert re.search(r"Update on qg_outbox", plan), plan
+    # The batch's writes, one statement since decision 259: the outbox and request rows by
+    # one array of ids.
+    record = outbox_statements.record_by_arrays_statement().compile(gate.engine)
+    plan = _prepared_plan(gate, str(record), record.construct_params({
+        "now": 1.0, "actor": "w", "delivered": "delivered", "reserved": "reserved",
+        "binding_ids": ids, "binding_targets": ["t"] * 64, "binding_names": ids,
+        "binding_uids": [None] * 64, "binding_tokens": [1] * 64, "marked": ids,
+        "audit_tenants": ["team-a"] * 64, "audit_reasons": ["fencing_token=1"] * 64,
+    }), plan_mode)
+    # Whatever the scan: the ids are one value, not an array built for each row.
+    assert "ARRAY[" not in plan, plan
+    assert re.search(r"Update on qg_outbox .*rows=0 loops=1", plan), plan
+    assert re.search(r"Update on qg_request .*rows=0 loops=1", plan), plan
+    assert re.search(r"Insert on qg_binding .*rows=0 loops=1", plan), plan
     begin = release_statements.begin_stop_statement().compile(gate.engine)
     plan = _prepared_plan(gate, str(begin), begin.construct_params(
         {"id": "b-1000", "current": "reserved", "now": 1.0, "reason": "x"}), plan_mode)
     assert "Seq Scan" not in plan and "ix_qg_request_state" not in plan, plan
     assert "Index Scan using pk_qg_request" in plan, plan
+
+
+CLAIMABLE_INDEX = "ix_qg_outbox_delivered_stopping_next_attempt_at_request_id"
+STOPS_INDEX = "ix_qg_outbox_stopping_delivered_next_attempt_at_request_id"
+
+
+def test_the_claimable_read_follows_its_index_without_a_sort_once_analyzed(
+    gate: Quotagate,
+) -> None:
+    """The next delivery batch is the first rows of the claimable index, in its order, on
+    every engine: no sort of the whole undelivered backlog (docs/decisions/257). With the
+    ``(delivered, next_attempt_at)`` index PostgreSQL sorted each run of ``next_attempt_at``
+    by id (an incremental sort), SQLite built a temporary B-tree for the id, and
+    MariaDB walked ``(stopping, next_attempt_at)``, every delivered row included; now it
+    reads in order through an index whose two first columns are both flags. Each engine
+    may take either of the two such indexes: both serve the read alike."""
+    from quotagate.store import outbox_statements
+    from quotagate.store.dialect import supports_skip_locked
+
+    _submit_burst(gate, 3000)
+    assert gate.admit_until_idle(batch=256) == 3000
+    name = gate.engine.dialect.name
+    with gate.engine.begin() as connection:
+        connection.exec_driver_sql({"postgresql": "ANALYZE qg_outbox",
+                                    "mysql": "ANALYZE TABLE qg_outbox"}.get(name, "ANALYZE"))
+    query = outbox_statements.claimable_query(name, False, 64, supports_skip_locked(gate.engine))
+    compiled = query.compile(gate.engine, compile_kwargs={"literal_binds": True})
+    with gate.engine.connect() as connection:
+        if name == "postgresql":
+            plan = "\n".join(row[0] for row in connection.exec_driver_sql(f"EXPLAIN {compiled}"))
+            # Either index that leads with both flags serves the read alike.
+            assert re.search(f"Index Scan using ({CLAIMABLE_INDEX}|{STOPS_INDEX})", plan), plan
+            assert "Sort" not in plan and "Seq Scan" not in plan, plan
+        elif name == "mysql":
+            rows = connection.exec_driver_sql(f"EXPLAIN {compiled}").mappings().all()
+            outbox = [row for row in rows if row["table"] == "qg_outbox"]
+            # Either index that leads with both flags: never the walk of all delivered rows.
+            assert outbox and all(row["key"] in (CLAIMABLE_INDEX, STOPS_INDEX)
+                                  and int(row["key_len"]) == 2 for row in outbox), rows
+            assert not any("filesort" in (row["Extra"] or "") for row in outbox), rows
+        else:
+            plan = "\n".join(str(row[-1]) for row in
+                             connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}"))
+            assert re.search(f"USING INDEX ({CLAIMABLE_INDEX}|{STOPS_INDEX}) "
+                             r"\((delivered=\? AND stopping=\?|stopping=\? AND delivered=\?)\)",
+                             plan), plan
+            assert "TEMP B-TREE" not in plan, plan
+
+
+@pytest.mark.parametrize("plan_mode", ["custom", "generic"])
+def test_a_claim_in_one_statement_finds_its_rows_by_one_id_array_before_any_analyze(
+    gate: Quotagate, plan_mode: str,
+) -> None:
+    """PostgreSQL, 3,000 outbox rows its statistics do not know yet: the one-statement
+    claim (docs/decisions/259) finds the rows its CTEs locked again by one array of their
+    ids (an InitPlan), as decision 254's claim UPDATE did by its array parameter, never by
+    joining the CTE, which read the whole outbox and the requests into hashes. The
+    generic plan (which the server keeps after the first runs: it is estimated far
+    cheaper than the plan for the values) walks the claimable index and stops at the
+    batch; the plan for the values sorts the backlog it does not know."""
+    if gate.engine.dialect.name != "postgresql":
+        pytest.skip("only PostgreSQL claims in one statement (claims_in_one_statement)")
+    from quotagate.store import outbox_statements
+
+    _submit_burst(gate, 3000)
+    assert gate.admit_until_idle(batch=256) == 3000
+    claim = outbox_statements.claim_due_statement(64, True, True).compile(gate.engine)
+    plan = _prepared_plan(gate, str(claim), claim.construct_params(
+        {"owner": "w", "generation": 1, "until": 1.0}), plan_mode)
+    assert re.search(r"Update on qg_outbox .*rows=64 loops=1", plan), plan
+    assert "InitPlan" in plan and "Hash Join" not in plan, plan
+    if plan_mode == "generic":
+        assert re.search(f"Index Scan using ({CLAIMABLE_INDEX}|{STOPS_INDEX}) "
+                         "on qg_outbox qg_outbox_2", plan), plan  # the deliveries' CTE
+        assert "Sort Key: qg_outbox_2" not in plan, plan
 
 
 def _submit_burst(gate: Quotagate, count: int) -> None:

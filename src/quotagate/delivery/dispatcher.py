@@ -49,6 +49,7 @@ from quotagate.delivery.targets.base import (
     Outcome,
     StopResult,
 )
+from quotagate.delivery.wakeup import Wakeup
 from quotagate.delivery.worker_defaults import (
     DEFAULT_BATCH,
     DEFAULT_CONCURRENCY,
@@ -107,6 +108,7 @@ class Dispatcher:
         admit: bool = False,
         observe_limit: int = 500,
         overrun_interval: float = OVERRUN_INTERVAL,
+        wakeup: Wakeup | None = None,
     ) -> None:
         self.gate = gate
         self.worker_name = validate_owner(worker_name)
@@ -126,6 +128,9 @@ class Dispatcher:
         self.observe_limit = observe_limit
         # Seconds between looks for work past its max-runtime (0: every pass).
         self.overrun_interval = overrun_interval
+        # Rung by an admission loop in this process (serve): an idle pass waits for it or
+        # for ``poll_interval``, whichever comes first (docs/decisions/258).
+        self.wakeup = wakeup
         self.retry = RetryPolicy(max_attempts, retry_base, retry_max)
         self.counters = gate.delivery_counters
         self.leases = LeaseStore(gate.engine, counters=self.counters)
@@ -182,10 +187,21 @@ class Dispatcher:
                     # next pass starts from what the database holds.
                     logger.exception("worker %s: pass failed", self.worker_name)
                     done = 0
-                if done == 0:
-                    stop.wait(self.poll_interval)
+                if done == 0 and not stop.is_set():
+                    self._idle(stop)
         finally:
             self.release()
+
+    def _idle(self, stop: threading.Event) -> None:
+        """Wait before the next look for work: ``poll_interval``, or until rung.
+
+        With a bell, whoever sets ``stop`` rings it too (serve does), so a stop is
+        not kept waiting for the interval.
+        """
+        if self.wakeup is None:
+            stop.wait(self.poll_interval)
+        else:
+            self.wakeup.wait(self.poll_interval)
 
     def release(self) -> None:
         """Give the lease up, close the targets and the pool (the worker is shutting down)."""

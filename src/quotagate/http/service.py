@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 
 from quotagate.app import Quotagate
+from quotagate.delivery.wakeup import Wakeup
 from quotagate.errors import StoreUnavailable
 from quotagate.observability.metrics import Metrics
 
@@ -57,12 +58,16 @@ class AdmissionLoop:
     """
 
     def __init__(
-        self, gate: Quotagate, metrics: Metrics, *, batch: int = 16, interval: float = 0.2
+        self, gate: Quotagate, metrics: Metrics, *, batch: int = 16, interval: float = 0.2,
+        on_admitted: Callable[[], None] | None = None,
     ) -> None:
         self.gate = gate
         self.metrics = metrics
         self.batch = batch
         self.interval = interval
+        # Called after each pass that reserved something (committed by then): serve rings
+        # the dispatcher's bell with it (docs/decisions/258).
+        self.on_admitted = on_admitted
         self.waits = _WaitObserver(gate, metrics)
 
     def run(self, stop: threading.Event) -> None:
@@ -80,6 +85,8 @@ class AdmissionLoop:
                 admitted = self.gate.admit(size)
                 self.metrics.admission_pass.observe(time.perf_counter() - started)
                 if admitted:
+                    if self.on_admitted is not None:
+                        self.on_admitted()
                     self.metrics.count_admissions(admitted)
                     self.waits.observe(admitted, self.gate.now())
                 # A backlog: each full pass asks for twice as many, up to MAX_ADMIT_BATCH
@@ -149,17 +156,20 @@ class _WaitObserver:
 
 
 def load_dispatcher(
-    gate: Quotagate, worker_name: str | None = None, concurrency: int = 32
+    gate: Quotagate, worker_name: str | None = None, concurrency: int = 32,
+    wakeup: Wakeup | None = None,
 ) -> Worker:
     """The delivery dispatcher ``serve`` runs beside the API.
 
     The default name is unique per process; a stable name (one per host, say)
     makes a restarted ``serve`` the same worker, with its lease's history.
+    ``wakeup``: the bell the admission loop rings (docs/decisions/258).
     """
     from quotagate.delivery.dispatcher import Dispatcher
 
     worker_name = worker_name or f"{socket.gethostname()}-{os.getpid()}"
-    dispatcher: Worker = Dispatcher(gate, worker_name=worker_name, concurrency=concurrency)
+    dispatcher: Worker = Dispatcher(gate, worker_name=worker_name, concurrency=concurrency,
+                                    wakeup=wakeup)
     return dispatcher
 
 
@@ -201,10 +211,14 @@ def run(
     app = create_app(gate, metrics=metrics)
     workers_stop = threading.Event()  # set once the HTTP side has drained
     threads: list[threading.Thread] = []
+    # The admission loop rings it after each pass that reserved something; the stop
+    # below too, so an idle dispatcher does not sit out its poll interval.
+    wakeup = Wakeup()
     if workers:
         loops: list[tuple[str, Worker]] = [
-            ("admission", AdmissionLoop(gate, metrics, batch=admit_batch, interval=admit_interval)),
-            ("dispatcher", load_dispatcher(gate, worker_name, concurrency)),
+            ("admission", AdmissionLoop(gate, metrics, batch=admit_batch, interval=admit_interval,
+                                        on_admitted=wakeup.ring)),
+            ("dispatcher", load_dispatcher(gate, worker_name, concurrency, wakeup)),
         ]
         if prune_older_than is not None:
             from quotagate.http.pruning import PruneLoop
@@ -236,6 +250,7 @@ def run(
     finally:
         log.info("stopping workers")
         workers_stop.set()
+        wakeup.ring()
         for thread in threads:
             thread.join()  # bounded by the caller's grace, which exits the process hard
         gate.close()

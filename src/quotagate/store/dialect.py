@@ -88,6 +88,14 @@ def binds_id_arrays(engine: HasDialect) -> bool:
     return engine.dialect.name == "postgresql"
 
 
+def claims_in_one_statement(engine: HasDialect) -> bool:
+    """PostgreSQL: a delivery claim's locking reads (CTEs ``FOR UPDATE SKIP LOCKED``), its
+    UPDATE and its read of the requests go in one statement (docs/decisions/259). MariaDB
+    has no ``UPDATE … RETURNING`` and SQLite no row locks: they keep the statements one
+    by one."""
+    return engine.dialect.name == "postgresql"
+
+
 def update_returns_rows(engine: HasDialect) -> bool:
     """Can an UPDATE return the rows it changed (RETURNING)? Not MySQL/MariaDB."""
     return engine.dialect.name in ("postgresql", "sqlite")

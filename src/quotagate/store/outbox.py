@@ -35,6 +35,7 @@ from quotagate.store.authority import ReleaseGuard
 from quotagate.store.counters import CounterSink
 from quotagate.store.dialect import (
     binds_id_arrays,
+    claims_in_one_statement,
     database_now,
     locks_in_lateral_join,
     reading,
@@ -144,11 +145,13 @@ class OutboxStore:
         """
         skip_locked = supports_skip_locked(self.engine)
         dialect = self.engine.dialect.name
-        by_array = binds_id_arrays(self.engine)
         kinds = [kind for kind, wanted in ((True, stops), (False, deliveries)) if wanted]
+        at_once = claims_in_one_statement(self.engine) and bool(kinds)
 
         def claim(connection: sa.Connection, transaction: DriverTransaction) -> list[Claim]:
             self.leases.fence(connection, lease)
+            if at_once:
+                return self._claimed_at_once(transaction, lease, limit, stops, deliveries)
             candidates: list[Any] = []
             for stopping in kinds:
                 candidates += transaction.rows(
@@ -165,11 +168,6 @@ class OutboxStore:
                       "until": lease.expires_at}
             updated = 0
             for token, group in _by_token(candidates).items():
-                if by_array:  # one array of ids (docs/decisions/254)
-                    updated += transaction.rowcount(
-                        statements.claim_by_ids_statement(),
-                        {**holder, "token": token, "ids": [row[0] for row in group]})
-                    continue
                 updated += transaction.rowcount(
                     statements.claim_statement(len(group)),
                     {**holder, "token": token,
@@ -206,6 +204,24 @@ class OutboxStore:
         self.counters.increment("stops_claimed", stopping)
         self.counters.increment("claimed", len(claims) - stopping)
         return claims
+
+    @staticmethod
+    def _claimed_at_once(transaction: DriverTransaction, lease: Lease, limit: int,
+                         stops: bool, deliveries: bool) -> list[Claim]:
+        """PostgreSQL: the claim's reads and its UPDATE as one statement
+        (outbox_statements.claim_due_statement, docs/decisions/259), in the same order as
+        the statements one by one: stops first, each kind oldest due first."""
+        rows = transaction.rows(
+            statements.claim_due_statement(limit, stops, deliveries),
+            {"owner": lease.owner, "generation": lease.generation, "until": lease.expires_at})
+        rows.sort(key=lambda row: (not row[5], row[6], row[0]))
+        return [
+            Claim(request_id, tenant, target, int(attempts), int(token), lease,
+                  decode_cost(cost), json.loads(payload), stop=bool(stopping),
+                  request_attempt=int(attempt))
+            for (request_id, tenant, target, attempts, token, stopping, _due, cost, payload,
+                 attempt) in rows
+        ]
 
     def fence(self, claim: Claim) -> Callable[[sa.Connection], None]:
         """A check for ``Ledger.release``: lease current and the claim still ours."""
@@ -305,6 +321,26 @@ class OutboxStore:
                     actor, "deliver", "delivered", claim.tenant, claim.request_id,
                     f"fencing_token={claim.fencing_token}",
                 ))
+            if by_key:  # PostgreSQL: the four writes in one statement (docs/decisions/259)
+                if bindings or marked:
+                    transaction.write(statements.record_by_arrays_statement(), {
+                        "now": now, "actor": actor,
+                        "delivered": RequestState.DELIVERED.value,
+                        "reserved": RequestState.RESERVED.value,
+                        "binding_ids": [row["request_id"] for row in bindings],
+                        "binding_targets": [row["target"] for row in bindings],
+                        "binding_names": [row["external_name"] for row in bindings],
+                        "binding_uids": [row["uid"] for row in bindings],
+                        "binding_tokens": [row["fencing_token"] for row in bindings],
+                        "marked": marked,
+                        "audit_tenants": [entry.tenant for entry in entries],
+                        "audit_reasons": [entry.reason for entry in entries],
+                    })
+                if result.gone:
+                    transaction.write(statements.give_up_claims_statement(len(result.gone)),
+                                      statements.id_parameters(result.gone))
+                result.delivered.extend(marked)
+                return result
             # Nothing is read back from these writes: where the driver batches writes
             # (MariaDB, decision 036) they go to the server together, before COMMIT.
             if bindings:
@@ -314,12 +350,8 @@ class OutboxStore:
                                   statements.id_parameters(result.gone))
             if marked:
                 marked_ids = {"now": now, **statements.id_parameters(marked)}
-                if by_key:  # one array of ids (docs/decisions/254)
-                    transaction.write(statements.delivered_by_ids_statement(),
-                                      {"now": now, "ids": marked})
-                else:
-                    transaction.write(statements.delivered_outbox_statement(len(marked)),
-                                      marked_ids)
+                transaction.write(statements.delivered_outbox_statement(len(marked)),
+                                  marked_ids)
                 transaction.write(statements.mark_delivered_statement(len(marked)), marked_ids)
                 record(transaction, now, *entries)
             result.delivered.extend(marked)

@@ -21,12 +21,12 @@ from quotagate.store import schema
 from quotagate.store.dialect import dialect_now
 from quotagate.store.release_statements import id_binds, id_parameters, state_is
 
-__all__ = ["LEASE_PREFIX", "binding_insert", "bindings_query", "claim_by_ids_statement",
+__all__ = ["LEASE_PREFIX", "binding_insert", "bindings_query", "claim_due_statement",
            "claim_statement", "claimable_query", "claimed_tokens_query",
-           "delivered_by_ids_statement", "delivered_outbox_statement",
+           "delivered_outbox_statement",
            "give_up_claims_statement", "id_parameters", "lock_claims_by_key_query",
            "lock_claims_query", "lock_states_query", "mark_delivered_statement",
-           "requests_query"]
+           "record_by_arrays_statement", "requests_query"]
 
 _outbox, _request, _binding, _lease = schema.outbox, schema.request, schema.binding, schema.lease
 # id_parameters (from release_statements) gives the ``id_i`` parameters of the statements
@@ -90,23 +90,6 @@ def claim_statement(count: int) -> sa.Update:
     )
 
 
-# PostgreSQL: the outbox rows of a batch by one array of ids (docs/decisions/254). By
-# ``request_id IN (:id_0, …)`` an outbox its statistics did not know yet (its row
-# estimate, from the declared widths, far too low) was read whole, and a prepared
-# statement's generic plan built the list of 64 ids again for every row it read:
-# 1 ms a statement became 8-19 ms. One array parameter is built once, and one
-# statement text serves every batch size.
-@lru_cache(maxsize=1)
-def claim_by_ids_statement() -> sa.TextClause:
-    """PostgreSQL: :func:`claim_statement` for the rows (``ids``, an array) the claim read
-    locked."""
-    return sa.text(
-        f"UPDATE {_outbox.name} SET claimed_by = :owner, claim_generation = :generation,"
-        " claimed_until = :until, claim_token = claim_token + 1"
-        " WHERE request_id = ANY(CAST(:ids AS TEXT[])) AND claim_token = :token"
-    ).bindparams(sa.bindparam("until", type_=sa.Double))
-
-
 @lru_cache(maxsize=1)
 def lock_claims_by_key_query() -> sa.TextClause:
     """PostgreSQL: :func:`lock_claims_query` for ``ids`` (an array, sorted), each row locked
@@ -119,15 +102,6 @@ def lock_claims_by_key_query() -> sa.TextClause:
         f" delivered FROM {_outbox.name} WHERE request_id = w.id FOR UPDATE) AS held"
         " ORDER BY w.rank"
     )
-
-
-@lru_cache(maxsize=1)
-def delivered_by_ids_statement() -> sa.TextClause:
-    """PostgreSQL: :func:`delivered_outbox_statement` for ``ids`` (an array) at ``now``."""
-    return sa.text(
-        f"UPDATE {_outbox.name} SET delivered = true, delivered_at = :now,"
-        " claimed_until = NULL, last_error = NULL WHERE request_id = ANY(CAST(:ids AS TEXT[]))"
-    ).bindparams(sa.bindparam("now", type_=sa.Double))
 
 
 @lru_cache(maxsize=64)
@@ -205,3 +179,80 @@ def mark_delivered_statement(count: int) -> sa.Update:
             .where(_request.c.id.in_(id_binds(count)), state_is(RequestState.RESERVED.value))
             .values(state=RequestState.DELIVERED.value,
                     updated=sa.bindparam("now", type_=sa.Double)))
+
+
+# PostgreSQL: a claim in one statement (docs/decisions/259). The claim was seven round
+# trips (fence, BEGIN, the stops read, the deliveries read, the claim UPDATE, the
+# requests read, COMMIT); each one, in a busy ``serve``, also waits for the GIL to come
+# back to the dispatcher thread.
+@lru_cache(maxsize=16)
+def claim_due_statement(limit: int, stops: bool, deliveries: bool) -> sa.Update:
+    """Lock up to ``limit`` due rows (stops first, then deliveries), claim them for
+    ``owner``'s ``generation`` (held ``until``) and read what the targets need, at once.
+
+    The reads are :func:`claimable_query`'s, each a CTE with its own ``FOR UPDATE SKIP
+    LOCKED``: PostgreSQL reads a CTE only as far as the ``LIMIT`` above it asks, so the
+    deliveries' rows are read (and locked) only for the room the stops left. The rows
+    are locked before the UPDATE finds them again by key, so nobody changed their claim
+    in between: no token condition is needed, and each row's token goes one up. The
+    rows come back in no set order; ``next_attempt_at`` comes with them for the caller
+    to sort by.
+    """
+    kinds = [stopping for stopping, wanted in ((True, stops), (False, deliveries)) if wanted]
+    due = [
+        sa.select(claimable_query("postgresql", stopping, limit, True)
+                  .cte(f"due_{'stops' if stopping else 'deliveries'}").c.request_id)
+        for stopping in kinds
+    ]
+    union = due[0] if len(due) == 1 else sa.union_all(*due)
+    picked = sa.select(union.subquery("due").c.request_id).limit(limit).subquery("picked")
+    # The ids as one array (an InitPlan), each row found again through its key: joined
+    # to the CTE instead, an outbox the statistics did not know yet was read whole and
+    # hashed (the trap of docs/decisions/254).
+    ids = sa.cast(sa.select(sa.func.array_agg(picked.c.request_id)).scalar_subquery(),
+                  sa.ARRAY(sa.Text))
+    return (
+        _outbox.update()
+        .where(_outbox.c.request_id == sa.any_(ids), _request.c.id == _outbox.c.request_id)
+        .values(claimed_by=sa.bindparam("owner"), claim_generation=sa.bindparam("generation"),
+                claimed_until=sa.bindparam("until", type_=sa.Double),
+                claim_token=_outbox.c.claim_token + 1)
+        .returning(_outbox.c.request_id, _outbox.c.tenant, _outbox.c.target,
+                   _outbox.c.attempts, _outbox.c.claim_token, _outbox.c.stopping,
+                   _outbox.c.next_attempt_at, _request.c.cost, _request.c.payload,
+                   _request.c.attempt)
+    )
+
+
+@lru_cache(maxsize=1)
+def record_by_arrays_statement() -> sa.TextClause:
+    """PostgreSQL: a delivery batch's four writes as one statement (docs/decisions/259).
+
+    The bindings (``binding_*`` arrays, one item per new binding), the outbox rows'
+    ``delivered`` mark and the requests' ``reserved → delivered`` (``marked``, an array
+    of ids) and their audit entries (``audit_*``, in the batch's order), at ``now`` by
+    ``actor``: :func:`binding_insert`, :func:`delivered_outbox_statement` (by one id
+    array, as decision 254 wrote it), :func:`mark_delivered_statement` and the audit INSERT, which were four round trips
+    and two ``executemany`` of 64 rows. Every row they touch was locked and checked by
+    the batch's reads before; the data-modifying CTEs write different tables, so the
+    one snapshot they share sees nothing another of them wrote.
+    """
+    return sa.text(
+        f"WITH bound AS (INSERT INTO {_binding.name}"
+        " (request_id, target, external_name, uid, fencing_token, created)"
+        " SELECT item.request_id, item.target, item.external_name, item.uid,"
+        " item.fencing_token, :now FROM unnest(CAST(:binding_ids AS TEXT[]),"
+        " CAST(:binding_targets AS TEXT[]), CAST(:binding_names AS TEXT[]),"
+        " CAST(:binding_uids AS TEXT[]), CAST(:binding_tokens AS BIGINT[]))"
+        " AS item(request_id, target, external_name, uid, fencing_token)),"
+        f" outbox_marked AS (UPDATE {_outbox.name} SET delivered = true,"
+        " delivered_at = :now, claimed_until = NULL, last_error = NULL"
+        " WHERE request_id = ANY(CAST(:marked AS TEXT[]))),"
+        f" requests_marked AS (UPDATE {_request.name} SET state = :delivered, updated = :now"
+        " WHERE id = ANY(CAST(:marked AS TEXT[])) AND coalesce(state, '') = :reserved)"
+        f" INSERT INTO {schema.audit.name} (at, actor, tenant, operation, target, outcome,"
+        " reason) SELECT :now, :actor, entry.tenant, 'deliver', entry.request_id,"
+        " 'delivered', entry.reason FROM unnest(CAST(:audit_tenants AS TEXT[]),"
+        " CAST(:marked AS TEXT[]), CAST(:audit_reasons AS TEXT[])) WITH ORDINALITY"
+        " AS entry(tenant, request_id, reason, rank) ORDER BY entry.rank"
+    ).bindparams(sa.bindparam("now", type_=sa.Double))

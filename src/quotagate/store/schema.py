@@ -215,8 +215,12 @@ outbox = sa.Table(
     # Set when the request is cancelled while reserved or delivered: the row is
     # then a stop to carry out, claimed and fenced like a delivery.
     sa.Column("stopping", sa.Boolean, nullable=False, server_default=sa.false()),
-    sa.Index(None, "delivered", "next_attempt_at"),
-    sa.Index(None, "stopping", "next_attempt_at"),
+    # The claimable read's whole filter and order (docs/decisions/257): the next batch is
+    # the first rows of this index, with no sort of the backlog. The stops' index leads
+    # with both flags too: as ``(stopping, next_attempt_at)`` MariaDB chose it for the
+    # deliveries and walked every delivered row still running before the first due one.
+    sa.Index(None, "delivered", "stopping", "next_attempt_at", "request_id"),
+    sa.Index(None, "stopping", "delivered", "next_attempt_at", "request_id"),
 )
 
 # The room a preemption frees, held for its preemptor (docs/decisions/721): while
