@@ -16,7 +16,6 @@ admission's ``BEGIN IMMEDIATE`` to its return: how long it holds the write lock.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import statistics
 import time
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from _databases import throwaway_database
+from _timing import outcomes_of_processes
 from admit import ROOMY, TENANTS, bulk_insert, configure, reset, waiting_rows
 from quotagate.store.engine import create_engine
 from quotagate.store.ledger import Ledger
@@ -74,16 +74,7 @@ def _admitter(url: str, reuse: bool, batch: int, seconds: float, start_at: float
 def _run(
     url: str, reuse: bool, batch: int, processes: int, seconds: float
 ) -> tuple[float, float, float, float]:
-    context = multiprocessing.get_context("spawn")
-    results: Any = context.Queue()
-    start_at = time.monotonic() + 2.0
-    workers = [context.Process(target=_admitter, args=(url, reuse, batch, seconds, start_at, results))
-               for _ in range(processes)]
-    for worker in workers:
-        worker.start()
-    outcomes = [results.get(timeout=seconds + 120) for _ in workers]
-    for worker in workers:
-        worker.join(timeout=60)
+    outcomes = outcomes_of_processes(_admitter, (url, reuse, batch, seconds), processes, seconds)
     admitted = sum(outcome[0] for outcome in outcomes)
     reads = sum(outcome[1] for outcome in outcomes)
     calls = sum(outcome[4] for outcome in outcomes)

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import multiprocessing
 import sqlite3
 import statistics
 import time
@@ -51,6 +50,7 @@ from typing import Any
 
 from _databases import throwaway_database
 from _raw_admission import RawAdmission
+from _timing import outcomes_of_processes
 from admit import ROOMY, TENANTS, bulk_insert, configure, reset, waiting_rows
 from quotagate.store.engine import create_engine
 from quotagate.store.ledger import Ledger
@@ -193,17 +193,7 @@ def _median_us(values: Sequence[float]) -> str:
 
 
 def _run(url: str, kind: str, processes: int, seconds: float, spin: float) -> list[str]:
-    context = multiprocessing.get_context("spawn")
-    results: Any = context.Queue()
-    start_at = time.monotonic() + 2.0
-    workers = [context.Process(target=_worker,
-                               args=(url, kind, spin, seconds, start_at, results))
-               for _ in range(processes)]
-    for worker in workers:
-        worker.start()
-    outcomes = [results.get(timeout=seconds + 120) for _ in workers]
-    for worker in workers:
-        worker.join(timeout=60)
+    outcomes = outcomes_of_processes(_worker, (url, kind, spin, seconds), processes, seconds)
     admitted = sum(outcome[0] for outcome in outcomes)
     cpu = sum(outcome[1] for outcome in outcomes)
     spans: list[_Span] = []
