@@ -134,7 +134,33 @@ def test_bad_target_settings_are_refused_and_change_nothing(tmp_path: Path) -> N
     bad_name = run("target", "set", "Bad_Name", "--kind", "process", "--command", "true",
                    db=db, cwd=tmp_path, expect=2)
     assert "invalid_target_name" in bad_name.stderr
+    # An option of another kind was dropped without a word (a spark target "with" a URL).
+    foreign = run("target", "set", "job", "--kind", "spark", "--module", "jobs.main",
+                  "--url", "http://127.0.0.1:9/", "--namespace", "ml", db=db, cwd=tmp_path,
+                  expect=2)
+    assert foreign.stderr.startswith(
+        "error: invalid_target_config: a spark target has no option 'namespace', 'url' (its "
+        "options: checkpoint_root, command, environment, module, python, run_dir, stop_grace)"
+    ), foreign.stderr
+    webhook_with_command = run("target", "set", "hook", "--kind", "webhook", "--url",
+                               "http://127.0.0.1:9/", "--command", "true", db=db, cwd=tmp_path,
+                               expect=2)
+    assert "a webhook target has no option 'command'" in webhook_with_command.stderr
     assert json.loads(run("target", "list", "--json", db=db, cwd=tmp_path).stdout) == []
+    # Each kind's own options, every one given, are taken.
+    for kind, options in [
+        ("process", ["--command", "true", "--run-dir", "runs", "--environment", "LANG",
+                     "--stop-grace", "5"]),
+        ("spark", ["--module", "jobs.main", "--checkpoint-root", "cp", "--run-dir", "runs",
+                   "--environment", "LANG", "--stop-grace", "5"]),
+        ("webhook", ["--url", "http://127.0.0.1:9/", "--timeout", "3", "--poll-every", "1",
+                     "--batch-read", "--batch-deliver", "4"]),
+        ("kubernetes", ["--namespace", "ml", "--group", "example.io", "--version", "v1",
+                        "--plural", "jobs", "--resource-kind", "Job", "--host",
+                        "http://127.0.0.1:9", "--kubeconfig", "kc", "--context", "c",
+                        "--stop", "suspend", "--timeout", "3"]),
+    ]:
+        run("target", "set", f"all-{kind}", "--kind", kind, *options, db=db, cwd=tmp_path)
     missing = run("lease", "show", "worker/none", db=db, cwd=tmp_path, expect=4)
     assert "unknown_lease" in missing.stderr
     run("worker", "--name", "bad/name", "--once", db=db, cwd=tmp_path, expect=2)

@@ -57,7 +57,15 @@ def target_kind(kind: str) -> TargetKind:
 
 
 def validate_config(kind: str, config: Mapping[str, Any]) -> dict[str, Any]:
-    return target_kind(kind).validate_config(config)
+    found = target_kind(kind)
+    unknown = sorted(set(config) - found.options) if found.options is not None else []
+    if unknown:
+        raise InvalidInput(
+            f"a {kind} target has no option {', '.join(quoted(key) for key in unknown)} "
+            f"(its options: {', '.join(sorted(found.options or ()))}); nothing was changed",
+            code="invalid_target_config",
+        )
+    return found.validate_config(config)
 
 
 def build_target(kind: str, config: Mapping[str, Any], *, ledger_id: str) -> Target:

@@ -128,6 +128,10 @@ class TargetKind:
 
     validate_config: Callable[[Mapping[str, Any]], dict[str, Any]]
     build: TargetBuilder
+    # The configuration keys it reads: any other is refused when the target is set, where a
+    # kind's own check would ignore it (``--url`` on a spark target was dropped without a
+    # word). None: a plugin that does not say, not checked.
+    options: frozenset[str] | None = None
 
 
 def check_identity(found: ExternalObject, spec: DeliverySpec) -> ExternalObject:

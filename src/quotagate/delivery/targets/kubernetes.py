@@ -319,4 +319,5 @@ class KubernetesTarget:
 
 
 # This module's entry in delivery.targets.TARGET_KINDS.
-KIND = TargetKind(validate_config, KubernetesTarget)
+KIND = TargetKind(validate_config, KubernetesTarget,
+                  frozenset({*DEFAULTS, *_OPTIONAL, "timeout"}))

@@ -278,4 +278,5 @@ class ProcessTarget:
 
 
 # This module's entry in delivery.targets.TARGET_KINDS.
-KIND = TargetKind(validate_config, ProcessTarget)
+KIND = TargetKind(validate_config, ProcessTarget,
+                  frozenset({"command", "run_dir", "environment", "stop_grace"}))

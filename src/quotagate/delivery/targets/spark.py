@@ -122,4 +122,5 @@ class SparkTarget:
 
 
 # This module's entry in delivery.targets.TARGET_KINDS.
-KIND = TargetKind(validate_config, SparkTarget)
+KIND = TargetKind(validate_config, SparkTarget, frozenset({
+    "module", "command", "python", "checkpoint_root", "run_dir", "environment", "stop_grace"}))

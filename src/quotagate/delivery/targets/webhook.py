@@ -453,4 +453,5 @@ class _ReadSchedule:
 
 
 # This module's entry in delivery.targets.TARGET_KINDS.
-KIND = TargetKind(validate_config, WebhookTarget)
+KIND = TargetKind(validate_config, WebhookTarget, frozenset({
+    "url", "timeout", "poll_every", "batch_read", "batch_deliver"}))
