@@ -54,6 +54,17 @@ def test_bad_costs_are_refused(cost: dict[str, object]) -> None:
         validate_amounts(cost, what="cost", allow_zero=False)
 
 
+@pytest.mark.parametrize(("cost", "says"), [
+    ("x", "cost must map resources to amounts, got 'x'"),  # said "must name at least one resource"
+    (["gpu"], "cost must map resources to amounts, got ['gpu']"),
+    ({}, "cost must name at least one resource"),
+])
+def test_a_cost_that_is_no_mapping_is_told_so(cost: object, says: str) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        validate_amounts(cost, what="cost", allow_zero=False)  # type: ignore[arg-type]
+    assert (refused.value.code, refused.value.message) == ("invalid_cost", says)
+
+
 def test_payloads_are_canonical_and_bounded() -> None:
     assert canonical_payload({"b": 1, "a": [1, 2]}) == canonical_payload({"a": [1, 2], "b": 1})
     with pytest.raises(InvalidInput) as error:

@@ -170,7 +170,10 @@ def validate_amounts(
     amounts: Mapping[str, object], *, what: str, allow_zero: bool
 ) -> dict[str, int]:
     """Check a resource→amount mapping: names valid, amounts whole and in range."""
-    if not isinstance(amounts, Mapping) or not amounts:
+    if not isinstance(amounts, Mapping):
+        raise InvalidInput(f"{what} must map resources to amounts, got {quoted(amounts)}",
+                           code=f"invalid_{what}")
+    if not amounts:
         raise InvalidInput(f"{what} must name at least one resource", code=f"invalid_{what}")
     checked: dict[str, int] = {}
     for resource, amount in amounts.items():
