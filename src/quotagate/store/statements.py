@@ -437,10 +437,7 @@ def submission_facts_query(with_target: bool, resources: int | None = None
     expanding list: :func:`submission_facts_parameters`).
     """
     request, capacity, quota = schema.request, schema.pool_capacity, schema.tenant_quota
-    offered = (capacity.c.resource.in_(sa.bindparam("resources", expanding=True))
-               if resources is None else
-               capacity.c.resource.in_([sa.bindparam(name) for name in
-                                        _names("resource", resources)]))
+    offered = _among_cost_resources(capacity.c.resource, resources)
     parts = [
         sa.select(sa.literal("request").label("fact"), request.c.id.label("value"))
         .where(request.c.id == sa.bindparam("id")),
@@ -456,10 +453,7 @@ def submission_facts_query(with_target: bool, resources: int | None = None
                   sa.cast(schema.tenant.c.default_max_runtime, sa.String(16)).label("value"))
         .where(schema.tenant.c.name == sa.bindparam("tenant"),
                schema.tenant.c.default_max_runtime.is_not(None)),
-        _ceilings(quota.c.resource.in_(sa.bindparam("resources", expanding=True))
-                  if resources is None else
-                  quota.c.resource.in_([sa.bindparam(name) for name in
-                                        _names("resource", resources)])),
+        _ceilings(_among_cost_resources(quota.c.resource, resources)),
         sa.select(sa.literal("pool_cap").label("fact"),
                   (capacity.c.pool + _COLON + capacity.c.resource + _COLON
                    + sa.cast(sa.func.sum(capacity.c.cap), sa.String(24))).label("value"))
@@ -483,6 +477,15 @@ def submission_facts_query(with_target: bool, resources: int | None = None
             .where(target.c.is_default == sa.true(), limited, ~admitted)
         )
     return sa.union_all(*parts)
+
+
+def _among_cost_resources(column: sa.ColumnElement[str], resources: int | None
+                          ) -> sa.ColumnElement[bool]:
+    """``column IN`` the submission's cost resources: the expanding ``resources`` list, or
+    with ``resources`` given that many ``resource_i`` (the driver cursor's form)."""
+    if resources is None:
+        return column.in_(sa.bindparam("resources", expanding=True))
+    return column.in_([sa.bindparam(name) for name in _names("resource", resources)])
 
 
 # Written into the SQL: a bound ":" would be named after its column and clash with the
