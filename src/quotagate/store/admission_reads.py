@@ -60,6 +60,8 @@ class _Heads:
     rows: list[HeadEntry]
     # The read that found them returned fewer than it asked for: these are all.
     complete: bool
+    # How many that read asked for: the next read of this tenant asks for twice as many.
+    depth: int
 
     def first(self, window: int) -> list[HeadEntry] | None:
         """The rows a read of ``window`` would return now, or None if not known."""
@@ -93,7 +95,8 @@ class _Reads:
                 by_tenant[entry[3].tenant].append(entry)
             for tenant, tenant_rows in by_tenant.items():
                 tenant_rows.sort()  # head entries sort in queue order
-                heads[tenant] = _Heads(tenant_rows, complete=len(tenant_rows) < window)
+                heads[tenant] = _Heads(tenant_rows, complete=len(tenant_rows) < window,
+                                       depth=window)
         self.unsettled.clear()
         gone: dict[str, set[str]] = {}
         for request_id, tenant in self.reserved:
@@ -193,9 +196,18 @@ class AdmissionReads:
             else:
                 rows += first
         if missing:
-            # The tenants whose kept heads ran short: read deep, so that their next
-            # admissions find theirs kept.
-            deep = max(window, self._window)
+            # The tenants whose kept heads ran short: read deeper, so that their next
+            # admissions find theirs kept — twice as deep as their last read, up to the
+            # ledger's window. After another process's commit every tenant was read
+            # shallow (the first admission's window), on a page cache SQLite emptied,
+            # and the lock may change hands again within a few admissions: rows read
+            # 32 deep then are mostly read for nothing (docs/decisions/059).
+            deep = self._window
+            for tenant in missing:
+                known = reads.heads.get(tenant)
+                if known is not None:
+                    deep = min(deep, 2 * known.depth)
+            deep = max(window, deep)
             reads.unsettled.append((missing, deep, _read_heads(transaction, missing, deep)))
             reads.settle()
             for tenant in missing:
