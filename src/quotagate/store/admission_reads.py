@@ -63,11 +63,6 @@ class _Heads:
     # How many that read asked for: the next read of this tenant asks for twice as many.
     depth: int
 
-    def first(self, window: int) -> list[HeadEntry] | None:
-        """The rows a read of ``window`` would return now, or None if not known."""
-        if self.complete or len(self.rows) >= window:
-            return self.rows[:window]
-        return None
 
 
 @dataclass(slots=True)
@@ -98,14 +93,18 @@ class _Reads:
                 heads[tenant] = _Heads(tenant_rows, complete=len(tenant_rows) < window,
                                        depth=window)
         self.unsettled.clear()
-        gone: dict[str, set[str]] = {}
         for request_id, tenant in self.reserved:
-            gone.setdefault(tenant, set()).add(request_id)
-        self.reserved.clear()
-        for tenant, ids in gone.items():
             known = heads.get(tenant)
-            if known is not None:
-                known.rows = [entry for entry in known.rows if entry[2] not in ids]
+            if known is None:
+                continue
+            # Found near the front (admission reserves from the heads it was given):
+            # a search that stops there, not a copy of every row kept.
+            rows = known.rows
+            for index, entry in enumerate(rows):
+                if entry[2] == request_id:
+                    del rows[index]
+                    break
+        self.reserved.clear()
 
 
 @dataclass(slots=True)
@@ -188,13 +187,14 @@ class AdmissionReads:
         reads.settle()
         rows = []
         missing: list[str] = []
+        kept = reads.heads
         for tenant in tenants:
-            known = reads.heads.get(tenant)
-            first = None if known is None else known.first(window)
-            if first is None:
-                missing.append(tenant)
+            known = kept.get(tenant)
+            # Known if they are all its waiting requests, or at least as many as asked for.
+            if known is not None and (known.complete or len(known.rows) >= window):
+                rows += known.rows[:window]
             else:
-                rows += first
+                missing.append(tenant)
         if missing:
             # The tenants whose kept heads ran short: read deeper, so that their next
             # admissions find theirs kept — twice as deep as their last read, up to the
