@@ -64,7 +64,6 @@ class _Heads:
     depth: int
 
 
-
 @dataclass(slots=True)
 class _Reads:
     """What one admission read, and where the database stood when it had done."""
