@@ -17,7 +17,8 @@ waiting, roomy quotas: ``admit.py``'s throughput setup):
 process's steady state).
 
 ``stale``: ``--cycles`` times, this parent process commits a pool cap change through its
-own connection (natively: not counted) and the measured process then admits 4 times:
+own connection (natively: not counted) and the measured process then admits ``--after``
+times (4):
 what the lock changing hands costs (docs/decisions/058), as the first admissions after
 another connection's commit pay it with several admitting processes.
 
@@ -49,17 +50,17 @@ from quotagate.store.engine import create_engine
 
 _HERE = Path(__file__).resolve().parent
 _WARM_UP = 300
-_STALE_ADMISSIONS = 4
-_SLOWDOWN = 60.0
+_NEVER = float("inf")
 
 
 def _admitter(url: str, kind: str) -> Callable[[], int]:
     if kind == "ours":
         from quotagate.store.ledger import Ledger
 
-        # Valgrind runs the process some 50 times slower: its expiry pass (once a second
-        # of the clock) would run once in some 60 admissions instead of some 3,000.
-        ledger = Ledger(create_engine(url), expiry_every=_SLOWDOWN)
+        # No expiry pass: once a second of the clock it costs some 0.7 ms of CPU, under 0.1 %
+        # of a second's admissions, but valgrind runs the process 50-150 times slower, so
+        # it would run that much more often, and more with --simulate than without.
+        ledger = Ledger(create_engine(url), expiry_every=_NEVER)
         return lambda: len(ledger.admit(1))
     from _raw_admission import RawAdmission
 
@@ -67,7 +68,7 @@ def _admitter(url: str, kind: str) -> Callable[[], int]:
     return raw.admit_one
 
 
-def child(url: str, kind: str, admissions: int, cycles: int) -> None:
+def child(url: str, kind: str, admissions: int, cycles: int, after: int) -> None:
     """The measured process: warm up, then admit as the parent says, line by line."""
     admit = _admitter(url, kind)
     for _ in range(_WARM_UP):
@@ -77,7 +78,7 @@ def child(url: str, kind: str, admissions: int, cycles: int) -> None:
     if cycles:
         for _ in range(cycles):
             sys.stdin.readline()  # the parent committed
-            admitted = sum(admit() for _ in range(_STALE_ADMISSIONS))
+            admitted = sum(admit() for _ in range(after))
             print(admitted, flush=True)
     else:
         admitted = sum(admit() for _ in range(admissions))
@@ -144,7 +145,7 @@ def costs(path: Path) -> tuple[list[str], dict[str, list[int]], dict[str, list[i
 
 
 def measure(url: str, kind: str, tree: str, admissions: int, cycles: int, output: Path,
-            *, simulate: bool) -> tuple[int, list[str], dict[str, list[int]],
+            *, simulate: bool, after: int = 4) -> tuple[int, list[str], dict[str, list[int]],
                                         dict[str, list[int]]]:
     """Run one measured process; return its admissions and its costs (:func:`costs`)."""
     environment = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, str(_HERE)]))
@@ -153,7 +154,7 @@ def measure(url: str, kind: str, tree: str, admissions: int, cycles: int, output
     if simulate:
         command += ["--cache-sim=yes", "--branch-sim=yes"]
     command += [sys.executable, str(Path(__file__).resolve()),
-                "--child", url, kind, str(admissions), str(cycles)]
+                "--child", url, kind, str(admissions), str(cycles), str(after)]
     process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, text=True, env=environment)
     assert process.stdin is not None and process.stdout is not None
@@ -221,11 +222,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="also simulate caches and branch prediction (slower)")
     parser.add_argument("--functions", type=int, default=0,
                         help="also print the top N functions of each process by instructions")
-    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--after", type=int, default=4,
+                        help="admissions after each foreign commit (part stale)")
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
     if arguments.child:
-        url, kind, admissions, cycles = arguments.child
-        child(url, kind, int(admissions), int(cycles))
+        url, kind, admissions, cycles, after = arguments.child
+        child(url, kind, int(admissions), int(cycles), int(after))
         return 0
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         parser.error("needs valgrind (callgrind and callgrind_control) on PATH")
@@ -259,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     output = Path(scratch) / f"callgrind-{round_number}-{part}-{kind}-{tree_name}"
                     admitted, events, by_object, by_function = measure(
                         f"sqlite:///{copy}", kind, tree, arguments.admissions, cycles, output,
-                        simulate=arguments.simulate)
+                        simulate=arguments.simulate, after=arguments.after)
                     count = max(admitted, 1)
                     zero = [0] * len(events)
                     total = sum(values[0] for values in by_object.values())
