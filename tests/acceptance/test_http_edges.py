@@ -127,6 +127,22 @@ def test_a_refusal_quotes_at_most_80_characters_of_a_huge_value(
     assert len(message) < 300, message[:300]
 
 
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("PUT", "/v1/tenants/team-a", {"quota": {"gpu": 10**400}}),
+    ("PUT", "/v1/pools/main", {"capacity": {"gpu": 10**400}}),
+    ("POST", "/v1/tenants/team-a/requests", {"id": "huge-cost", "cost": {"gpu": 10**400}}),
+])
+def test_a_huge_amount_is_quoted_at_most_80_characters(
+    api: Api, method: str, path: str, body: dict[str, Any]
+) -> None:
+    before = api.admin.get("/v1/usage").json()
+    answer = api.admin.request(method, path, json=body)
+    assert answer.status_code == 400, answer.text[:300]
+    message = answer.json()["message"]
+    assert message.endswith("… (401 characters)"), message[:500]
+    assert api.admin.get("/v1/usage").json() == before and "huge-cost" not in _listing(api)
+
+
 def test_a_cost_above_the_quota_is_400_with_resource_cost_and_limit(api: Api) -> None:
     request_id = f"c-{uuid.uuid4().hex[:10]}"
     answer = api.admin.post(f"/v1/tenants/{api.tenant}/requests",
