@@ -143,6 +143,24 @@ def test_a_huge_amount_is_quoted_at_most_80_characters(
     assert api.admin.get("/v1/usage").json() == before and "huge-cost" not in _listing(api)
 
 
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain", None])
+def test_a_json_body_sent_without_the_json_content_type_is_told_to_send_it(
+    api: Api, content_type: str | None
+) -> None:
+    # `curl -d '{...}'` (no -H) sends a form: FastAPI answered "body: Input should be a
+    # valid dictionary or object to extract fields from", which names no cause.
+    request_id = f"t-{uuid.uuid4().hex[:10]}"
+    headers = {"Content-Type": content_type} if content_type else {}
+    answer = api.admin.post(f"/v1/tenants/{api.tenant}/requests", headers=headers,
+                            content=json.dumps({"id": request_id, "cost": {"gpu": 1}}).encode())
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["code"] == "invalid_input"
+    message = answer.json()["message"]
+    assert "send the body as JSON with 'Content-Type: application/json'" in message, message
+    assert (repr(content_type) if content_type else "without a Content-Type") in message
+    assert request_id not in _listing(api)
+
+
 def test_a_cost_above_the_quota_is_400_with_resource_cost_and_limit(api: Api) -> None:
     request_id = f"c-{uuid.uuid4().hex[:10]}"
     answer = api.admin.post(f"/v1/tenants/{api.tenant}/requests",
