@@ -46,7 +46,7 @@ from quotagate.store.config import Configuration
 from quotagate.store.counters import Counters, delivery_counters
 from quotagate.store.diagnosis import DeliveryTrail, delivery_trail
 from quotagate.store.dialect import reading
-from quotagate.store.engine import create_engine, database_url
+from quotagate.store.engine import create_engine, database_url, shown_url
 from quotagate.store.holds import DEFAULT_HOLD_SECONDS
 from quotagate.store.ledger import (
     DEFAULT_ADMISSION_WINDOW,
@@ -128,8 +128,8 @@ class Quotagate:
 
     @property
     def database(self) -> str:
-        """The ledger database's URL with its password masked, safe to print and log."""
-        return self.engine.url.render_as_string(hide_password=True)
+        """The ledger database's URL as given, password masked: safe to print and log."""
+        return shown_url(self.engine)
 
     def _part(self, name: str, build: Callable[[], _Part]) -> _Part:
         """The part ``name``, built by ``build`` the first time it is asked for, then kept."""

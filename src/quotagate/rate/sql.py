@@ -23,7 +23,7 @@ from quotagate.rate.keys import BucketKey
 from quotagate.store import rate_buckets
 from quotagate.store.dialect import reading, rerun_on_conflict, run_transaction
 from quotagate.store.driver import run_driver_transaction
-from quotagate.store.engine import create_engine, normalise_url, redact
+from quotagate.store.engine import create_engine, normalise_url, shown_url
 from quotagate.store.kept_connection import KeptConnection
 
 
@@ -45,7 +45,7 @@ class SqlRateStore:
 
     @property
     def description(self) -> str:
-        return redact(self.engine.url.render_as_string(hide_password=False))
+        return shown_url(self.engine)
 
     def shares(self, engine: Engine) -> bool:
         """Whether this store's buckets live in the database ``engine`` writes to."""
