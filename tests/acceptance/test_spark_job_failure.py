@@ -47,6 +47,8 @@ def test_a_failed_spark_job_names_its_exception_in_the_reason_without_its_secret
         run("submit", "--id", f"job-{name}", "--tenant", "team-a", "--cost", "slots=1",
             "--target", name, db=db, cwd=tmp_path)
     run("worker", "--name", "w1", "--admit", "--until-idle", db=db, cwd=tmp_path, env=env)
+    # Recorded ends leave the runs' .exited index, as for the process target (it only grew).
+    assert list((tmp_path / "runs" / ".exited").iterdir()) == []
 
     def reason(request_id: str) -> str:
         shown = json.loads(run("show", request_id, "--json", db=db, cwd=tmp_path).stdout)

@@ -131,6 +131,11 @@ class SparkTarget:
             return outcome
         return Outcome(completed=False, reason=f"{outcome.reason or 'the job failed'}: {cause}")
 
+    def forget_ended(self, objects: Sequence[ExternalObject]) -> None:
+        # The process target's .exited index is ours too: without this the dispatcher never
+        # pruned it for spark runs, and every outcome pass listed every run that ever ended.
+        self.process.forget_ended(objects)
+
     def stop(self, obtained: ExternalObject, fencing_token: int) -> StopResult:
         return self.process.stop(obtained, fencing_token)
 
