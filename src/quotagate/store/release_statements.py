@@ -63,6 +63,9 @@ def state_is(state: Any) -> sa.ColumnElement[bool]:
     return confirmed
 
 
+# Cached like every statement here: the driver compiles a statement object once
+# (store/driver.py), so one built per call was compiled again at every release.
+@lru_cache(maxsize=128)
 def move_statement(count: int, returning: bool) -> sa.Update:
     """Move ``count`` rows (``id_i``) that are ``current`` to ``to_state`` (``now``, ``reason``).
 
