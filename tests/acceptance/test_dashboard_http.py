@@ -104,6 +104,16 @@ def test_a_tenant_cannot_reach_another_tenants_view_or_request(ledger: Ledger) -
     assert mine.json()["delivery"]["fencing_token"] >= 0
 
 
+def test_a_tenant_named_that_does_not_exist_is_404_not_empty_views(ledger: Ledger) -> None:
+    # A typo used to answer 200 with empty tenant views, as if the tenant had nothing.
+    misspelt = ledger.get("/v1/dashboard", ledger.admin, tenant=f"{ledger.team_a}x")
+    assert misspelt.status_code == 404, misspelt.text
+    assert misspelt.json()["code"] == "unknown_tenant"
+    # A token may be made before its tenant: its own scope still answers, empty.
+    early = ledger.get("/v1/dashboard", ledger.tenant_token(f"later-{ledger.team_a}"))
+    assert early.status_code == 200 and early.json()["tenants"] == [], early.text
+
+
 def test_a_wrong_token_is_refused_with_the_apis_message(ledger: Ledger) -> None:
     response = ledger.get("/v1/dashboard", bearer("qg_nope_nope"))
     assert response.status_code == 401

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -120,6 +121,25 @@ def test_worker_once_says_what_its_pass_did(tmp_path: Path) -> None:
     finally:
         live.terminate()
         live.wait(timeout=30)
+
+
+def test_inspect_prints_the_last_error_of_a_delivery_that_keeps_failing(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    run("init", db=db, cwd=tmp_path)
+    run("tenant", "set", "team-a", "--quota", "gpu=2", db=db, cwd=tmp_path)
+    run("pool", "set", "pool-1", "--capacity", "gpu=2", db=db, cwd=tmp_path)
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    run("target", "set", "hooks", "--kind", "webhook", "--default",
+        "--url", f"http://127.0.0.1:{port}/hooks", db=db, cwd=tmp_path)
+    run("submit", "--id", "job-1", "--tenant", "team-a", "--cost", "gpu=1", db=db, cwd=tmp_path)
+    run("worker", "--name", "w1", "--admit", "--once", db=db, cwd=tmp_path)
+    [shown] = json.loads(run("inspect", "--json", db=db, cwd=tmp_path).stdout)["requests"]
+    assert shown["last_error"], shown
+    # The troubleshooting guide sends the reader to inspect's last_error: the table says it.
+    table = run("inspect", db=db, cwd=tmp_path).stdout
+    assert f"job-1: outbox pending after 1 attempt, last_error: {shown['last_error']}" in table
 
 
 def test_bad_target_settings_are_refused_and_change_nothing(tmp_path: Path) -> None:

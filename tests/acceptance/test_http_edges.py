@@ -127,6 +127,40 @@ def test_a_refusal_quotes_at_most_80_characters_of_a_huge_value(
     assert len(message) < 300, message[:300]
 
 
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("PUT", "/v1/tenants/team-a", {"quota": {"gpu": 10**400}}),
+    ("PUT", "/v1/pools/main", {"capacity": {"gpu": 10**400}}),
+    ("POST", "/v1/tenants/team-a/requests", {"id": "huge-cost", "cost": {"gpu": 10**400}}),
+])
+def test_a_huge_amount_is_quoted_at_most_80_characters(
+    api: Api, method: str, path: str, body: dict[str, Any]
+) -> None:
+    before = api.admin.get("/v1/usage").json()
+    answer = api.admin.request(method, path, json=body)
+    assert answer.status_code == 400, answer.text[:300]
+    message = answer.json()["message"]
+    assert message.endswith("… (401 characters)"), message[:500]
+    assert api.admin.get("/v1/usage").json() == before and "huge-cost" not in _listing(api)
+
+
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain", None])
+def test_a_json_body_sent_without_the_json_content_type_is_told_to_send_it(
+    api: Api, content_type: str | None
+) -> None:
+    # `curl -d '{...}'` (no -H) sends a form: FastAPI answered "body: Input should be a
+    # valid dictionary or object to extract fields from", which names no cause.
+    request_id = f"t-{uuid.uuid4().hex[:10]}"
+    headers = {"Content-Type": content_type} if content_type else {}
+    answer = api.admin.post(f"/v1/tenants/{api.tenant}/requests", headers=headers,
+                            content=json.dumps({"id": request_id, "cost": {"gpu": 1}}).encode())
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["code"] == "invalid_input"
+    message = answer.json()["message"]
+    assert "send the body as JSON with 'Content-Type: application/json'" in message, message
+    assert (repr(content_type) if content_type else "without a Content-Type") in message
+    assert request_id not in _listing(api)
+
+
 def test_a_cost_above_the_quota_is_400_with_resource_cost_and_limit(api: Api) -> None:
     request_id = f"c-{uuid.uuid4().hex[:10]}"
     answer = api.admin.post(f"/v1/tenants/{api.tenant}/requests",

@@ -154,6 +154,26 @@ def test_a_callback_with_a_stale_or_missing_fencing_token_is_refused(platform: P
     assert snapshot(gate) == before
 
 
+def test_a_stale_token_and_one_no_delivery_carried_are_told_apart_and_quoted_short(
+    platform: Platform,
+) -> None:
+    gate, http = platform.gate, platform.http
+    token = deliver(gate, "job-w", "team-a", "hooks-a")
+    before = snapshot(gate)
+    messages = {}
+    for sent in (token - 1, token + 1, 10**300):
+        answer = http.post(_path("job-w", "complete"), headers=platform.executor_a,
+                           json={"fencing_token": sent})
+        assert (answer.status_code, answer.json()["code"]) == (409, "stale_fencing_token")
+        messages[sent] = answer.json()["message"]
+    assert messages[token - 1].endswith("a newer attempt owns it"), messages
+    # Above every claim is no older attempt's: "a newer attempt owns it" would send the
+    # executor looking for a successor that does not exist.
+    assert "was never given to a delivery of request 'job-w'" in messages[token + 1], messages
+    assert "… (301 characters)" in messages[10**300] and len(messages[10**300]) < 300, messages
+    assert snapshot(gate) == before
+
+
 def test_a_callback_before_the_delivery_is_recorded_is_told_to_call_again(
     platform: Platform,
 ) -> None:

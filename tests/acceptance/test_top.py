@@ -46,6 +46,9 @@ def test_top_once_prints_tenants_pools_the_queue_with_reasons_and_decisions(
     assert "a-second" not in narrowed and "team-a" not in narrowed
     bad = run("top", "--once", "--tenant", "Not A Name", db=db_url, cwd=tmp_path, expect=2)
     assert bad.stderr.startswith("error: invalid_tenant_name: tenant name must be"), bad.stderr
+    unknown = run("top", "--once", "--tenant", "team-c", db=db_url, cwd=tmp_path, expect=4)
+    assert unknown.stderr.startswith("error: unknown_tenant: tenant 'team-c' does not exist"), (
+        unknown.stderr)
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import random
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,6 +210,37 @@ def test_a_wider_read_of_the_same_admission_does_not_see_what_it_reserved(
         assert _ids(made.ledger.admit(2)) == ["a4", "a5"]
         assert admission_stats.snapshot().reruns["stale_snapshot"] == 0
         assert made.snapshot_reads() == 1
+        made.ledger.close()
+        made.ledger.engine.dispose()
+        made.gate.close()
+
+
+def _head_read_depths(side: Side) -> list[int]:
+    """The LIMIT of each head read the side's ledger sent, in order."""
+    return [int(limit) for sql in side.statements if "qg_request.token_floor" in sql
+            for limit in re.findall(r"LIMIT (\d+)", sql)[:1]]
+
+
+def test_a_tenant_short_of_kept_heads_is_read_twice_as_deep_as_last_time(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """After a fresh read (here: the first; with several admitters, after another's commit)
+    each tenant is known 4 deep, and the lock may change hands again within a few
+    admissions: the tenant that runs short is read 8, then 16, then the window deep, not
+    the whole window at once (docs/decisions/059)."""
+    with fresh_database("sqlite", tmp_path) as url:
+        made = _side(url, clock)
+        made.gate.set_pool("pool-1", {"gpu": 1000})
+        made.gate.set_tenant("team-a", {"gpu": 1000})
+        for index in range(80):
+            made.gate.submit(f"a{index:02d}", "team-a", {"gpu": 1})
+            clock.advance(1)
+        placed = [_ids(made.admit(1)) for _ in range(30)]
+        assert placed == [[f"a{index:02d}"] for index in range(30)]
+        # 4 (the first read), then short after 1, 1 + 8 - 4 = 5 and 5 + 16 - 4 = 17
+        # admissions; at 17 + 32 - 4 = 45 the next, the window's 32 again.
+        assert _head_read_depths(made) == [4, 8, 16, 32]
+        assert made.snapshot_reads() == 1 and made.reruns == 0
         made.ledger.close()
         made.ledger.engine.dispose()
         made.gate.close()

@@ -19,7 +19,7 @@ from quotagate import Quotagate, RequestState
 from quotagate.delivery.registry import TargetStore
 from quotagate.domain.external_object import ExternalObject
 from quotagate.errors import Conflict, Forbidden, NotFound, StaleGeneration
-from quotagate.store import driver, schema
+from quotagate.store import schema
 from quotagate.store.authority import (
     NotDeliveredYet,
     StaleFencingToken,
@@ -152,26 +152,6 @@ def test_a_refused_end_writes_nothing_and_the_batch_goes_on(gate: Quotagate) -> 
         expected = row["used"] - (1 if (row["tenant"], row["resource"]) in (
             ("team-b", "gpu"), ("team-b", "cpu")) else 0)
         assert after[row["tenant"], row["resource"]] == expected
-    _recount(gate)
-
-
-def test_a_second_release_of_the_same_size_compiles_no_statement_again(gate: Quotagate) -> None:
-    """The release's statements are built once per batch size, so the driver compiles each
-    once (store/driver.py caches by statement): a release of four after another of four
-    compiles nothing, where a state move built per call was compiled at every release."""
-    _setup(gate, 12)
-
-    def compiles() -> int:
-        return driver._compile.cache_info().misses + driver._numbered.cache_info().misses
-
-    for first in (0, 4):  # the first two warm every statement a batch of four sends
-        gate.ledger.release_many([End(f"r-{index:03d}", RequestState.COMPLETED)
-                                  for index in range(first, first + 4)])
-    before = compiles()
-    results = gate.ledger.release_many([End(f"r-{index:03d}", RequestState.COMPLETED)
-                                        for index in range(8, 12)])
-    assert all(not isinstance(result, Exception) and result.released for result in results)
-    assert compiles() == before
     _recount(gate)
 
 

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import stat
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -216,19 +217,64 @@ def test_cancelling_a_running_process_stops_it_and_returns_the_cost_once(
     dispatcher.release()
 
 
+def delivered_run(
+    gate: Quotagate, tmp_path: Path, started: str
+) -> tuple[str, Dispatcher, Path]:
+    """One request delivered to the process target by a worker polling stops every 50 ms,
+    once its run directory holds ``started``: its id, the worker and the run directory."""
+    [request_id] = submit_and_admit(gate, 1)
+    dispatcher = Dispatcher(gate, worker_name="w1", stop_poll=0.05)
+    dispatcher.run_once()
+    [run] = run_directories(tmp_path)
+    wait_for(lambda: (run / started).exists(), "the command to start")
+    return request_id, dispatcher, run
+
+
 def test_a_command_ignoring_sigterm_is_killed_after_the_grace_period(
     ledger: Quotagate, tmp_path: Path
 ) -> None:
     process_target(ledger, tmp_path, "trap '' TERM; sleep 60", stop_grace=0.5)
-    [request_id] = submit_and_admit(ledger, 1)
-    dispatcher = Dispatcher(ledger, worker_name="w1", stop_poll=0.05)
-    dispatcher.run_once()
-    [run] = run_directories(tmp_path)
-    wait_for(lambda: (run / "pid").exists(), "the command to start")
+    request_id, dispatcher, run = delivered_run(ledger, tmp_path, "pid")
     ledger.cancel(request_id)
     wait_for(lambda: dispatcher.run_once() is not None
              and ledger.show(request_id).state == RequestState.CANCELLED, "the SIGKILL")
     assert (run / "exit_status").read_text() == str(-signal.SIGKILL)
+    assert used(ledger) == 0 and releases(ledger, request_id) == 1
+    dispatcher.release()
+
+
+GRACEFUL_COMMAND = """
+import pathlib, signal, sys, time
+run = pathlib.Path.cwd()
+def on_term(*_):
+    with open(run / "terms", "a") as terms:
+        terms.write("TERM\\n")
+signal.signal(signal.SIGTERM, on_term)
+(run / "ready").write_text("")
+while not (run / "terms").exists() or not (run / "shut-down").exists():
+    time.sleep(0.01)  # the shutdown it takes its time over, until the test lets it end
+sys.exit(0)
+"""
+
+
+def test_a_stop_asked_again_sends_sigterm_once_so_the_command_shuts_down_itself(
+    ledger: Quotagate, tmp_path: Path
+) -> None:
+    script = tmp_path / "graceful.py"
+    script.write_text(GRACEFUL_COMMAND)
+    process_target(ledger, tmp_path, f"exec {sys.executable} {script}", stop_grace=600)
+    request_id, dispatcher, run = delivered_run(ledger, tmp_path, "ready")
+    ledger.cancel(request_id)
+    wait_for(lambda: dispatcher.run_once() is not None and (run / "terms").exists(),
+             "the SIGTERM")
+    # Asked again while the command shuts down: three more stop attempts.
+    wait_for(lambda: dispatcher.run_once() is not None
+             and ledger.inspect()["requests"][0]["attempts"] >= 4, "the stop asked again")
+    (run / "shut-down").write_text("")
+    wait_for(lambda: dispatcher.run_once() is not None
+             and ledger.show(request_id).state == RequestState.CANCELLED, "the stop")
+    assert (run / "terms").read_text() == "TERM\n"  # one SIGTERM, however often it was asked
+    assert (run / "exit_status").read_text() == "0"  # it ended itself: no SIGKILL
     assert used(ledger) == 0 and releases(ledger, request_id) == 1
     dispatcher.release()
 

@@ -189,6 +189,14 @@ def inspect(limit: int, as_json: bool, db_url: str | None) -> None:
         [[r["id"], r["tenant"], r["state"], _cost_text(r["cost"]), r["pool"], r["outbox"],
           r["binding"], _when(r["created"])] for r in data["requests"]],
     ))
+    # Too long for a column, and the first thing to read when a delivery or a stop
+    # does not move on (docs/delivery.md, troubleshooting).
+    failing = [r for r in data["requests"] if r["last_error"]]
+    if failing:
+        click.echo("")
+        for r in failing:
+            click.echo(f"{r['id']}: outbox {r['outbox']} after {r['attempts']} "
+                       f"attempt{'' if r['attempts'] == 1 else 's'}, last_error: {r['last_error']}")
 
 
 def print_usage(data: Mapping[str, Any]) -> None:

@@ -15,6 +15,7 @@ import click
 
 from quotagate.cli.common import db_option, open_gate, reports_errors
 from quotagate.cli.streams import redis_option
+from quotagate.domain.model import validate_name
 from quotagate.errors import InvalidInput, QuotagateError, StoreUnavailable, Unauthorized
 
 
@@ -223,6 +224,9 @@ def top(once: bool, interval: float, tenant: str | None, url: str | None, token:
         return render(gate.dashboard(tenant).to_dict())
 
     try:
+        if tenant is not None and gate is not None:
+            validate_name(tenant, "tenant")
+            gate.tenant(tenant)  # a misspelt tenant is unknown_tenant, not an empty frame
         if once:
             console.print(frame())
             return

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from quotagate.domain.model import Cost
-from quotagate.domain.placement import blocking_resources, fits
+from quotagate.domain.placement import blocking_resources, fits, fits_when_empty
 
 Usage = Mapping[str, tuple[int, int]]
 
@@ -51,7 +51,10 @@ def explain_waiting(
         verdict = "no pool has room: " + "; ".join(
             f"{name} lacks {', '.join(resources)}" for name, resources in pool_blocks.items()
         ) if pool_blocks else "no pool exists"
-        if pool_blocks and not any(_could_ever_fit(cost, usage) for usage in pools.values()):
+        if pool_blocks and not any(
+            fits_when_empty(cost, {resource: cap for resource, (_, cap) in usage.items()})
+            for usage in pools.values()
+        ):
             verdict += ("; no pool could hold it even empty: it cannot be admitted until a "
                         "pool is given more capacity")
     elif tenant_position > admission_window:
@@ -73,7 +76,3 @@ def _tenant_block(block: Mapping[str, int | str]) -> str:
     text = f"{block['resource']} needs {need}, {max(0, cap - used)} of {cap} left"
     return text + (f" (used {used} is over the cap)" if used > cap else "")
 
-
-def _could_ever_fit(cost: Cost, usage: Usage) -> bool:
-    """Whether ``cost`` fits the holder's caps with nothing of them used."""
-    return all(usage.get(resource, (0, 0))[1] >= amount for resource, amount in cost.items())

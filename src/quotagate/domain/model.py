@@ -188,7 +188,8 @@ def validate_amounts(
         if amount < low or amount > MAX_AMOUNT:
             bound = "zero or more" if allow_zero else "at least 1"
             raise InvalidInput(
-                f"{what} for {quoted(resource)} must be {bound} and at most {MAX_AMOUNT}, got {amount}",
+                f"{what} for {quoted(resource)} must be {bound} and at most {MAX_AMOUNT}, "
+                f"got {quoted(amount)}",
                 code=f"invalid_{what}",
             )
         checked[resource] = amount

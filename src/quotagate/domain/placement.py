@@ -35,6 +35,12 @@ def fits(cost: Cost, usage: Mapping[str, tuple[int, int]]) -> bool:
     return True
 
 
+def fits_when_empty(cost: Cost, capacity: Mapping[str, int]) -> bool:
+    """Whether ``cost`` fits a holder of ``capacity`` with nothing of it used: whether any
+    admission could ever grant it there (docs/decisions/809)."""
+    return all(capacity.get(resource, 0) >= amount for resource, amount in cost.items())
+
+
 def blocking_resources(cost: Cost, usage: Mapping[str, tuple[int, int]]) -> list[str]:
     return [resource for resource, amount in cost.items() if remaining(usage, resource) < amount]
 

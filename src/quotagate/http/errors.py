@@ -12,7 +12,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException
 
-from quotagate.errors import QuotagateError, RateLimited, StoreUnavailable
+from quotagate.errors import QuotagateError, RateLimited, StoreUnavailable, quoted
 from quotagate.http.routers.rate import rate_limit_headers
 from quotagate.store.dialect import translate
 
@@ -41,14 +41,30 @@ async def _quotagate_error(_request: Request, error: Exception) -> JSONResponse:
     return error_response(error)
 
 
-async def _validation_error(_request: Request, error: Exception) -> JSONResponse:
+async def _validation_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, RequestValidationError)
+    sent_as = request.headers.get("content-type")
+    if not _is_json(sent_as) and any(problem.get("loc", ())[:1] == ("body",)
+                                     for problem in error.errors()):
+        # A body sent as a form (curl -d without -H) is never parsed, so FastAPI's own
+        # words ("Input should be a valid dictionary") would say nothing about the cause.
+        return JSONResponse({"code": "invalid_input", "message": (
+            "invalid request: send the body as JSON with 'Content-Type: application/json', "
+            f"not {quoted(sent_as) if sent_as else 'without a Content-Type'}; nothing was changed"
+        )}, status_code=422)
     problems = []
     for problem in error.errors()[:5]:
         where = ".".join(str(part) for part in problem.get("loc", ()))
         problems.append(f"{where}: {problem.get('msg', 'invalid')}")
     message = "invalid request: " + "; ".join(problems) if problems else "invalid request"
     return JSONResponse({"code": "invalid_input", "message": message[:1000]}, status_code=422)
+
+
+def _is_json(content_type: str | None) -> bool:
+    """Whether FastAPI parses a body of this Content-Type as JSON."""
+    media = (content_type or "").split(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/")
+                                            and media.endswith("+json"))
 
 
 def _unparseable_body(error: HTTPException) -> str | None:

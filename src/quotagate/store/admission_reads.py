@@ -60,12 +60,8 @@ class _Heads:
     rows: list[HeadEntry]
     # The read that found them returned fewer than it asked for: these are all.
     complete: bool
-
-    def first(self, window: int) -> list[HeadEntry] | None:
-        """The rows a read of ``window`` would return now, or None if not known."""
-        if self.complete or len(self.rows) >= window:
-            return self.rows[:window]
-        return None
+    # How many that read asked for: the next read of this tenant asks for twice as many.
+    depth: int
 
 
 @dataclass(slots=True)
@@ -93,16 +89,21 @@ class _Reads:
                 by_tenant[entry[3].tenant].append(entry)
             for tenant, tenant_rows in by_tenant.items():
                 tenant_rows.sort()  # head entries sort in queue order
-                heads[tenant] = _Heads(tenant_rows, complete=len(tenant_rows) < window)
+                heads[tenant] = _Heads(tenant_rows, complete=len(tenant_rows) < window,
+                                       depth=window)
         self.unsettled.clear()
-        gone: dict[str, set[str]] = {}
         for request_id, tenant in self.reserved:
-            gone.setdefault(tenant, set()).add(request_id)
-        self.reserved.clear()
-        for tenant, ids in gone.items():
             known = heads.get(tenant)
-            if known is not None:
-                known.rows = [entry for entry in known.rows if entry[2] not in ids]
+            if known is None:
+                continue
+            # Found near the front (admission reserves from the heads it was given):
+            # a search that stops there, not a copy of every row kept.
+            rows = known.rows
+            for index, entry in enumerate(rows):
+                if entry[2] == request_id:
+                    del rows[index]
+                    break
+        self.reserved.clear()
 
 
 @dataclass(slots=True)
@@ -185,17 +186,27 @@ class AdmissionReads:
         reads.settle()
         rows = []
         missing: list[str] = []
+        kept = reads.heads
         for tenant in tenants:
-            known = reads.heads.get(tenant)
-            first = None if known is None else known.first(window)
-            if first is None:
-                missing.append(tenant)
+            known = kept.get(tenant)
+            # Known if they are all its waiting requests, or at least as many as asked for.
+            if known is not None and (known.complete or len(known.rows) >= window):
+                rows += known.rows[:window]
             else:
-                rows += first
+                missing.append(tenant)
         if missing:
-            # The tenants whose kept heads ran short: read deep, so that their next
-            # admissions find theirs kept.
-            deep = max(window, self._window)
+            # The tenants whose kept heads ran short: read deeper, so that their next
+            # admissions find theirs kept — twice as deep as their last read, up to the
+            # ledger's window. After another process's commit every tenant was read
+            # shallow (the first admission's window), on a page cache SQLite emptied,
+            # and the lock may change hands again within a few admissions: rows read
+            # 32 deep then are mostly read for nothing (docs/decisions/059).
+            deep = self._window
+            for tenant in missing:
+                known = reads.heads.get(tenant)
+                if known is not None:
+                    deep = min(deep, 2 * known.depth)
+            deep = max(window, deep)
             reads.unsettled.append((missing, deep, _read_heads(transaction, missing, deep)))
             reads.settle()
             for tenant in missing:

@@ -132,10 +132,7 @@ class ExecutorGuard:
         bound = int(found.fencing_token or 0)
         newest = max(bound, int(found.claim_token or 0))
         if not bound <= fencing_token <= newest:
-            raise StaleFencingToken(
-                f"fencing token {fencing_token} is not the current one for request "
-                f"{request_id!r}; a newer attempt owns it"
-            )
+            raise _stale(request_id, fencing_token, newest)
         # Bound but not yet marked delivered (the two steps of decision 203): the
         # executor holds the object, so its word ends the request like a delivered one's.
 
@@ -177,11 +174,21 @@ def _judge_in_flight(
     if fencing_token > claimed:
         # No attempt with this token has been claimed yet (nothing can have been sent).
         raise NotDeliveredYet(
-            f"request {request_id!r} is not being delivered with fencing token {fencing_token}; "
+            f"request {quoted(request_id)} is not being delivered with fencing token "
+            f"{quoted(fencing_token)}; "
             "call back again once it is"
         )
     if fencing_token < claimed:
-        raise StaleFencingToken(
-            f"fencing token {fencing_token} is not the current one for request "
-            f"{request_id!r}; a newer attempt owns it"
-        )
+        raise _stale(request_id, fencing_token, claimed)
+
+
+def _stale(request_id: str, fencing_token: int, newest: int) -> StaleFencingToken:
+    """The refusal of a token outside the current attempt's, in words that fit its side."""
+    if fencing_token > newest:
+        # Above every claim: not a stale executor but a token no delivery carried.
+        return StaleFencingToken(
+            f"fencing token {quoted(fencing_token)} was never given to a delivery of request "
+            f"{quoted(request_id)}; send the Quotagate-Fencing-Token its delivery carried")
+    return StaleFencingToken(
+        f"fencing token {quoted(fencing_token)} is not the current one for request "
+        f"{quoted(request_id)}; a newer attempt owns it")

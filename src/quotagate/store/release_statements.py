@@ -49,7 +49,6 @@ def lock_requests_query(count: int) -> sa.Select[Any]:
             .where(request.c.id.in_(id_binds(count))).order_by(request.c.id).with_for_update())
 
 
-@lru_cache(maxsize=128)
 def state_is(state: Any) -> sa.ColumnElement[bool]:
     """``qg_request.state = state`` for rows a statement finds by id and has locked already.
 
@@ -63,9 +62,9 @@ def state_is(state: Any) -> sa.ColumnElement[bool]:
     return confirmed
 
 
-# Cached like every statement here: the driver compiles a statement object once
-# (store/driver.py), so one built per call was compiled again at every release.
-@lru_cache(maxsize=128)
+# Cached like the other statements here: each new object would be compiled afresh
+# by the driver's per-statement cache, on every group release.
+@lru_cache(maxsize=256)
 def move_statement(count: int, returning: bool) -> sa.Update:
     """Move ``count`` rows (``id_i``) that are ``current`` to ``to_state`` (``now``, ``reason``).
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from quotagate.domain.model import Submission
+from quotagate.domain.placement import fits_when_empty
 from quotagate.errors import InvalidInput, NotFound, quoted
 
 
@@ -83,9 +84,7 @@ def _require_within_ceilings(
                 f"ever hold: its quota allows {resource}={ceiling}; nothing was submitted",
                 code="cost_above_quota", resource=resource, needed=needed, limit=ceiling,
             )
-    if any(all(capacity.get(resource, 0) >= needed
-               for resource, needed in submission.cost.items())
-           for capacity in pools.values()):
+    if any(fits_when_empty(submission.cost, capacity) for capacity in pools.values()):
         return
     for resource, needed in sorted(submission.cost.items()):
         largest = max((capacity.get(resource, 0) for capacity in pools.values()), default=0)

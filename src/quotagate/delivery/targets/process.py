@@ -45,6 +45,8 @@ _RUNNER = Path(process_runner.__file__)
 # its target names; never the worker's database or rate-store URLs.
 ALLOWED_ENVIRONMENT = ("PATH", "HOME", "LANG")
 DEFAULT_STOP_GRACE = 10.0
+# In a run directory: when the stop's SIGTERM was sent (its mtime).
+TERMINATED = "terminated"
 _VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -190,16 +192,30 @@ class ProcessTarget:
             group = int((directory / process_runner.PROCESS_GROUP).read_text())
         except (FileNotFoundError, ValueError):
             return self._starting_or_gone(directory)
-        asked_at = float(marker.read_text().split()[0])
-        late = time.time() - asked_at >= self.stop_grace
+        # The stop is asked again every second until confirmed. SIGTERM goes once:
+        # sent again it would interrupt the command's own shutdown (many programs
+        # take a second one for "quit now"). Later asks only look, and SIGKILL
+        # follows ``stop_grace`` seconds after the SIGTERM (docs/decisions/817).
+        terminated = directory / TERMINATED
+        sent: signal.Signals | None
         try:
-            os.killpg(group, signal.SIGKILL if late else signal.SIGTERM)
+            late = time.time() - terminated.stat().st_mtime >= self.stop_grace
+        except FileNotFoundError:
+            sent = signal.SIGTERM
+        else:
+            sent = signal.SIGKILL if late else None
+        try:
+            os.killpg(group, 0 if sent is None else sent)
         except ProcessLookupError:
             return self._starting_or_gone(directory)
         except PermissionError:
             return StopResult(stopped=False, reason="not allowed to signal the command")
+        if sent == signal.SIGTERM:
+            # Marked after the signal: a worker killed in between sends it once more,
+            # which is better than never.
+            process_runner.write_private(terminated, f"{time.time()}")
         return StopResult(stopped=False,
-                          reason="SIGKILL sent, waiting for the exit" if late
+                          reason="SIGKILL sent, waiting for the exit" if sent == signal.SIGKILL
                           else "SIGTERM sent, waiting for the exit")
 
     def close(self) -> None:

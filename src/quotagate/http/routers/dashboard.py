@@ -44,6 +44,10 @@ def get_dashboard(
     authorize(context, actor, scope, operations.USAGE_READ)
     if scope is not None:
         validate_name(scope, "tenant")
+    if tenant is not None:
+        # Named on purpose, so a misspelt one is 404 unknown_tenant, not empty views. A
+        # tenant token's own scope is not checked: it may be made before its tenant.
+        context.gate.tenant(tenant)
     data = context.gate.dashboard(scope, operator=actor.admin).to_dict()
     data["admin"] = actor.admin
     return data

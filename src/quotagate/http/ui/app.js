@@ -329,6 +329,13 @@ function lastError(entry) {
   return entry.failing ? "the last attempt failed (the target's answer is shown to admins)" : "";
 }
 
+// A stop's last answer is often no failure at all ("SIGTERM sent, waiting for the exit"):
+// what the tenant may know is that the target has not confirmed it yet.
+function stopAnswer(entry) {
+  if (entry.last_error) return entry.last_error;
+  return entry.failing ? "not confirmed yet (the target's answer is shown to admins)" : "";
+}
+
 function renderDelivery(data) {
   $("delivery-sub").textContent = `(${data.backlog} undelivered)`;
   renderRows($("deliveries").tBodies[0], data.deliveries.map((entry) => ({
@@ -348,7 +355,7 @@ function renderDelivery(data) {
       { text: entry.id, href: requestHref(entry.tenant, entry.id), cls: "mono" }, entry.tenant,
       { badge: entry.state, text: entry.state }, entry.pool || "–", costText(entry.cost),
       { text: seconds(entry.since_seconds), cls: "num" }, { text: entry.reason || "", cls: "reason" },
-      { text: String(entry.attempts ?? 0), cls: "num" }, { text: lastError(entry), cls: "reason" },
+      { text: String(entry.attempts ?? 0), cls: "num" }, { text: stopAnswer(entry), cls: "reason" },
     ],
   })), "No stop is waiting for its executor.", 9);
 }
