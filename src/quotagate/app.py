@@ -44,9 +44,9 @@ from quotagate.store.authority import ReleaseGuard
 from quotagate.store.budgets import budget_change
 from quotagate.store.config import Configuration
 from quotagate.store.counters import Counters, delivery_counters
-from quotagate.store.diagnosis import DeliveryTrail, delivery_trail
+from quotagate.store.diagnosis import AuditTrail, DeliveryTrail, audit_trail, delivery_trail
 from quotagate.store.dialect import reading
-from quotagate.store.engine import create_engine, database_url
+from quotagate.store.engine import create_engine, database_url, shown_url
 from quotagate.store.holds import DEFAULT_HOLD_SECONDS
 from quotagate.store.ledger import (
     DEFAULT_ADMISSION_WINDOW,
@@ -128,8 +128,8 @@ class Quotagate:
 
     @property
     def database(self) -> str:
-        """The ledger database's URL with its password masked, safe to print and log."""
-        return self.engine.url.render_as_string(hide_password=True)
+        """The ledger database's URL as given, password masked: safe to print and log."""
+        return shown_url(self.engine)
 
     def _part(self, name: str, build: Callable[[], _Part]) -> _Part:
         """The part ``name``, built by ``build`` the first time it is asked for, then kept."""
@@ -573,8 +573,14 @@ class Quotagate:
         return census.created_at(self.engine, request_ids)
 
     def delivery_trail(self, request_id: str) -> DeliveryTrail:
-        """Outbox row, binding and audit entries of one request (for ``quotagate diagnose``)."""
+        """Outbox row and binding of one request (for ``quotagate diagnose``)."""
         return delivery_trail(self.engine, request_id)
+
+    def audit_trail(self, request_id: str, *, tenant: str | None = None,
+                    limit: int = 50) -> AuditTrail:
+        """Who did what to one request and when: its newest audit entries of its own tenant,
+        oldest first; with ``tenant``, none unless the request is that tenant's."""
+        return audit_trail(self.engine, request_id, tenant=tenant, limit=limit)
 
     def usage(self) -> Usage:
         return self.views.usage()

@@ -122,7 +122,7 @@ def tenant_set(
             except NotFound as missing:
                 if missing.code != "unknown_tenant":
                     raise
-        result = gate.set_tenant(
+        gate.set_tenant(
             name, caps, actor="cli", cohort=chosen,
             borrowing_limit=parse_assignments(borrowing, "borrowing_limit", allow_none=True),
             lending_limit=parse_assignments(lending, "lending_limit", allow_none=True),
@@ -131,6 +131,9 @@ def tenant_set(
             on_preempt=on_preempt, stop_at_max_runtime=stop_at_max_runtime,
             max_runtime_grace=max_runtime_grace,
         )
+        # The quota rows as `tenant show` prints them, a cohort member's limits included:
+        # the change's own answer has caps only, and left out the limits just set.
+        result = gate.tenant(name)["quota"]
         status = gate.set_rate(name, bucket, actor="cli") if rate is not None else None
         settings = (gate.streams.set_settings(name, **stream_settings, actor="cli")
                     if stream_settings else None)
@@ -276,7 +279,9 @@ def _print_caps(kind: str, name: str, caps: dict[str, dict[str, int]]) -> None:
     rows = [[resource, values["used"], values["cap"]] for resource, values in sorted(caps.items())]
     headers = ["resource", "used", "cap"]
     if any("borrowing_limit" in values for values in caps.values()):
-        headers += ["borrowing limit", "lending limit"]
+        # A cohort member's quota is its nominal share, which it may use more than (up to
+        # the borrowing limit): under "cap", "used 5, cap 4" read as over its cap.
+        headers = ["resource", "used", "nominal", "borrowing limit", "lending limit"]
         for row, values in zip(rows, (caps[resource] for resource in sorted(caps)), strict=True):
             row += [_limit(values.get("borrowing_limit")), _limit(values.get("lending_limit"))]
     if rows:
@@ -284,7 +289,9 @@ def _print_caps(kind: str, name: str, caps: dict[str, dict[str, int]]) -> None:
 
 
 def _limit(amount: int | None) -> str:
-    return "none" if amount is None else str(amount)
+    # No borrowing limit is "as far as the cohort has room", no lending limit "all of it":
+    # printed "none", either read as the opposite, nothing borrowed or lent.
+    return "no limit" if amount is None else str(amount)
 
 
 COMMANDS = [init, tenant, pool]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 import click
 
@@ -92,11 +94,15 @@ def audit(tenant: str | None, limit: int, as_json: bool, db_url: str | None) -> 
     if as_json:
         echo_json(page.items)
         return
-    click.echo(render_table(
-        ["id", "at", "actor", "tenant", "operation", "target", "outcome", "reason"],
-        [[entry["id"], _when(entry["at"]), entry["actor"], entry["tenant"], entry["operation"],
-          entry["target"], entry["outcome"], entry["reason"]] for entry in page.items],
-    ))
+    click.echo(audit_table(page.items))
+
+
+def audit_table(entries: Sequence[Mapping[str, Any]], *, one_request: bool = False) -> str:
+    """The audit entries as a table; those of ``one_request`` without its tenant and id."""
+    columns = ["at", "actor", "operation", "outcome", "reason"] if one_request else [
+        "id", "at", "actor", "tenant", "operation", "target", "outcome", "reason"]
+    return render_table(columns, [[_when(entry["at"]) if column == "at" else entry[column]
+                                   for column in columns] for entry in entries])
 
 
 COMMANDS = [api_token, audit]

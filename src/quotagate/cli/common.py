@@ -162,10 +162,11 @@ def parse_assignments(
     With ``allow_none``, ``gpu=none`` gives ``{"gpu": None}`` (a limit removed).
     """
     parsed: dict[str, object] = {}
+    words = what.replace("_", " ")  # "borrowing limit for 'gpu'", as the ledger says it
     for value in values:
         name, sep, amount = value.partition("=")
         if not sep or not name:
-            raise InvalidInput(f"{what} must look like NAME=AMOUNT, got {quoted(value)}",
+            raise InvalidInput(f"{words} must look like NAME=AMOUNT, got {quoted(value)}",
                                code=f"invalid_{what}")
         if allow_none and amount.strip() == "none":
             parsed[name.strip()] = None
@@ -174,7 +175,7 @@ def parse_assignments(
             parsed[name.strip()] = int(amount)
         except ValueError:
             raise InvalidInput(
-                f"{what} for {quoted(name)} must be a whole number, got {quoted(amount)}",
+                f"{words} for {quoted(name)} must be a whole number, got {quoted(amount)}",
                 code=f"invalid_{what}",
             ) from None
     return parsed

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from quotagate.cli.api_tokens import audit_table
 from quotagate.cli.common import EXIT_ERROR, LazyChoice, db_option, echo_json, open_gate, reports_errors
 
 # quotagate.streaming is imported inside the commands: its package loads the sinks (and with
@@ -79,12 +80,19 @@ def diagnose_command(request_id: str, checkpoint: str | None, sink_url: str | No
 
     with open_gate(db_url) as gate:
         layers = diagnose(gate, request_id, StreamingLocation(checkpoint, sink_url, query))
+        trail = gate.audit_trail(request_id)
     if as_json:
-        echo_json({"request": request_id, "layers": [layer.to_dict() for layer in layers]})
+        echo_json({"request": request_id, "layers": [layer.to_dict() for layer in layers],
+                   "audit": trail.entries, "audit_earlier": trail.earlier})
         return
     width = max(len(layer.name) for layer in layers)
     for layer in layers:
         click.echo(f"{layer.name.ljust(width)}  {layer.verdict}")
+    # Who did what when, after the verdicts: the layers say what went wrong, this when and by whom.
+    earlier = ", the newest shown" if trail.earlier else ""
+    noun = "entry" if len(trail.entries) == 1 else "entries"
+    click.echo(f"\naudit trail ({len(trail.entries)} {noun}{earlier}, oldest first):")
+    click.echo(audit_table(trail.entries, one_request=True) if trail.entries else "  none")
 
 
 COMMANDS = [diagnose_command, lab]

@@ -169,26 +169,31 @@ def validate_resource(value: object) -> str:
 def validate_amounts(
     amounts: Mapping[str, object], *, what: str, allow_zero: bool
 ) -> dict[str, int]:
-    """Check a resource→amount mapping: names valid, amounts whole and in range."""
+    """Check a resource→amount mapping: names valid, amounts whole and in range.
+
+    ``what`` is the field (``borrowing_limit``): the code's suffix, and in the sentence in
+    words (``borrowing limit for 'gpu'``), the same for the CLI's option and the API's field.
+    """
+    words = what.replace("_", " ")
     if not isinstance(amounts, Mapping):
-        raise InvalidInput(f"{what} must map resources to amounts, got {quoted(amounts)}",
+        raise InvalidInput(f"{words} must map resources to amounts, got {quoted(amounts)}",
                            code=f"invalid_{what}")
     if not amounts:
-        raise InvalidInput(f"{what} must name at least one resource", code=f"invalid_{what}")
+        raise InvalidInput(f"{words} must name at least one resource", code=f"invalid_{what}")
     checked: dict[str, int] = {}
     for resource, amount in amounts.items():
         validate_resource(resource)
         # bool is an int subclass; "gpu=true" is a mistake, not a 1.
         if isinstance(amount, bool) or not isinstance(amount, int):
             raise InvalidInput(
-                f"{what} for {quoted(resource)} must be a whole number, got {quoted(amount)}",
+                f"{words} for {quoted(resource)} must be a whole number, got {quoted(amount)}",
                 code=f"invalid_{what}",
             )
         low = 0 if allow_zero else 1
         if amount < low or amount > MAX_AMOUNT:
             bound = "zero or more" if allow_zero else "at least 1"
             raise InvalidInput(
-                f"{what} for {quoted(resource)} must be {bound} and at most {MAX_AMOUNT}, "
+                f"{words} for {quoted(resource)} must be {bound} and at most {MAX_AMOUNT}, "
                 f"got {quoted(amount)}",
                 code=f"invalid_{what}",
             )
@@ -201,7 +206,8 @@ def validate_limits(
 ) -> dict[str, int | None]:
     """A resource→limit mapping where None (or "none") removes a limit."""
     if not isinstance(limits, Mapping):
-        raise InvalidInput(f"{what} must map resources to amounts", code=f"invalid_{what}")
+        raise InvalidInput(f"{what.replace('_', ' ')} must map resources to amounts",
+                           code=f"invalid_{what}")
     removed = {resource for resource, amount in limits.items()
                if amount is None or amount == "none"}
     for resource in removed:

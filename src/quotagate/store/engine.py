@@ -23,6 +23,8 @@ from quotagate.store.read_deadline import READ_TIMEOUT_OPTION, configured_read_t
 DEFAULT_DATABASE_URL = "sqlite:///quotagate.db"
 # Execution option marking a connection that only reads (see _configure_sqlite).
 READ_ONLY_OPTION = "quotagate_read_only"
+# Execution option holding the URL as the user gave it, password masked (see shown_url).
+_SHOWN_URL_OPTION = "quotagate_shown_url"
 ENVIRONMENT_VARIABLE = "QUOTAGATE_DB"
 # A pooled connection back in use within this many seconds is not pinged first
 # (see _ping_after_idle).
@@ -89,6 +91,13 @@ def redact(text: str) -> str:
         return "<unparseable URL>"
 
 
+def shown_url(engine: Engine) -> str:
+    """The engine's database as the user wrote it (``postgresql://…``, not the driver form
+    ``postgresql+psycopg://…`` the engine runs on), password masked: what messages name."""
+    given = engine.get_execution_options().get(_SHOWN_URL_OPTION)
+    return str(given) if given else engine.url.render_as_string(hide_password=True)
+
+
 def create_engine(
     text: str, *, read_timeout: float | None = None, connections: int | None = None,
     **options: Any,
@@ -127,7 +136,8 @@ def create_engine(
             if not options.get("pool_pre_ping"):
                 _ping_after_idle(engine)
         # Read-only views run under this deadline (quotagate.store.read_deadline).
-        engine.update_execution_options(**{READ_TIMEOUT_OPTION: read_timeout})
+        engine.update_execution_options(**{READ_TIMEOUT_OPTION: read_timeout,
+                                           _SHOWN_URL_OPTION: redact(text)})
     except NoSuchModuleError as exc:  # pragma: no cover - depends on extras installed
         raise InvalidInput(str(exc), code="invalid_database_url") from exc
     except ModuleNotFoundError as exc:

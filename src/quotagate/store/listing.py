@@ -160,12 +160,12 @@ def list_audit(
         query = query.where(audit.c.id < before)
     query = query.order_by(audit.c.id.desc()).limit(limit + 1)
     with reading(engine) as connection:
-        rows = [_audit_record(row) for row in connection.execute(query).mappings()]
+        rows = [audit_record(row) for row in connection.execute(query).mappings()]
     next_cursor = encode_cursor([rows[limit - 1]["id"]]) if len(rows) > limit else None
     return Page(rows[:limit], next_cursor)
 
 
-def _audit_record(row: Any) -> AuditRecord:
+def audit_record(row: Any) -> AuditRecord:
     return AuditRecord(
         id=int(row["id"]), at=float(row["at"]), actor=row["actor"], tenant=row["tenant"],
         operation=row["operation"], target=row["target"], outcome=row["outcome"], reason=row["reason"],

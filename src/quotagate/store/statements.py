@@ -427,8 +427,8 @@ def submission_facts_query(with_target: bool, resources: int | None = None
     other tenants, ``bucket`` if the tenant has a rate quota, ``max_priority``
     (as text) if the tenant has a maximum priority, ``default_max_runtime``
     (as text) if it has a default max-runtime, one ``ceiling`` per cost resource the
-    tenant has a quota for (``resource:amount``, the most it could ever hold: its cap,
-    a cohort member's nominal plus borrowing limit; ``resource:`` for a member free to
+    tenant has a quota for (``resource:amount:cap``, the most it could ever hold: its cap,
+    a cohort member's nominal plus borrowing limit; ``resource::cap`` for a member free to
     borrow as far as its cohort has room), one ``pool_cap`` per pool and cost resource
     it offers (``pool:resource:capacity``, its slices summed: the cost resources some
     pool offers are those named here). Parameters: ``id``,
@@ -501,10 +501,12 @@ def _ceilings(resource_listed: sa.ColumnElement[bool]) -> sa.Select[Any]:
         (quota.c.borrowing_limit.is_not(None), quota.c.cap + quota.c.borrowing_limit),
         else_=sa.null(),
     )
+    # The cap too, so that a member's refusal can say what its ceiling is made of.
     return (
         sa.select(sa.literal("ceiling").label("fact"),
                   (quota.c.resource + _COLON
-                   + sa.func.coalesce(sa.cast(ceiling, sa.String(24)), "")).label("value"))
+                   + sa.func.coalesce(sa.cast(ceiling, sa.String(24)), "") + _COLON
+                   + sa.cast(quota.c.cap, sa.String(24))).label("value"))
         .where(quota.c.tenant == sa.bindparam("tenant"), resource_listed)
     )
 

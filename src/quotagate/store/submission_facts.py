@@ -72,16 +72,21 @@ def _require_within_ceilings(
     A cohort member free to borrow as far as its cohort has room is not judged here: that
     room changes with every member's quota.
     """
-    ceilings: dict[str, int | None] = {}
+    ceilings: dict[str, tuple[int | None, int]] = {}
     for value in facts.get("ceiling", ()):
-        resource, _, amount = value.partition(":")
-        ceilings[resource] = int(amount) if amount else None
+        resource, amount, nominal = value.split(":")
+        ceilings[resource] = (int(amount) if amount else None, int(nominal))
     for resource, needed in sorted(submission.cost.items()):
-        ceiling = ceilings.get(resource, 0)  # no quota for it: a cap of zero
+        ceiling, cap = ceilings.get(resource, (0, 0))  # no quota for it: a cap of zero
         if ceiling is not None and needed > ceiling:
+            # A member's ceiling is its nominal quota plus its borrowing limit: "its quota
+            # allows gpu=6" named neither, and its quota is 4.
+            allows = (f"its quota allows {resource}={ceiling}" if ceiling == cap else
+                      f"its nominal quota {resource}={cap} plus its borrowing limit "
+                      f"{resource}={ceiling - cap} allow {resource}={ceiling}")
             raise InvalidInput(
                 f"cost {resource}={needed} is more than tenant {quoted(submission.tenant)} can "
-                f"ever hold: its quota allows {resource}={ceiling}; nothing was submitted",
+                f"ever hold: {allows}; nothing was submitted",
                 code="cost_above_quota", resource=resource, needed=needed, limit=ceiling,
             )
     if any(fits_when_empty(submission.cost, capacity) for capacity in pools.values()):

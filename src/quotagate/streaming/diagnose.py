@@ -121,7 +121,9 @@ def _quota(gate: Quotagate, request_id: str, tenant: str, state: RequestState,
         # explain's own sentence: a quota lowered under the cost says so (docs/decisions/809).
         why = gate.explain(request_id)["reason"]
         return Layer("quota", f"accepted, still waiting: {why}", facts)
-    return Layer("quota", f"accepted and admitted; now {state.value}", facts)
+    # An ended request's reason is why it ended (a failed job's exception, a stop's cause).
+    return Layer("quota", f"accepted and admitted; now {state.value}"
+                          + (f" ({reason})" if reason else ""), facts)
 
 
 def _lease(gate: Quotagate, state: RequestState, outbox: dict[str, Any] | None,

@@ -15,7 +15,9 @@ group, exit status as the outcome). What it adds:
   database or rate-store URL (refused in ``environment``).
 
 The request completes when the query ends (the job exits 0), its cost stays
-held while it runs, and a stop stops the job (docs/streaming.md).
+held while it runs, and a stop stops the job (docs/streaming.md). A job that fails
+gives its request the exception that ended it as the reason's end
+(:mod:`~quotagate.delivery.targets.job_failure`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from quotagate.delivery.targets import process, spark_launcher
+from quotagate.delivery.targets import job_failure, process, process_runner, spark_launcher
 from quotagate.delivery.targets.base import DeliverySpec, ExternalObject, Outcome, StopResult, TargetKind
 from quotagate.errors import InvalidInput, quoted
 
@@ -112,7 +114,27 @@ class SparkTarget:
         return self.process.read(name)
 
     def outcomes(self, objects: Sequence[ExternalObject]) -> dict[str, Outcome]:
-        return self.process.outcomes(objects)
+        ended = self.process.outcomes(objects)
+        names = {obtained.request_id: obtained.name for obtained in objects}
+        return {request_id: self._with_cause(outcome, names[request_id])
+                for request_id, outcome in ended.items()}
+
+    def _with_cause(self, outcome: Outcome, name: str) -> Outcome:
+        """A failed job's reason with the exception that ended it (a --module that does not
+        import, a query that raised), cleaned of the environment it was given."""
+        if outcome.completed:
+            return outcome
+        cause = job_failure.failure_cause(
+            self.process.run_dir / name / process_runner.OUTPUT,
+            (*self.process.environment_names, *FORBIDDEN_ENVIRONMENT))
+        if cause is None:
+            return outcome
+        return Outcome(completed=False, reason=f"{outcome.reason or 'the job failed'}: {cause}")
+
+    def forget_ended(self, objects: Sequence[ExternalObject]) -> None:
+        # The process target's .exited index is ours too: without this the dispatcher never
+        # pruned it for spark runs, and every outcome pass listed every run that ever ended.
+        self.process.forget_ended(objects)
 
     def stop(self, obtained: ExternalObject, fencing_token: int) -> StopResult:
         return self.process.stop(obtained, fencing_token)
