@@ -96,11 +96,11 @@ def test_too_few_connections_for_serves_own_threads_is_refused_before_anything_o
     db = f"sqlite:///{tmp_path / 'ledger.db'}"
     result = cli.run("serve", "--db-connections", "6", db=db, cwd=tmp_path, expect=2)
     assert "invalid_connections" in result.stderr
-    assert "at least 7" in result.stderr
+    assert "at least 8" in result.stderr
     assert not (tmp_path / "ledger.db").exists()
     result = cli.run("serve", "--db-connections", "7", "--prune-older-than", "30d", db=db,
                      cwd=tmp_path, expect=2, env={"QUOTAGATE_DB_CONNECTIONS": "3"})
-    assert "at least 8" in result.stderr
+    assert "at least 9" in result.stderr
     assert not (tmp_path / "ledger.db").exists()
 
 

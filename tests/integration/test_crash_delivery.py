@@ -134,6 +134,31 @@ def test_a_worker_killed_at_each_step_is_replaced_and_delivers_exactly_once(
     assert_exactly_once(gate, tmp_path, ids)
 
 
+@pytest.mark.parametrize("crash_at", ["after_outcomes", "after_ends"])
+def test_a_worker_killed_while_its_outcome_thread_ends_work_returns_each_cost_once(
+    setup: tuple[Quotagate, Path], db_url: str, crash_at: str
+) -> None:
+    """Killed once its outcome reads found ends (on PostgreSQL and MariaDB on the thread
+    they run on beside the passes, docs/decisions/260): before they are released, or once
+    they are committed. The restarted worker ends what is left, each cost back once."""
+    gate, tmp_path = setup
+    ids = submit_and_admit(gate, 2)
+    assert finish(start_crash_worker(db_url, "w1", crash_at=crash_at)) == -signal.SIGKILL
+
+    states = Counter(gate.show(request_id).state for request_id in ids)
+    released = [row for row in table(gate, schema.audit) if row["outcome"] == "released"]
+    if crash_at == "after_outcomes":
+        assert states == Counter({RequestState.DELIVERED: 2}) and released == []
+    else:  # the ends the read found were committed; the other may not have ended yet
+        assert states[RequestState.COMPLETED] >= 1 and len(released) == states[
+            RequestState.COMPLETED]
+    assert gate.usage()["tenants"][0]["used"] == states[RequestState.DELIVERED]
+    assert gate.check_invariants() == []
+
+    assert finish(start_crash_worker(db_url, "w1", "--until-idle")) == 0
+    assert_exactly_once(gate, tmp_path, ids)
+
+
 def claims_of(gate: Quotagate, worker: str) -> dict[str, int]:
     """Deliveries ``worker`` holds a claim on: request id -> claim (fencing) token."""
     outbox = schema.outbox

@@ -53,7 +53,7 @@ from quotagate.delivery.worker_defaults import DEFAULT_EXIT_GRACE
               envvar="QUOTAGATE_DB_CONNECTIONS", type=click.IntRange(2, 1000),
               help="Database connections serve opens at most, kept open once opened; HTTP "
               "calls run as many at once as its own threads leave free (they hold up "
-              "to 6 with workers), the rest wait their turn. "
+              "to 7 with workers), the rest wait their turn. "
               "Also $QUOTAGATE_DB_CONNECTIONS (docs/decisions/314).")
 @click.option("--exit-grace", type=click.FloatRange(min=0.0, min_open=True),
               default=DEFAULT_EXIT_GRACE,

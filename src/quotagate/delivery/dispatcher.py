@@ -7,7 +7,9 @@ in one fenced transaction; carry out the stops of cancelled requests (and of
 work past its max-runtime, where its tenant asks for that) the same way; then
 read the outcomes of delivered requests, many per target call, and release
 their cost when the executor says they ended. ``run`` repeats passes
-until told to stop and then gives the lease up.
+until told to stop and then gives the lease up; on PostgreSQL and MariaDB it
+reads the outcomes on a thread of its own beside the passes, under the same
+lease (docs/decisions/260).
 
 Each worker holds one lease, ``worker/<name>`` (docs/decisions/201). Its
 generation fences every write it makes; its claims live exactly as long as the
@@ -17,7 +19,9 @@ downstream, one higher at every claim (docs/decisions/213).
 Crash points for tests: ``QUOTAGATE_CRASH_AT=after_claim|after_create|after_binding``
 makes the worker SIGKILL itself at that step of its first delivery batch
 (``after_binding``: once the batch's bindings and marks are committed);
-``after_stop``: once a target confirmed a stop, before the ledger records it.
+``after_stop``: once a target confirmed a stop, before the ledger records it;
+``after_outcomes``: once a target reported ends, before they are released;
+``after_ends``: once those ends are committed, before the target forgets them.
 """
 
 from __future__ import annotations
@@ -69,7 +73,8 @@ __all__ = ["CRASH_POINTS", "Dispatcher", "lease_name"]
 logger = logging.getLogger("quotagate.delivery")
 
 CRASH_ENVIRONMENT_VARIABLE = "QUOTAGATE_CRASH_AT"
-CRASH_POINTS = ("after_claim", "after_create", "after_binding", "after_stop")
+CRASH_POINTS = ("after_claim", "after_create", "after_binding", "after_stop",
+                "after_outcomes", "after_ends")
 DEFAULT_STOP_POLL = 1.0
 TARGET_REFRESH_INTERVAL = 1.0
 MAX_BATCHES_PER_PASS = 16
@@ -139,6 +144,14 @@ class Dispatcher:
         self.actor = f"worker:{worker_name}"
         self.ledger_id = gate.ledger_id
         self.built = BuiltTargets(self.targets, ledger_id=self.ledger_id)
+        # The outcome thread's own targets (``run``): its reads share no client, cache or
+        # read schedule with the deliveries and stops, and a target rebuilt for a changed
+        # configuration is never closed under the other thread's call.
+        self.observed = BuiltTargets(self.targets, ledger_id=self.ledger_id)
+        # Set while ``run``'s outcome thread is up: the passes then leave outcomes to it.
+        self._observer: threading.Thread | None = None
+        # A lease lost by one thread is cleared only if no other thread replaced it since.
+        self._lease_lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._write_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._lease: Lease | None = None
@@ -164,6 +177,14 @@ class Dispatcher:
         # would only wait for it. With a crash point set, batches run one at a
         # time so the tests know where it hits.
         self._overlap_writes = crash_at is None and gate.engine.dialect.name != "sqlite"
+        # Outcome reads and their ends beside the passes, not between them: while one ran,
+        # nothing was claimed (docs/decisions/260). Not on SQLite: its one writer would
+        # only make the ends and the deliveries wait for each other.
+        self._observe_apart = observe_limit > 0 and gate.engine.dialect.name != "sqlite"
+        # ``worker --admit`` admits in its passes: an end frees room for them, so the
+        # outcome thread rings the passes' bell after ends (one of its own if none given).
+        self._bell = wakeup if wakeup is not None or not (admit and self._observe_apart) \
+            else Wakeup()
 
     @property
     def lease(self) -> Lease | None:
@@ -173,7 +194,17 @@ class Dispatcher:
     # -- the loop ----------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Pass after pass until ``stop`` is set; then release the lease."""
+        """Pass after pass until ``stop`` is set; then release the lease.
+
+        Outcomes are read on a thread of their own meanwhile (docs/decisions/260),
+        joined before the lease is given up: its ends are fenced by that lease.
+        """
+        halt = threading.Event()  # the passes ended without ``stop`` (an error escaped)
+        if self._observe_apart:
+            self._observer = threading.Thread(
+                target=self._observe_beside, args=(stop, halt),
+                name=f"outcomes-{self.worker_name}")
+            self._observer.start()
         try:
             while not stop.is_set():
                 try:
@@ -190,6 +221,10 @@ class Dispatcher:
                 if done == 0 and not stop.is_set():
                     self._idle(stop)
         finally:
+            if self._observer is not None:
+                halt.set()
+                self._observer.join()  # bounded by its call in progress, as the passes are
+                self._observer = None
             self.release()
 
     def _idle(self, stop: threading.Event) -> None:
@@ -198,10 +233,10 @@ class Dispatcher:
         With a bell, whoever sets ``stop`` rings it too (serve does), so a stop is
         not kept waiting for the interval.
         """
-        if self.wakeup is None:
+        if self._bell is None:
             stop.wait(self.poll_interval)
         else:
-            self.wakeup.wait(self.poll_interval)
+            self._bell.wait(self.poll_interval)
 
     def release(self) -> None:
         """Give the lease up, close the targets and the pool (the worker is shutting down)."""
@@ -212,6 +247,7 @@ class Dispatcher:
                 logger.warning("worker %s: cannot release lease: %s", self.worker_name, error)
             self._lease = None
         self.built.close()
+        self.observed.close()
         for pool in (self._pool, self._write_pool):
             if pool is not None:
                 pool.shutdown(wait=True)
@@ -256,7 +292,7 @@ class Dispatcher:
         # page a second): every read pass delays the next delivery (decisions/217);
         # unless the last read was a full page that ended most of what it read,
         # where the ends are what falls behind (docs/decisions/251).
-        if self._lease is not None and self.observe_limit and (
+        if self._lease is not None and self.observe_limit and self._observer is None and (
             delivered == 0 or self._observe_again or now - self._observed_at >= OBSERVE_INTERVAL
         ):
             self._observed_at = now
@@ -329,11 +365,21 @@ class Dispatcher:
                 return False
         return True
 
-    def _lost_lease(self) -> None:
-        logger.warning("worker %s: lease %s was taken over; stopping work under generation %s",
-                       self.worker_name, self.lease_name,
-                       None if self._lease is None else self._lease.generation)
-        self._lease = None
+    def _lost_lease(self, lease: Lease | None = None) -> None:
+        """Forget the lease; with ``lease``, only if it is still the one held.
+
+        The outcome thread and the writer learn of a loss under the lease they
+        wrote with; the passes may have taken a newer generation since, which
+        is not theirs to drop.
+        """
+        with self._lease_lock:
+            if lease is not None and (self._lease is None
+                                      or self._lease.generation != lease.generation):
+                return
+            logger.warning("worker %s: lease %s was taken over; stopping work under "
+                           "generation %s", self.worker_name, self.lease_name,
+                           None if self._lease is None else self._lease.generation)
+            self._lease = None
 
     def _in_pool(self, calls: Sequence[Callable[[], Result]]) -> list[Result | BaseException]:
         """Run ``calls`` concurrently; results (or exceptions) in order.
@@ -419,7 +465,7 @@ class Dispatcher:
         try:
             written = self.outbox.record_deliveries(lease, created, actor=self.actor)
         except StaleGeneration as error:
-            self._stale(error)
+            self._stale(error, lease)
             return 0
         self._crash_point("after_binding")
         for request_id in written.gone:
@@ -509,10 +555,10 @@ class Dispatcher:
         self.counters.increment("given_up")
         return 1
 
-    def _stale(self, error: StaleGeneration) -> None:
+    def _stale(self, error: StaleGeneration, lease: Lease | None = None) -> None:
         logger.warning("worker %s: %s", self.worker_name, error.message)
         if error.code != "claim_lost":
-            self._lost_lease()
+            self._lost_lease(lease)
 
     def _target(self, name: str | None) -> tuple[TargetConfig, Target]:
         return self.built.get(name)
@@ -608,8 +654,47 @@ class Dispatcher:
 
     # -- outcomes ----------------------------------------------------------------
 
-    def _observe(self) -> int:
-        """Release delivered requests whose executor reports an end (fenced by the lease)."""
+    def _observe_beside(self, stop: threading.Event, halt: threading.Event) -> None:
+        """``run``'s outcome thread: read outcomes and release ends beside the passes.
+
+        A read that ended something is followed by the next at once (more ends may
+        wait: the next page, or work that ended meanwhile); one that ended nothing,
+        or found the lease not held, waits ``poll_interval``, as an idle pass does.
+        Its ends are fenced by the lease the passes hold; a loss seen here stops
+        them until the passes hold a lease again.
+        """
+        refreshed = -TARGET_REFRESH_INTERVAL
+        try:
+            while not (stop.is_set() or halt.is_set()):
+                ended = 0
+                try:
+                    if time.monotonic() - refreshed >= TARGET_REFRESH_INTERVAL:
+                        self.observed.refresh()  # target changes, within a second
+                        refreshed = time.monotonic()
+                    ended = self._observe(self.observed)
+                except QuotagateError as error:
+                    logger.warning("worker %s: outcome read failed: %s", self.worker_name,
+                                   error.message)
+                except Exception:
+                    # Keep the thread alive; the next read starts from the database.
+                    logger.exception("worker %s: outcome read failed", self.worker_name)
+                if ended and self._bell is not None and self.admit:
+                    self._bell.ring()  # room came back: the passes admit again at once
+                if not ended:
+                    stop.wait(self.poll_interval)
+        finally:
+            self.observed.close()
+            if self._bell is not None and self.admit:
+                self._bell.ring()  # a pass waiting on the bell sees the stop now
+
+    def _observe(self, built: BuiltTargets | None = None) -> int:
+        """Release delivered requests whose executor reports an end (fenced by the lease).
+
+        ``built``: whose targets read (the outcome thread's own; the passes' by default).
+        """
+        built = self.built if built is None else built
+        if self._lease is None:
+            return 0
         watched = self.outbox.delivered_bindings(self.observe_limit, after=self._observed_up_to)
         self._watched = len(watched)
         # Next pass goes on from here; a short page means we reached the end: wrap around.
@@ -622,20 +707,24 @@ class Dispatcher:
         ended = 0
         for target_name, objects in by_target.items():
             try:
-                _config, target = self.built.get(target_name)
+                _config, target = built.get(target_name)
                 outcomes = target.outcomes(objects)
             except QuotagateError as error:
                 logger.warning("worker %s: reading outcomes from %s: %s", self.worker_name,
                                target_name, redact_text(error.message))
                 continue
+            if outcomes:
+                self._crash_point("after_outcomes")
             lease = self._lease
             if lease is None:
                 return ended
             try:
                 released, settled = self._end_all(lease, outcomes)
             except StaleGeneration as error:
-                self._stale(error)
+                self._stale(error, lease)
                 return ended
+            if settled:
+                self._crash_point("after_ends")
             ended += released
             if settled and isinstance(target, ForgetsEnded):
                 target.forget_ended([obtained for obtained in objects

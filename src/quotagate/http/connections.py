@@ -24,10 +24,11 @@ DEFAULT_CONNECTIONS = 20
 
 # Connections serve's own threads can hold at once beside the HTTP calls. With
 # workers: the admission loop keeps one between passes (store/kept_connection.py)
-# and checks out a second for its expiry pass; its wait observer; the dispatcher
-# and its batch writer; the group release, which writes the ends of /complete
-# calls. The retention loop, when on, one more. Without workers: the group release.
-_WORKER_CONNECTIONS = 6
+# and checks out a second for its expiry pass; its wait observer; the dispatcher,
+# its batch writer and its outcome thread (docs/decisions/260); the group release,
+# which writes the ends of /complete calls. The retention loop, when on, one more.
+# Without workers: the group release.
+_WORKER_CONNECTIONS = 7
 _API_ONLY_CONNECTIONS = 1
 _RETENTION_CONNECTIONS = 1
 
