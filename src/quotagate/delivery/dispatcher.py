@@ -133,9 +133,6 @@ class Dispatcher:
         self.observe_limit = observe_limit
         # Seconds between looks for work past its max-runtime (0: every pass).
         self.overrun_interval = overrun_interval
-        # Rung by an admission loop in this process (serve): an idle pass waits for it or
-        # for ``poll_interval``, whichever comes first (docs/decisions/258).
-        self.wakeup = wakeup
         self.retry = RetryPolicy(max_attempts, retry_base, retry_max)
         self.counters = gate.delivery_counters
         self.leases = LeaseStore(gate.engine, counters=self.counters)
@@ -181,10 +178,13 @@ class Dispatcher:
         # nothing was claimed (docs/decisions/260). Not on SQLite: its one writer would
         # only make the ends and the deliveries wait for each other.
         self._observe_apart = observe_limit > 0 and gate.engine.dialect.name != "sqlite"
-        # ``worker --admit`` admits in its passes: an end frees room for them, so the
-        # outcome thread rings the passes' bell after ends (one of its own if none given).
-        self._bell = wakeup if wakeup is not None or not (admit and self._observe_apart) \
-            else Wakeup()
+        # Rung by an admission loop in this process (serve): an idle pass waits for it or
+        # for ``poll_interval``, whichever comes first (docs/decisions/258). ``worker
+        # --admit`` admits in its passes and an end frees room for them: its outcome
+        # thread rings a bell of its own after ends.
+        if wakeup is None and admit and self._observe_apart:
+            wakeup = Wakeup()
+        self._bell = wakeup
 
     @property
     def lease(self) -> Lease | None:

@@ -187,6 +187,7 @@ class AdmissionReads:
         rows = []
         missing: list[str] = []
         kept = reads.heads
+        deep = self._window
         for tenant in tenants:
             known = kept.get(tenant)
             # Known if they are all its waiting requests, or at least as many as asked for.
@@ -194,6 +195,8 @@ class AdmissionReads:
                 rows += known.rows[:window]
             else:
                 missing.append(tenant)
+                if known is not None:
+                    deep = min(deep, 2 * known.depth)
         if missing:
             # The tenants whose kept heads ran short: read deeper, so that their next
             # admissions find theirs kept — twice as deep as their last read, up to the
@@ -201,11 +204,6 @@ class AdmissionReads:
             # shallow (the first admission's window), on a page cache SQLite emptied,
             # and the lock may change hands again within a few admissions: rows read
             # 32 deep then are mostly read for nothing (docs/decisions/059).
-            deep = self._window
-            for tenant in missing:
-                known = reads.heads.get(tenant)
-                if known is not None:
-                    deep = min(deep, 2 * known.depth)
             deep = max(window, deep)
             reads.unsettled.append((missing, deep, _read_heads(transaction, missing, deep)))
             reads.settle()
