@@ -27,6 +27,7 @@ from quotagate.domain.placement import Placement
 from quotagate.store import admission_stats, cohorts, statements
 from quotagate.store.engine import create_engine
 from quotagate.store.ledger import Ledger
+from quotagate.store.steady_admission import SteadyAdmission
 from support.databases import fresh_database
 from support.workers import admit_count
 
@@ -249,12 +250,24 @@ def test_a_tenant_short_of_kept_heads_is_read_twice_as_deep_as_last_time(
 # -- the same placements as a ledger that reads at every admission ------------------
 
 
-def _configure(gate: Quotagate) -> None:
+def _configure(gate: Quotagate, *, plain: bool = False) -> None:
+    """Cohort members and a sliced pool; or (``plain``) plain tenants with weights and a
+    fair-share half-life, where admit(1) is decided by the steady admission
+    (quotagate.store.steady_admission)."""
+    if plain:  # roomier, so that most admissions place something
+        gate.set_pool("pool-1", {"gpu": 16, "cpu": 30})
+        gate.set_pool("pool-2", {"gpu": 8, "cpu": 50})
+        gate.set_tenant("team-a", {"gpu": 3, "cpu": 8})
+        gate.set_tenant("team-b", {"gpu": 8, "cpu": 20}, weight=2)
+        gate.set_tenant("team-c", {"gpu": 6, "cpu": 12})
+        gate.set_tenant("team-d", {"gpu": 4, "cpu": 12}, weight=3)
+        gate.set_fair_share(half_life="30s")
+        return
     gate.set_pool("pool-1", {"gpu": 6, "cpu": 12}, slices=2)
     gate.set_pool("pool-2", {"gpu": 3, "cpu": 20})
-    gate.set_cohort("shared")
     gate.set_tenant("team-a", {"gpu": 3, "cpu": 8})
     gate.set_tenant("team-b", {"gpu": 2, "cpu": 6}, weight=2)
+    gate.set_cohort("shared")
     gate.set_tenant("team-c", {"gpu": 2, "cpu": 4}, cohort="shared", borrowing_limit={"gpu": 2})
     gate.set_tenant("team-d", {"gpu": 1, "cpu": 4}, cohort="shared")
 
@@ -306,9 +319,25 @@ def _step(generator: random.Random, sides: list[Side], state: dict[str, Any],
     return None
 
 
+@pytest.fixture
+def steady_decisions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ids the steady admission placed on kept reads alone (else the general one did)."""
+    decided: list[str] = []
+    decide = SteadyAdmission._admit_on
+
+    def counted(self: SteadyAdmission, *arguments: Any) -> list[Placement] | None:
+        placed = decide(self, *arguments)
+        decided.extend(_ids(placed or []))
+        return placed
+
+    monkeypatch.setattr(SteadyAdmission, "_admit_on", counted)
+    return decided
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["cohorts-and-slices", "plain-tenants"])
 @pytest.mark.parametrize("seed", range(3))
 def test_placements_are_those_of_a_ledger_that_reads_every_time(
-    tmp_path: Path, clock: ManualClock, seed: int
+    tmp_path: Path, clock: ManualClock, seed: int, plain: bool, steady_decisions: list[str],
 ) -> None:
     generator = random.Random(seed)
     (tmp_path / "kept").mkdir()
@@ -317,17 +346,25 @@ def test_placements_are_those_of_a_ledger_that_reads_every_time(
             fresh_database("sqlite", tmp_path / "fresh") as fresh_url:
         sides = [_side(kept_url, clock, window=6), _side(fresh_url, clock, reuse=False, window=6)]
         for side in sides:
-            _configure(side.gate)
+            _configure(side.gate, plain=plain)
         state: dict[str, Any] = {"next": 0, "reserved": [], "refused": set()}
-        admissions = 0
+        if plain:  # a backlog, so that admissions in a row place something
+            for index in range(120):
+                tenant, cost = generator.choice(TEAMS[1:]), generator.choice(COSTS)
+                for side in sides:
+                    side.gate.submit(f"backlog-{index}", tenant, cost)
+        admissions = placed = 0
         for _ in range(400):
-            placed = _step(generator, sides, state, clock)
-            if placed is None:
+            placed_now = _step(generator, sides, state, clock)
+            if placed_now is None:
                 continue
-            kept, fresh = placed
-            assert kept == fresh
-            admissions += 1
-            state["reserved"] += _ids(kept)
+            # Plain tenants: admit(1) three more times in a row, on reads kept since.
+            for kept, fresh in [placed_now, *([side.admit(1) for side in sides]
+                                              for _ in range(3 if plain else 0))]:
+                assert kept == fresh
+                admissions += 1
+                placed += len(kept)
+                state["reserved"] += _ids(kept)
         for side in sides:
             # Usage may stand above team-a's cap, lowered at random: not a violation.
             assert side.gate.check_ledger().violations == []
@@ -336,6 +373,8 @@ def test_placements_are_those_of_a_ledger_that_reads_every_time(
         # The kept reads were used (else this compared a ledger with itself).
         assert sides[1].snapshot_reads() >= admissions
         assert sides[0].snapshot_reads() < admissions * 3 // 4
+        # Plain tenants: the steady admission decided many (cohorts and slices: none).
+        assert len(steady_decisions) > placed // 4 if plain else steady_decisions == []
         for side in sides:
             side.ledger.close()
             side.ledger.engine.dispose()

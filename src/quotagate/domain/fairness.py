@@ -54,6 +54,13 @@ def dominant_share(usage: Usage, weight: int = 1) -> float:
     return share / weight if weight > 1 else share
 
 
+def fair_share(usage: Usage, weight: int, past: float | None) -> float:
+    """A tenant's place in the fair order: its weighted dominant share, plus its past share
+    (:func:`past_share`, with a half-life) over its weight. Lowest goes first."""
+    share = dominant_share(usage, weight)
+    return share + past / max(weight, 1) if past else share
+
+
 def decayed(value: float, since: float | None, now: float, half_life: float) -> float:
     """``value`` recorded at ``since``, decayed to ``now``: halved every ``half_life``."""
     if since is None or value == 0:
@@ -127,11 +134,7 @@ class FairOrder(Generic[T]):
 
     def _push(self, tenant: str, position: int, usage: Usage) -> None:
         if position < len(self._candidates):
-            weight = self._weights.get(tenant, 1)
-            share = dominant_share(usage, weight)
-            past = self._history.get(tenant)
-            if past:
-                share += past / max(weight, 1)
+            share = fair_share(usage, self._weights.get(tenant, 1), self._history.get(tenant))
             heapq.heappush(self._heap, (share, position, tenant))
 
     def _following(self) -> list[int]:

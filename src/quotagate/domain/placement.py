@@ -6,12 +6,12 @@ resource the holder does not list has a cap of zero.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from quotagate.domain.budget import Budgets
-from quotagate.domain.fairness import FairOrder
+from quotagate.domain.fairness import FairOrder, fair_share
 from quotagate.domain.model import Cost
 from quotagate.domain.sharing import Sharing
 
@@ -33,6 +33,15 @@ def fits(cost: Cost, usage: Mapping[str, tuple[int, int]]) -> bool:
         if cap - used < amount:
             return False
     return True
+
+
+def has_room(usage: Mapping[str, tuple[int, int]]) -> bool:
+    """Has a holder room left in any resource? A loop, not any() over a generator:
+    asked of every tenant and every pool at every admission."""
+    for used, cap in usage.values():  # noqa: SIM110 - the loop is the point (above)
+        if cap > used:
+            return True
+    return False
 
 
 def fits_when_empty(cost: Cost, capacity: Mapping[str, int]) -> bool:
@@ -158,6 +167,52 @@ def plan_admissions(
         if fair is not None:
             fair.considered(usage or {})
     return placements
+
+
+# A candidate as admission keeps it between reads: its place in queue order (queue key,
+# created, id), then the candidate, then whatever the keeper adds (quotagate.store.head_rows).
+# The id is unique, so such tuples compare in queue order and never by the candidate.
+QueuedCandidate = tuple[Any, ...]
+
+
+def place_first(
+    queues: Iterable[tuple[str, Sequence[QueuedCandidate]]],
+    tenants: Mapping[str, Mapping[str, tuple[int, int]]],
+    pools: Mapping[str, Mapping[str, tuple[int, int]]],
+    weights: Mapping[str, int],
+    history: Mapping[str, float] | None,
+    window: int,
+) -> tuple[QueuedCandidate, str] | None:
+    """The one request :func:`plan_admissions` places with ``limit=1`` and ``weights``, and
+    its best-fit pool, without building the plan: for tenants outside cohorts, with no
+    budget and no held room (the steady SQLite admission, quotagate.store.steady_admission).
+
+    ``queues``: each tenant's first waiting candidates in queue order, of which the first
+    ``window`` count. With one placement to make, the fair order's shares do not move
+    before it is made, so the fair order hands out candidates by (the tenant's
+    :func:`~quotagate.domain.fairness.fair_share`, place in queue order): the first that
+    fits its tenant and some pool is the one placed, that is, of each tenant's first
+    fitting candidate, the one lowest in that order.
+    """
+    best: tuple[QueuedCandidate, str] | None = None
+    best_key: tuple[Any, ...] | None = None
+    for tenant, queued in queues:
+        usage = tenants.get(tenant)
+        if usage is None:
+            continue
+        for entry in queued[:window]:
+            cost = entry[3].cost
+            if not fits(cost, usage):
+                continue
+            pool = best_fit_pool(cost, pools)
+            if pool is None:
+                continue
+            past = history.get(tenant) if history else None
+            key = (fair_share(usage, weights.get(tenant, 1), past), entry[0], entry[1], entry[2])
+            if best_key is None or key < best_key:
+                best, best_key = (entry, pool), key
+            break  # the tenant's later candidates come after this one in its queue
+    return best
 
 
 def _place(

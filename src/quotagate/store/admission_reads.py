@@ -47,13 +47,14 @@ from quotagate.store.dialect import counts_other_commits, types_union_columns_fr
 from quotagate.store.driver import DriverTransaction
 from quotagate.store.head_rows import HeadEntry, head_entries
 
-__all__ = ["AdmissionReads"]
+__all__ = ["AdmissionReads", "KeptHeads", "KeptReads"]
 
-_DATA_VERSION = sa.text("PRAGMA data_version")
+_DATA_VERSION_SQL = "PRAGMA data_version"
+_DATA_VERSION = sa.text(_DATA_VERSION_SQL)
 
 
 @dataclass(slots=True)
-class _Heads:
+class KeptHeads:
     """One tenant's first waiting requests (head entries: quotagate.store.head_rows), in
     queue order."""
 
@@ -63,22 +64,34 @@ class _Heads:
     # How many that read asked for: the next read of this tenant asks for twice as many.
     depth: int
 
+    def known_to(self, window: int) -> bool:
+        """Are the tenant's first ``window`` waiting requests all here: all it has, or at
+        least as many?"""
+        return self.complete or len(self.rows) >= window
+
 
 @dataclass(slots=True)
-class _Reads:
+class KeptReads:
     """What one admission read, and where the database stood when it had done."""
 
     connection: Any  # the sqlite3 connection it ran on (held: its id is never reused)
     data_version: int
     total_changes: int = -1
     snapshot: cohorts.Snapshot | None = None
-    heads: dict[str, _Heads] = field(default_factory=dict)
+    heads: dict[str, KeptHeads] = field(default_factory=dict)
     # Head reads not sorted into ``heads`` yet, and requests reserved since (id, tenant):
     # settled only when reads are reused, so that an admission whose reads will not
     # be (another process commits in between, a batch takes more than a window
     # leaves) pays nothing for keeping them.
     unsettled: list[tuple[Sequence[str], int, list[HeadEntry]]] = field(default_factory=list)
     reserved: list[tuple[str, str]] = field(default_factory=list)
+
+    def current(self, connection: Any, data_version: int) -> bool:
+        """Is the database still what these reads say, seen from ``connection`` inside a
+        transaction holding the write lock (``data_version`` its ``PRAGMA data_version``)?"""
+        return (self.snapshot is not None and self.connection is connection
+                and self.data_version == data_version
+                and self.total_changes == connection.total_changes)
 
     def settle(self) -> None:
         """Sort the head reads into ``heads``, then drop what was reserved since."""
@@ -89,7 +102,7 @@ class _Reads:
                 by_tenant[entry[3].tenant].append(entry)
             for tenant, tenant_rows in by_tenant.items():
                 tenant_rows.sort()  # head entries sort in queue order
-                heads[tenant] = _Heads(tenant_rows, complete=len(tenant_rows) < window,
+                heads[tenant] = KeptHeads(tenant_rows, complete=len(tenant_rows) < window,
                                        depth=window)
         self.unsettled.clear()
         for request_id, tenant in self.reserved:
@@ -111,7 +124,7 @@ class _Attempt:
     """The reads of the admission attempt running in one thread."""
 
     transaction: DriverTransaction
-    reads: _Reads | None  # None: nothing will be kept from this attempt
+    reads: KeptReads | None  # None: nothing will be kept from this attempt
     heads_kept: bool  # kept heads may answer its first head read (its snapshot is the kept one)
     heads_read: bool = False
 
@@ -129,7 +142,7 @@ class AdmissionReads:
         # How many heads of a tenant a read made on reused reads asks for: the
         # ledger's whole window, so that a tenant's next admissions find theirs kept.
         self._window = window
-        self._kept: list[_Reads] = []  # at most one
+        self._kept: list[KeptReads] = []  # at most one
         self._local = threading.local()
 
     def snapshot(self, transaction: DriverTransaction) -> cohorts.Snapshot:
@@ -137,21 +150,41 @@ class AdmissionReads:
         if not self._enabled:
             return self._read_snapshot(transaction)
         try:
-            kept: _Reads | None = self._kept.pop()
+            kept: KeptReads | None = self._kept.pop()
         except IndexError:
             kept = None
         cursor = transaction.execute(_DATA_VERSION, {})
         (data_version,) = cursor.fetchone()
         connection = cursor.connection
-        if (kept is not None and kept.snapshot is not None and kept.connection is connection
-                and kept.data_version == data_version
-                and kept.total_changes == connection.total_changes):
+        if kept is not None and kept.current(connection, data_version):
+            assert kept.snapshot is not None  # current() says so
             self._local.attempt = _Attempt(transaction, kept, heads_kept=True)
             return kept.snapshot
         snapshot = self._read_snapshot(transaction)
-        reads = _Reads(connection, data_version, snapshot=snapshot)
+        reads = KeptReads(connection, data_version, snapshot=snapshot)
         self._local.attempt = _Attempt(transaction, reads, heads_kept=False)
         return snapshot
+
+    def take_current(self, cursor: Any) -> KeptReads | None:
+        """The kept reads, taken away, if the database is still what they say; else None.
+
+        ``cursor``: on the connection of a transaction that holds the write lock (the steady
+        admission's, quotagate.store.steady_admission). Reads no longer true are forgotten;
+        reads taken are kept again by :meth:`give_back`.
+        """
+        if not self._enabled:
+            return None
+        try:
+            kept = self._kept.pop()
+        except IndexError:
+            return None
+        (data_version,) = cursor.execute(_DATA_VERSION_SQL).fetchone()
+        return kept if kept.current(cursor.connection, data_version) else None
+
+    def give_back(self, reads: KeptReads) -> None:
+        """Keep ``reads`` (taken by :meth:`take_current`) for the next admission: untouched,
+        or as a commit left them (``total_changes`` read inside it)."""
+        self._kept[:] = [reads]
 
     def keeping(self, transaction: DriverTransaction) -> bool:
         """Does ``transaction``'s attempt keep its head reads (:meth:`head_entries`)? If not,
@@ -187,29 +220,35 @@ class AdmissionReads:
         rows = []
         missing: list[str] = []
         kept = reads.heads
-        deep = self._window
         for tenant in tenants:
             known = kept.get(tenant)
-            # Known if they are all its waiting requests, or at least as many as asked for.
-            if known is not None and (known.complete or len(known.rows) >= window):
+            if known is not None and known.known_to(window):
                 rows += known.rows[:window]
             else:
                 missing.append(tenant)
-                if known is not None:
-                    deep = min(deep, 2 * known.depth)
         if missing:
-            # The tenants whose kept heads ran short: read deeper, so that their next
-            # admissions find theirs kept — twice as deep as their last read, up to the
-            # ledger's window. After another process's commit every tenant was read
-            # shallow (the first admission's window), on a page cache SQLite emptied,
-            # and the lock may change hands again within a few admissions: rows read
-            # 32 deep then are mostly read for nothing (docs/decisions/059).
-            deep = max(window, deep)
-            reads.unsettled.append((missing, deep, _read_heads(transaction, missing, deep)))
-            reads.settle()
+            self.read_deeper(reads, transaction, missing, window)
             for tenant in missing:
                 rows += reads.heads[tenant].rows[:window]
         return rows
+
+    def read_deeper(self, reads: KeptReads, transaction: DriverTransaction,
+                    tenants: Sequence[str], window: int) -> None:
+        """Read the heads of ``tenants``, whose kept heads ran short of ``window``, into
+        ``reads`` (settled): deeper, so that their next admissions find theirs kept —
+        twice as deep as their last read, up to the ledger's window. After another
+        process's commit every tenant was read shallow (the first admission's window),
+        on a page cache SQLite emptied, and the lock may change hands again within a
+        few admissions: rows read 32 deep then are mostly read for nothing
+        (docs/decisions/059)."""
+        deep = self._window
+        for tenant in tenants:
+            known = reads.heads.get(tenant)
+            if known is not None:
+                deep = min(deep, 2 * known.depth)
+        deep = max(window, deep)
+        reads.unsettled.append((tenants, deep, _read_heads(transaction, tenants, deep)))
+        reads.settle()
 
     def noting(
         self, work: Callable[[DriverTransaction], list[Placement]]

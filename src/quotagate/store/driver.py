@@ -481,10 +481,10 @@ def _attempt(
             if invalidated:
                 pooled.invalidate(exc)
             else:
-                _rollback(pooled, driver_error)
+                roll_back(pooled, driver_error)
             raise wrapped from exc
         except BaseException:
-            _rollback(pooled, driver_error)
+            roll_back(pooled, driver_error)
             raise
     finally:
         if autocommit and pooled.dbapi_connection is not None:  # not if invalidated
@@ -494,10 +494,10 @@ def _attempt(
                 pooled.invalidate(exc)
                 committed = False
         if not (committed and kept is not None and kept.keep(pooled)):
-            _hand_back(pooled, committed)
+            hand_back(pooled, committed)
 
 
-def _hand_back(pooled: Any, committed: bool) -> None:
+def hand_back(pooled: Any, committed: bool) -> None:
     """Return the connection to the pool; after a commit, without the pool's rollback.
 
     The pool rolls back every connection handed back to it, unless told that the
@@ -513,7 +513,7 @@ def _hand_back(pooled: Any, committed: bool) -> None:
         pooled.close()
 
 
-def _rollback(pooled: Any, driver_error: type[Exception]) -> None:
+def roll_back(pooled: Any, driver_error: type[Exception]) -> None:
     """Roll back; a connection that cannot even do that is dropped from the pool."""
     try:
         pooled.rollback()

@@ -33,7 +33,7 @@ from quotagate.domain.model import (
     validate_reason,
 )
 from quotagate.domain.ordering import DEFAULT_AGING_INTERVAL
-from quotagate.domain.placement import Candidate, Placement, plan_admissions
+from quotagate.domain.placement import Candidate, Placement, has_room, plan_admissions
 from quotagate.domain.placement import charge as charge_usage
 from quotagate.domain.preemption import HeldRoom, Preemption, choose_preemption
 from quotagate.domain.rate_refusal import rate_limited
@@ -59,6 +59,7 @@ from quotagate.store.charges import charge_rows
 from quotagate.store.dialect import (
     begin_statement,
     code_point_collation,
+    counts_other_commits,
     locks_in_lateral_join,
     materializes_derived_tables,
     reserve_writes_records,
@@ -72,6 +73,7 @@ from quotagate.store.kept_connection import KeptConnection
 from quotagate.store.rate_gate import RateGate
 from quotagate.store.release import End, ReleaseResult, lock_decisions, release_batch
 from quotagate.store.rows import request_from_row
+from quotagate.store.steady_admission import SteadyAdmission
 from quotagate.store.submission import (
     SubmitResult,
     new_row,
@@ -117,13 +119,11 @@ class _TokenNeeded(Exception):
     """
 
 
-def _has_room(usage: Mapping[str, tuple[int, int]]) -> bool:
-    """Has a holder room left in any resource? A loop, not any() over a generator:
-    asked of every tenant and every pool at every admission."""
-    for used, cap in usage.values():  # noqa: SIM110 - the loop is the point (above)
-        if cap > used:
-            return True
-    return False
+def _first_window(admission_window: int, limit: int) -> int:
+    """How many heads of each queue an admission of ``limit`` looks at first: most are
+    decided by the first few requests of each queue; the whole window is read only when
+    those do not fill the batch."""
+    return min(admission_window, max(4, 2 * limit))
 
 
 def _open_tenants(tenants: Mapping[str, Mapping[str, tuple[int, int]]],
@@ -131,10 +131,10 @@ def _open_tenants(tenants: Mapping[str, Mapping[str, tuple[int, int]]],
     """The tenants that could take one more unit of something, by name."""
     roots = sharing.roots
     if not roots:  # no cohorts (the common case): one test per tenant, a list not a generator
-        return sorted([name for name, usage in tenants.items() if _has_room(usage)])
+        return sorted([name for name, usage in tenants.items() if has_room(usage)])
     return sorted(
         name for name, usage in tenants.items()
-        if (sharing.open(name, usage) if name in roots else _has_room(usage))
+        if (sharing.open(name, usage) if name in roots else has_room(usage))
     )
 
 
@@ -191,6 +191,12 @@ class Ledger:
         self._begin_waited = admission_stats.observe_lock_wait if locks_at_begin else None
         self._lock_wait = admission_stats.no_lock_wait if locks_at_begin \
             else admission_stats.lock_wait
+        # admit(1) decided on those kept reads alone, while they are current (SQLite).
+        self._steady = SteadyAdmission(
+            engine, self._reads, self._admission_connection, self.clock,
+            _first_window(admission_window, 1), admission_window,
+            admission_stats.observe_lock_wait,
+        ) if reuse_reads and counts_other_commits(engine) else None
 
     def close(self) -> None:
         """Hand back the connection admission keeps between calls (quotagate.store.driver),
@@ -336,6 +342,12 @@ class Ledger:
         if limit < 1:
             raise InvalidInput("admit limit must be at least 1", code="invalid_limit")
         self._expire_if_due()
+        if limit == 1 and self._steady is not None:
+            admitted = self._steady.admit(actor, partial(self._admit_one_in, actor=actor))
+            if admitted is not None:
+                if not admitted and self._policies_seen:
+                    self.preempt(actor=actor)  # as below
+                return admitted
         claim = True
         for _ in range(50):
             try:
@@ -373,6 +385,10 @@ class Ledger:
                 self.preempt(actor=actor)
             return admitted
         return []
+
+    def _admit_one_in(self, transaction: DriverTransaction, *, actor: str) -> list[Placement]:
+        """The general admission of one request, in a transaction begun by the steady one."""
+        return self._reads.noting(partial(self._admit, limit=1, actor=actor))(transaction)
 
     # -- preempt ---------------------------------------------------------------
 
@@ -499,7 +515,7 @@ class Ledger:
             snapshot.budgets = budgets.budgets_from_rows(
                 transaction.rows(budgets.budget_query(), {"now": now}))
         open_tenants = _open_tenants(tenants, sharing)
-        if not open_tenants or not any(map(_has_room, pools.values())):
+        if not open_tenants or not any(map(has_room, pools.values())):
             return []
         # Several admitters: plan for the tenants no other admitter is charging
         # (quotagate.store.tenant_claims) — one by one in fair order once another
@@ -555,9 +571,7 @@ class Ledger:
         waiting requests whose quota rows no other admitter holds are planned
         for (quotagate.store.tenant_claims).
         """
-        # Most admissions are decided by the first few requests of each queue;
-        # read the whole window only when those do not fill the batch.
-        window = min(self.admission_window, max(4, 2 * limit))
+        window = _first_window(self.admission_window, limit)
         admitted: list[Placement] = []
         targets: dict[str, str | None] = {}
         claimed: set[str] | None = None
@@ -880,14 +894,11 @@ class Ledger:
         # Batched with the reserve and the charges where the server checks their row
         # counts (DriverTransaction.write_many): one round trip for all of them on MariaDB.
         transaction.write_many(statements.outbox_insert(), [
-            {"request_id": placement.id, "tenant": placement.tenant,
-             "target": targets.get(placement.id), "now": now}
+            statements.outbox_row(placement, targets.get(placement.id), now)
             for placement in placements
         ])
         transaction.write_many(statements.admission_audit_insert(), [
-            {"at": now, "actor": actor, "tenant": placement.tenant, "target": placement.id,
-             "reason": f"pool={placement.pool}"}
-            for placement in placements
+            statements.admission_audit_row(placement, now, actor) for placement in placements
         ])
 
     # -- release ---------------------------------------------------------------

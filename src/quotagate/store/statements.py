@@ -370,6 +370,11 @@ def outbox_insert() -> sa.Insert:
     )
 
 
+def outbox_row(placement: Placement, target: str | None, now: float) -> dict[str, Any]:
+    """The parameters of :func:`outbox_insert` for an admitted request."""
+    return {"request_id": placement.id, "tenant": placement.tenant, "target": target, "now": now}
+
+
 @lru_cache(maxsize=1)
 def carry_token_statement() -> sa.Update:
     """A requeued request's new outbox row counts its claims on from ``token``, the last
@@ -387,6 +392,12 @@ def admission_audit_insert() -> sa.Insert:
         tenant=sa.bindparam("tenant"), operation="admit", target=sa.bindparam("target"),
         outcome="reserved", reason=sa.bindparam("reason"),
     )
+
+
+def admission_audit_row(placement: Placement, now: float, actor: str) -> dict[str, Any]:
+    """The parameters of :func:`admission_audit_insert` for an admitted request."""
+    return {"at": now, "actor": actor, "tenant": placement.tenant, "target": placement.id,
+            "reason": f"pool={placement.pool}"}
 
 
 @lru_cache(maxsize=256)
