@@ -6,6 +6,7 @@ resource the holder does not list has a cap of zero.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -190,29 +191,37 @@ def place_first(
     ``queues``: each tenant's first waiting candidates in queue order, of which the first
     ``window`` count. With one placement to make, the fair order's shares do not move
     before it is made, so the fair order hands out candidates by (the tenant's
-    :func:`~quotagate.domain.fairness.fair_share`, place in queue order): the first that
-    fits its tenant and some pool is the one placed, that is, of each tenant's first
-    fitting candidate, the one lowest in that order.
+    :func:`~quotagate.domain.fairness.fair_share`, place in queue order), and the first
+    that fits its tenant and some pool is the one placed. Each tenant's candidates are
+    looked at only when its turn comes, as the fair order would.
     """
-    best: tuple[QueuedCandidate, str] | None = None
-    best_key: tuple[Any, ...] | None = None
+    turns: list[tuple[Any, ...]] = []
     for tenant, queued in queues:
         usage = tenants.get(tenant)
-        if usage is None:
+        if usage is None or not queued or window < 1:
             continue
-        for entry in queued[:window]:
-            cost = entry[3].cost
-            if not fits(cost, usage):
-                continue
+        past = history.get(tenant) if history else None
+        share = fair_share(usage, weights.get(tenant, 1), past)
+        first = queued[0]
+        # (share, place in queue order, the tenant's index into its queue, queue, usage)
+        turns.append((share, first[0], first[1], first[2], 0, queued, usage))
+    heapq.heapify(turns)
+    while turns:
+        share, _key, _created, _id, index, queued, usage = turns[0]
+        entry = queued[index]
+        cost = entry[3].cost
+        if fits(cost, usage):
             pool = best_fit_pool(cost, pools)
-            if pool is None:
-                continue
-            past = history.get(tenant) if history else None
-            key = (fair_share(usage, weights.get(tenant, 1), past), entry[0], entry[1], entry[2])
-            if best_key is None or key < best_key:
-                best, best_key = (entry, pool), key
-            break  # the tenant's later candidates come after this one in its queue
-    return best
+            if pool is not None:
+                return entry, pool
+        index += 1
+        if index < window and index < len(queued):
+            following = queued[index]
+            heapq.heapreplace(turns, (share, following[0], following[1], following[2], index,
+                                      queued, usage))
+        else:
+            heapq.heappop(turns)
+    return None
 
 
 def _place(
