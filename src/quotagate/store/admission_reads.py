@@ -181,6 +181,18 @@ class AdmissionReads:
         (data_version,) = cursor.execute(_DATA_VERSION_SQL).fetchone()
         return kept if kept.current(cursor.connection, data_version) else None
 
+    def read_anew(self, transaction: DriverTransaction) -> KeptReads | None:
+        """Reads to keep, made now: the admission snapshot, no heads yet (they are read as
+        asked, :meth:`read_deeper`); None where reads are not kept. ``transaction`` holds the
+        write lock (the steady admission's, after another connection's commit)."""
+        if not self._enabled:
+            return None
+        cursor = transaction.execute(_DATA_VERSION, {})
+        (data_version,) = cursor.fetchone()
+        connection = cursor.connection
+        return KeptReads(connection, data_version, connection.total_changes,
+                         snapshot=self._read_snapshot(transaction))
+
     def give_back(self, reads: KeptReads) -> None:
         """Keep ``reads`` (taken by :meth:`take_current`) for the next admission: untouched,
         or as a commit left them (``total_changes`` read inside it)."""
@@ -244,8 +256,8 @@ class AdmissionReads:
         deep = self._window
         for tenant in tenants:
             known = reads.heads.get(tenant)
-            if known is not None:
-                deep = min(deep, 2 * known.depth)
+            # A tenant never read is read as deep as asked, as in a first read.
+            deep = min(deep, window if known is None else 2 * known.depth)
         deep = max(window, deep)
         reads.unsettled.append((tenants, deep, _read_heads(transaction, tenants, deep)))
         reads.settle()

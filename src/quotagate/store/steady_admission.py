@@ -13,8 +13,9 @@ the statements, compiled once, on the kept connection's cursor, and
 
 Only what is provably the general admission's result is decided here:
 
-- the kept reads are current (the transaction holds the write lock and ``PRAGMA
-  data_version`` and the connection's change count say nobody else wrote);
+- the reads are current (the transaction holds the write lock and ``PRAGMA
+  data_version`` and the connection's change count say nobody else wrote since they
+  were made);
 - no tenant is a cohort member, no tenant has a budget, no room is held for a
   preemptor and no pool is sliced: each changes what fits or how it is charged;
 - the choice is made on the heads the general admission looks at, in its two looks:
@@ -23,9 +24,10 @@ Only what is provably the general admission's result is decided here:
   a look is read further first, as the general admission would
   (``AdmissionReads.read_deeper``).
 
-Anything else (reads another process made stale) runs the general admission's
-work in the same transaction, with the write lock already held, as if it had
-begun it. Anything that fails rolls back and leaves the admission to the general
+Reads another connection's commit made stale are read anew first (the snapshot;
+the heads as the choice asks for them), as the general admission would read them.
+Anything else runs the general admission's work in the same transaction, with the
+write lock already held, as if it had begun it. Anything that fails rolls back and leaves the admission to the general
 path, which runs it again from the start as one of its reruns.
 """
 
@@ -106,7 +108,9 @@ class SteadyAdmission:
                 cursor.execute(self._begin)
             finally:  # a BEGIN that gave up (busy) waited too
                 self._begin_waited(time.perf_counter() - started)
-            reads = self._reads.take_current(cursor)
+            # After another connection's commit: the snapshot read anew, the heads as asked.
+            reads = self._reads.take_current(cursor) or self._reads.read_anew(
+                self._transaction(cursor))
             decided = None if reads is None else self._admit_on(reads, cursor, actor)
             if decided is None:
                 if reads is not None:
