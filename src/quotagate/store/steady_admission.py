@@ -127,6 +127,8 @@ class SteadyAdmission:
                 self._reads.give_back(reads)
             return admitted
         except Exception:
+            if committed:
+                raise  # admitted already: a second admission must not follow
             # Whatever it was, the general path's reruns deal with it, from the start.
             if pooled.dbapi_connection is not None:
                 roll_back(pooled, self._driver_error)
