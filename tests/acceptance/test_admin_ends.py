@@ -7,8 +7,6 @@ process target (docs/decisions/819, 820).
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +22,7 @@ from quotagate.store import schema
 from support import cli
 from support.http_servers import bearer, serving
 from support.ledger_state import snapshot
-from support.process_runs import alive, process_target, run_directories
+from support.process_runs import alive, kill_groups, process_target, run_directories
 from support.waiting import wait_for
 from support.worker_processes import table
 
@@ -67,11 +65,7 @@ def platform(db_url: str, tmp_path: Path) -> Iterator[Platform]:
             try:
                 yield platform
             finally:
-                for group in platform.groups:
-                    try:
-                        os.killpg(group, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                kill_groups(platform.groups)
 
 
 def _path(request_id: str, verb: str) -> str:
@@ -147,7 +141,7 @@ def test_force_is_an_admins_alone_and_a_refusal_changes_nothing(platform: Platfo
     assert bad.json()["code"] == "invalid_force"
     assert snapshot(gate) == before and alive(group)
     dispatcher.release()
-    os.killpg(group, signal.SIGKILL)
+    kill_groups([group])
 
 
 def test_a_batch_of_admin_ends_answers_202_for_each_stop_it_asked(platform: Platform) -> None:

@@ -9,8 +9,6 @@ under the process target, stopped for real.
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +17,7 @@ import pytest
 from quotagate import Conflict, Quotagate, RequestState
 from quotagate.delivery.dispatcher import Dispatcher
 from quotagate.store import schema
-from support.process_runs import alive, process_target, run_directories
+from support.process_runs import alive, kill_groups, process_target, run_directories
 from support.waiting import wait_for
 from support.worker_processes import submit_and_admit, table
 
@@ -36,11 +34,7 @@ def groups() -> Iterator[list[int]]:
     """Process groups a test leaves running on purpose (a forced end): killed after it."""
     left: list[int] = []
     yield left
-    for group in left:
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_groups(left)
 
 
 def used(gate: Quotagate) -> int:
@@ -81,7 +75,7 @@ def test_an_admins_complete_of_running_work_holds_the_cost_until_the_stop_is_con
     assert "completed by an admin; still charged" in ledger.explain(request_id)["reason"]
     # Asked again: nothing more happens; a different verdict is refused, naming force.
     assert ledger.complete(request_id, actor="admin").request.state == RequestState.COMPLETING
-    with pytest.raises(Conflict, match="completing.*force"):
+    with pytest.raises(Conflict, match=r"completing.*force"):
         ledger.fail(request_id, "oops", actor="admin")
 
     wait_for(lambda: dispatcher.run_once() is not None
@@ -174,4 +168,21 @@ def test_reserved_work_a_worker_has_claimed_is_stopped_first(
     assert used(ledger) == 0 and claim.request_id == request_id
     assert audit(ledger, request_id) == [("complete", "stopping"), ("completed", "released")]
     assert run_directories(tmp_path) == []  # never delivered after the admin's end
+    stopper.release()
+
+
+def test_the_stop_of_work_whose_target_does_not_exist_is_confirmed(ledger: Quotagate) -> None:
+    """No target at all (docs/decisions/821): the stop cannot ask one, and need not."""
+    [request_id] = submit_and_admit(ledger, 1)
+    delivering = Dispatcher(ledger, worker_name="w0", lease_ttl=0.3)
+    assert delivering._hold_lease() and delivering.lease is not None
+    assert delivering.outbox.claim(delivering.lease, 10)  # an attempt under way
+    assert ledger.complete(request_id, actor="admin").request.state == RequestState.COMPLETING
+    stopper = Dispatcher(ledger, worker_name="w1", stop_poll=0.05)
+    wait_for(lambda: stopper.run_once() is not None
+             and ledger.show(request_id).state == RequestState.COMPLETED, "the stop")
+    assert used(ledger) == 0
+    [entry] = [row for row in table(ledger, schema.audit)
+               if row["target"] == request_id and row["operation"] == "completed"]
+    assert entry["reason"] == "never delivered: no such target"
     stopper.release()

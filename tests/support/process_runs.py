@@ -3,7 +3,9 @@ whether a run's process group still runs."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -35,3 +37,10 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def kill_groups(groups: list[int]) -> None:
+    """SIGKILL process groups a test left running on purpose (a forced end stops nothing)."""
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
