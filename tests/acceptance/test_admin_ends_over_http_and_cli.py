@@ -22,7 +22,7 @@ from quotagate.store import schema
 from support import cli
 from support.http_servers import bearer, serving
 from support.ledger_state import snapshot
-from support.process_runs import alive, kill_groups, process_target, run_directories
+from support.process_runs import alive, kill_groups, process_target, run_directories, running_group
 from support.waiting import wait_for
 from support.worker_processes import table
 
@@ -45,8 +45,7 @@ class Platform:
         before = set(run_directories(self.tmp_path))
         dispatcher.run_once()
         [run] = set(run_directories(self.tmp_path)) - before
-        group = int(wait_for(lambda: (run / "pid").exists() and (run / "pid").read_text(),
-                             "the command to start"))
+        group = running_group(run)
         assert self.gate.show(request_id).state == RequestState.DELIVERED and alive(group)
         return dispatcher, group
 

@@ -10,7 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from quotagate import Quotagate
+from quotagate.delivery.dispatcher import Dispatcher
 from quotagate.delivery.registry import TargetStore
+from support.waiting import wait_for
+from support.worker_processes import submit_and_admit
 
 
 def process_target(gate: Quotagate, tmp_path: Path, command: str, **extra: Any) -> None:
@@ -25,6 +28,25 @@ def process_target(gate: Quotagate, tmp_path: Path, command: str, **extra: Any) 
 def run_directories(tmp_path: Path) -> list[Path]:
     runs = tmp_path / "runs"
     return sorted(p for p in runs.iterdir() if not p.name.startswith(".")) if runs.exists() else []
+
+
+def delivered_run(
+    gate: Quotagate, tmp_path: Path, started: str
+) -> tuple[str, Dispatcher, Path]:
+    """One request delivered to the process target by a worker polling stops every 50 ms,
+    once its run directory holds ``started``: its id, the worker and the run directory."""
+    [request_id] = submit_and_admit(gate, 1)
+    dispatcher = Dispatcher(gate, worker_name="w1", stop_poll=0.05)
+    dispatcher.run_once()
+    [run] = run_directories(tmp_path)
+    wait_for(lambda: (run / started).exists(), "the command to start")
+    return request_id, dispatcher, run
+
+
+def running_group(run: Path) -> int:
+    """The process group of a run whose command started (its ``pid``, once written)."""
+    return int(wait_for(lambda: (run / "pid").exists() and (run / "pid").read_text(),
+                        "the command to start"))
 
 
 def alive(pid: int) -> bool:
