@@ -499,11 +499,20 @@ class Quotagate:
                 return total
             total += len(admitted)
 
-    def complete(self, request_id: str, *, actor: str = "system") -> ReleaseResult:
-        return self.ledger.release(request_id, RequestState.COMPLETED, actor=actor)
+    def complete(self, request_id: str, *, actor: str = "system", force: bool = False) -> ReleaseResult:
+        """An admin's complete: work an executor may hold is stopped first and becomes
+        ``completed`` (its cost back) once the target confirms; ``force`` ends it now
+        (docs/decisions/819, 820)."""
+        return self.ledger.release(request_id, RequestState.COMPLETED, actor=actor, admin=True,
+                                   force=force)
 
-    def fail(self, request_id: str, reason: str | None = None, *, actor: str = "system") -> ReleaseResult:
-        return self.ledger.release(request_id, RequestState.FAILED, reason=reason, actor=actor)
+    def fail(
+        self, request_id: str, reason: str | None = None, *, actor: str = "system",
+        force: bool = False,
+    ) -> ReleaseResult:
+        """An admin's fail: as :meth:`complete`, ending ``failed``."""
+        return self.ledger.release(request_id, RequestState.FAILED, reason=reason, actor=actor,
+                                   admin=True, force=force)
 
     def cancel(self, request_id: str, *, actor: str = "system") -> ReleaseResult:
         return self.ledger.release(request_id, RequestState.CANCELLED, actor=actor)
@@ -511,14 +520,17 @@ class Quotagate:
     def release(
         self, request_id: str, to_state: RequestState, *, reason: str | None = None,
         actor: str = "system", tenant: str | None = None, guard: ReleaseGuard | None = None,
+        admin: bool = False, force: bool = False,
     ) -> ReleaseResult:
         """End a request (completed, failed, cancelled) with an optional reason.
 
         ``tenant``: the request must be that tenant's (NotFound otherwise);
-        ``guard``: who may end what (``store.authority``), for the HTTP API.
+        ``guard``: who may end what (``store.authority``), for the HTTP API;
+        ``admin``: an admin's verdict, which stops work an executor may hold before
+        it ends; ``force``: an admin's end now (:meth:`Ledger.release`).
         """
         return self.ledger.release(request_id, to_state, reason=reason, actor=actor,
-                                   tenant=tenant, guard=guard)
+                                   tenant=tenant, guard=guard, admin=admin, force=force)
 
     def release_many(self, ends: Sequence[End]) -> list[ReleaseResult | Exception]:
         """End many requests in one transaction: a result or the refusal of each, in order

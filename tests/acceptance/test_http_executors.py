@@ -95,10 +95,16 @@ def test_a_tenant_token_may_not_end_reserved_work_either(platform: Platform) -> 
     assert _used(gate) == 1
 
 
-def test_an_admin_may_still_end_delivered_work(platform: Platform) -> None:
+def test_an_admin_may_still_end_delivered_work_by_a_stop_or_by_force(platform: Platform) -> None:
     deliver(platform.gate, "job-2", "team-a", "hooks-a")
     answer = platform.http.post(_path("job-2", "fail"), headers=platform.admin,
                                 json={"reason": "operator"})
+    assert answer.status_code == 202, answer.text  # it may run: a stop first (819)
+    assert answer.json()["state"] == "failing" and answer.json()["released"] == {}
+    assert _used(platform.gate) == 1
+    # This receiver never confirms a stop: the admin forces the end (820).
+    answer = platform.http.post(_path("job-2", "fail"), headers=platform.admin,
+                                json={"reason": "operator", "force": True})
     assert answer.status_code == 200, answer.text
     assert answer.json()["released"] == {"gpu": 1}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,12 @@ import httpx
 import pytest
 
 from quotagate import Quotagate
+from quotagate.store import schema
 from quotagate.store.engine import create_engine
 from quotagate.store.views import LedgerViews
 from support.databases import fresh_database
 from support.http_servers import bearer, make_token, running_server
+from support.worker_processes import table
 
 CLIENTS = 4
 REQUESTS_PER_CLIENT = 30
@@ -37,7 +40,11 @@ def run_client(urls: list[str], token: str, tenant: str, ids: list[str],
     """Submit every id, then complete each one once it is admitted; alternate servers.
 
     The tenant submits; the completions stand for its executor, with an admin
-    token (a tenant token may not end charged work).
+    token (a tenant token may not end charged work). The servers have no target, so
+    their workers' delivery attempts fail: an admin's complete between two attempts
+    ends the request at once (200), one during an attempt, or after one failed, is a
+    stop (202 ``completing``) the workers confirm (docs/decisions/819, 821); the loop
+    waits for ``completed`` either way.
     """
     statuses: dict[str, int] = {}
     released_total = 0
@@ -62,7 +69,7 @@ def run_client(urls: list[str], token: str, tenant: str, ids: list[str],
                 if state in ("reserved", "delivered"):
                     ender = enders[turn % len(enders)]
                     done = ender.post(f"/v1/tenants/{tenant}/requests/{request_id}/complete")
-                    assert done.status_code == 200, done.text
+                    assert done.status_code in (200, 202), done.text
                     released_total += sum(done.json()["released"].values())
                 elif state != "completed":
                     still.append(request_id)
@@ -154,12 +161,17 @@ def test_two_servers_and_concurrent_clients_keep_the_invariants(
                     statuses[status] = statuses.get(status, 0) + count
             # Each id is new exactly once; its twin submission is a replay.
             assert statuses == {"202": REQUESTS_PER_CLIENT, "200": REQUESTS_PER_CLIENT}, statuses
-            # Racing completes return each request's cost exactly once.
+            # Racing completes return each request's cost at most once; the rest came
+            # back through confirmed stops (counted below, from the audit).
             expected = sum(1 + n % 2 for n in range(REQUESTS_PER_CLIENT))
-            assert sum(result["released"] for result in pair) == expected
+            assert sum(result["released"] for result in pair) <= expected
         with Quotagate.connect(db_url) as gate:
             assert gate.check_invariants() == []
             rows = gate.inspect(limit=1000)
             assert len(rows["requests"]) == len(TENANT_QUOTAS) * REQUESTS_PER_CLIENT
             assert {row["state"] for row in rows["requests"]} == {"completed"}
+            # Each request's cost came back exactly once: one end that released it.
+            releases = Counter(row["target"] for row in table(gate, schema.audit)
+                               if row["operation"] == "completed" and row["outcome"] == "released")
+            assert set(releases.values()) == {1} and len(releases) == len(rows["requests"])
             assert all(row["used"] == 0 for row in rows["tenants"] + rows["pools"])

@@ -7,7 +7,6 @@ commands and real SIGKILL (docs/delivery.md).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import stat
 import sys
@@ -25,6 +24,7 @@ from quotagate.delivery.naming import external_name
 from quotagate.delivery.registry import TargetStore
 from quotagate.delivery.targets.base import ExternalObject
 from quotagate.store import schema
+from support.process_runs import alive, delivered_run, process_target, run_directories, running_group
 from support.receiver import Receiver
 from support.waiting import wait_for
 from support.worker_processes import finish, start_worker, stop_all, submit_and_admit, table
@@ -51,14 +51,6 @@ def snapshot(gate: Quotagate) -> list[list[Any]]:
             for which in (schema.request, schema.outbox, schema.binding, schema.audit)]
 
 
-def process_target(gate: Quotagate, tmp_path: Path, command: str, **extra: Any) -> None:
-    TargetStore(gate.engine).set(
-        "local", "process",
-        {"command": ["sh", "-c", command], "run_dir": str(tmp_path / "runs"), **extra},
-        default=True,
-    )
-
-
 def webhook_target(gate: Quotagate, url: str) -> None:
     TargetStore(gate.engine).set("hook", "webhook", {"url": url}, default=True)
 
@@ -70,23 +62,6 @@ def delivered_to_webhook(gate: Quotagate, receiver: Receiver) -> tuple[str, Disp
     dispatcher = Dispatcher(gate, worker_name="w1", stop_poll=0.05)
     dispatcher.run_once()
     return request_id, dispatcher
-
-
-def run_directories(tmp_path: Path) -> list[Path]:
-    runs = tmp_path / "runs"
-    return sorted(p for p in runs.iterdir() if not p.name.startswith(".")) if runs.exists() else []
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie (exited, not yet reaped) no longer runs.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 # -- throughput paths under concurrency -----------------------------------------------
@@ -199,8 +174,7 @@ def test_cancelling_a_running_process_stops_it_and_returns_the_cost_once(
     dispatcher = Dispatcher(ledger, worker_name="w1", stop_poll=0.05)
     dispatcher.run_once()
     [run] = run_directories(tmp_path)
-    group = int(wait_for(lambda: (run / "pid").exists() and (run / "pid").read_text(),
-                         "the command to start"))
+    group = running_group(run)
     assert alive(group)
     result = ledger.cancel(request_id, actor="tenant:team-a")
     assert result.request.state == RequestState.CANCELLING and result.released == {}
@@ -215,19 +189,6 @@ def test_cancelling_a_running_process_stops_it_and_returns_the_cost_once(
     dispatcher.run_once()  # asking again changes nothing
     assert releases(ledger, request_id) == 1 and ledger.check_invariants() == []
     dispatcher.release()
-
-
-def delivered_run(
-    gate: Quotagate, tmp_path: Path, started: str
-) -> tuple[str, Dispatcher, Path]:
-    """One request delivered to the process target by a worker polling stops every 50 ms,
-    once its run directory holds ``started``: its id, the worker and the run directory."""
-    [request_id] = submit_and_admit(gate, 1)
-    dispatcher = Dispatcher(gate, worker_name="w1", stop_poll=0.05)
-    dispatcher.run_once()
-    [run] = run_directories(tmp_path)
-    wait_for(lambda: (run / started).exists(), "the command to start")
-    return request_id, dispatcher, run
 
 
 def test_a_command_ignoring_sigterm_is_killed_after_the_grace_period(

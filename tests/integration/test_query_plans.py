@@ -236,7 +236,8 @@ def test_delivery_batches_reach_their_outbox_rows_by_key_before_any_analyze(
     assert re.search(r"Insert on qg_binding .*rows=0 loops=1", plan), plan
     begin = release_statements.begin_stop_statement().compile(gate.engine)
     plan = _prepared_plan(gate, str(begin), begin.construct_params(
-        {"id": "b-1000", "current": "reserved", "now": 1.0, "reason": "x"}), plan_mode)
+        {"id": "b-1000", "current": "reserved", "to_state": "cancelling", "now": 1.0,
+         "reason": "x"}), plan_mode)
     assert "Seq Scan" not in plan and "ix_qg_request_state" not in plan, plan
     assert "Index Scan using pk_qg_request" in plan, plan
 

@@ -6,7 +6,7 @@ import json
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -21,7 +21,10 @@ from quotagate.cli.common import (
 )
 from quotagate.cli.rate import rate_store_option
 from quotagate.domain.budget import format_duration
-from quotagate.domain.model import RequestState, parse_payload_text
+from quotagate.domain.model import STOPPING_STATES, RequestState, parse_payload_text
+
+if TYPE_CHECKING:
+    from quotagate.store.release import ReleaseResult
 
 
 def _when(epoch: float | None) -> str:
@@ -106,24 +109,53 @@ def admit(mode: str, batch: int, interval: float, ttl: float, hold_seconds: floa
             click.echo(f"stopped after admitting {total}")
 
 
-def _release_command(name: str, state: RequestState, help_text: str) -> click.Command:
+def _release_command(name: str, state: RequestState, help_text: str, *,
+                     forcible: bool = False) -> click.Command:
     @click.command(name=name, help=help_text)
     @click.argument("request_id")
     @click.option("--reason", default=None, help="Why (kept with the request).")
     @db_option
     @reports_errors
-    def command(request_id: str, reason: str | None, db_url: str | None) -> None:
+    def command(request_id: str, reason: str | None, db_url: str | None,
+                force: bool = False) -> None:
         with open_gate(db_url) as gate:
-            result = gate.release(request_id, state, reason=reason, actor="cli")
-        returned = ", ".join(f"{r}={a}" for r, a in result.released.items()) or "nothing"
-        click.echo(f"{result.request.id} is {result.request.state.value}; returned {returned}")
+            result = gate.release(request_id, state, reason=reason, actor="cli", admin=True,
+                                  force=force)
+        click.echo(_release_line(result))
 
+    if forcible:
+        command = click.option(
+            "--force", is_flag=True,
+            help="The executor is lost: end it now and return its cost now, even if the "
+                 "work still runs (an oversell no counter shows; audited as forced).")(command)
     return command
 
 
-complete = _release_command("complete", RequestState.COMPLETED,
-                            "Mark a request completed and return its cost.")
-fail = _release_command("fail", RequestState.FAILED, "Mark a request failed and return its cost.")
+def _release_line(result: ReleaseResult) -> str:
+    """What a release did: the cost returned, or the stop asked and the cost held."""
+    request = result.request
+    if request.state in STOPPING_STATES:
+        return (f"{request.id} is {request.state.value}; returned nothing yet: a stop was "
+                "asked, and its cost returns once a worker sees its target confirm the stop")
+    returned = ", ".join(f"{r}={a}" for r, a in result.released.items()) or "nothing"
+    return f"{request.id} is {request.state.value}; returned {returned}"
+
+
+_VERDICT_HELP = (
+    "A waiting one cannot be; a reserved one no worker has taken up ends at once and returns "
+    "its cost; a delivered one (or one being delivered) becomes {stopping}: a worker stops it, "
+    "and once its target confirms the stop it ends {state} and its cost comes back, once "
+    "(docs/delivery.md). --force ends it now.")
+complete = _release_command(
+    "complete", RequestState.COMPLETED,
+    "Mark a request completed as an admin. " + _VERDICT_HELP.format(stopping="completing",
+                                                                     state="completed"),
+    forcible=True)
+fail = _release_command(
+    "fail", RequestState.FAILED,
+    "Mark a request failed as an admin. " + _VERDICT_HELP.format(stopping="failing",
+                                                                  state="failed"),
+    forcible=True)
 cancel = _release_command("cancel", RequestState.CANCELLED,
                           "Cancel a request: a waiting one at once; a reserved or delivered one "
                           "becomes cancelling and returns its cost once a worker has seen its "

@@ -608,7 +608,14 @@ class Dispatcher:
     def _stop(self, claim: Claim) -> StopResult:
         obtained = self.outbox.binding_of(claim.request_id)
         target_name = claim.target if obtained is None else obtained[0]
-        _config, target = self.built.get(target_name)
+        try:
+            _config, target = self.built.get(target_name)
+        except NotFound:
+            if obtained is not None:
+                raise  # bound to a target since removed: not confirmed, retried
+            # Never bound and no target to deliver it to: no attempt could have created
+            # anything, so nothing runs (docs/decisions/821).
+            return StopResult(stopped=True, reason="never delivered: no such target")
         if obtained is None:
             # Never bound: a lost reply may still have created it under our name.
             found = target.read(external_name(self.ledger_id, claim.tenant, claim.request_id,

@@ -50,6 +50,10 @@ class RequestState(enum.StrEnum):
     # Cancelled while reserved or delivered: still charged until the target
     # confirms the work stopped (docs/decisions/211).
     CANCELLING = "cancelling"
+    # An admin's complete or fail of work an executor may hold: still charged until
+    # the target confirms the stop, then ``completed`` / ``failed`` (docs/decisions/819).
+    COMPLETING = "completing"
+    FAILING = "failing"
     # Chosen as a preemption victim while reserved or delivered: still charged
     # until the target confirms the stop, then ``preempted`` (docs/fair-sharing.md).
     PREEMPTING = "preempting"
@@ -67,10 +71,13 @@ class RequestState(enum.StrEnum):
 
 CHARGED_STATES = frozenset(
     {RequestState.RESERVED, RequestState.DELIVERED, RequestState.CANCELLING,
-     RequestState.PREEMPTING, RequestState.TIMING_OUT}
+     RequestState.COMPLETING, RequestState.FAILING, RequestState.PREEMPTING,
+     RequestState.TIMING_OUT}
 )
-# Charged, stopping: only the target's confirmed stop ends them.
-STOPPING_STATES = frozenset({RequestState.CANCELLING, RequestState.PREEMPTING,
+# Charged, stopping: only the target's confirmed stop ends them (or an admin's
+# forced end, docs/decisions/820).
+STOPPING_STATES = frozenset({RequestState.CANCELLING, RequestState.COMPLETING,
+                             RequestState.FAILING, RequestState.PREEMPTING,
                              RequestState.TIMING_OUT})
 FINAL_STATES = frozenset(
     {

@@ -25,7 +25,7 @@ from typing import Any
 import anyio.to_thread
 from pydantic import ValidationError
 from starlette.requests import HTTPConnection
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from quotagate.http.body_limit import BUFFERED_BODY
@@ -69,9 +69,8 @@ class HotRoutes:
             response: Response = await anyio.to_thread.run_sync(
                 lambda: submit(tenant, submission, context, credentials))
             return response
-        result = await run_release(context, credentials, route[3], route[5],
-                                   *ENDS[route[6]], body)
-        return JSONResponse(result)
+        return await run_release(context, credentials, route[3], route[5],
+                                 *ENDS[route[6]], body)
 
 
 def _parsed(scope: Scope, route: list[str]) -> tuple[list[str], SubmitBody | ReleaseBody | None] | None:

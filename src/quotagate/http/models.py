@@ -253,6 +253,13 @@ class ReleaseBody(_Body):
         description="Executor callbacks: the fencing token the delivery carried "
                     "(Quotagate-Fencing-Token); required with an executor token",
     )
+    force: StrictBool = Field(
+        default=False,
+        description="An admin's complete or fail for a lost executor: end the request now and "
+                    "return its cost now, even while its work may still run (an oversell no "
+                    "counter shows; audited as forced, docs/decisions/820). Without it, an "
+                    "admin's complete or fail of work an executor may hold is a stop (202)",
+    )
 
 
 class EndEntry(_Body):
@@ -262,6 +269,8 @@ class EndEntry(_Body):
     fencing_token: WholeNumber | None = Field(
         default=None, description="The fencing token the delivery carried; required with an "
         "executor token")
+    force: StrictBool = Field(default=False, description="An admin's end now, as the single "
+                              "call's `force`")
 
 
 class BatchEndBody(_Body):
@@ -273,8 +282,9 @@ class BatchEndBody(_Body):
 
 class EndResult(BaseModel):
     status: int = Field(description="The status its single complete/fail would have answered")
-    request: dict[str, Any] | None = Field(default=None, description="The request (200)")
-    released: dict[str, int] | None = Field(default=None, description="Cost returned (200)")
+    request: dict[str, Any] | None = Field(default=None, description="The request (200, 202)")
+    released: dict[str, int] | None = Field(default=None, description="Cost returned (200; "
+                                            "202: nothing yet, the stop was asked)")
     error: dict[str, Any] | None = Field(default=None, description="{code, message} (4xx, 5xx)")
 
 

@@ -41,7 +41,7 @@ class StreamsSection(Protocol):
 # States of a stop or preemption that the executor has not confirmed yet: the
 # cost is still charged and comes back only once it does (the delivery engine
 # adds these states; they are counted by name so this view needs no change then).
-UNCONFIRMED_STOP_STATES = ("cancelling", "preempting", "timing_out")
+UNCONFIRMED_STOP_STATES = ("cancelling", "completing", "failing", "preempting", "timing_out")
 # Audit entries that move a request into or out of the waiting queue (a requeued
 # victim waits again: quotagate.store.requeue).
 _ENTERS_QUEUE = (("submit", "accepted"), ("requeue", "waiting"))

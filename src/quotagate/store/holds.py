@@ -66,8 +66,9 @@ def _stopping_query() -> sa.Select[Any]:
         sa.select(request.c.id, request.c.tenant, request.c.pool, request.c.cost,
                   request.c.priority, outbox.c.created)
         .select_from(request.join(outbox, outbox.c.request_id == request.c.id))
-        # timing_out and cancelling too: the decision that wrote the hold counted them as
-        # coming back and chose fewer victims for them (docs/decisions/714, 716).
+        # timing_out, cancelling, completing and failing too: the decision that wrote the
+        # hold counted them as coming back and chose fewer victims for them
+        # (docs/decisions/714, 716, 819).
         # Equalities, not IN: the raw driver runs statements compiled once, without
         # expanding parameters.
         .where(sa.or_(*(request.c.state == state for state in COMING_BACK)))

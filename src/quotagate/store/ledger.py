@@ -914,6 +914,8 @@ class Ledger:
         fence: Callable[[sa.Connection], None] | None = None,
         stopped: bool = False,
         guard: ReleaseGuard | None = None,
+        admin: bool = False,
+        force: bool = False,
     ) -> ReleaseResult:
         """Move a request to a final state, returning its charged cost exactly once.
 
@@ -929,11 +931,18 @@ class Ledger:
         ``stopped=True``, which makes it ``cancelled`` and returns the cost
         (docs/decisions/211). A waiting request is cancelled at once.
 
+        ``admin``: an admin's verdict, not the executor's word. A complete or fail
+        of work an executor may hold (delivered, or reserved with its delivery
+        taken up) is then a stop too: ``completing``/``failing``, charged until
+        the confirmed stop ends it in the verdict (docs/decisions/819). ``force``
+        (with ``admin``) ends it now, stopping or not, and returns the cost now,
+        audited ``forced``: the override for a lost executor (docs/decisions/820).
+
         A batch of one for :meth:`release_many`.
         """
         reason = validate_reason(reason)
         end = End(request_id, to_state, reason=reason, actor=actor, tenant=tenant, guard=guard,
-                  stopped=stopped)
+                  stopped=stopped, admin=admin, force=force)
         (result,) = self.release_many([end], fence=fence)
         if isinstance(result, Exception):
             raise result

@@ -21,10 +21,11 @@ from quotagate.store import schema
 from quotagate.store.dialect import supports_skip_locked
 
 # Stopping already: their cost is coming back, none is a victim — a victim's stop, a
-# time limit's (docs/decisions/714) and a cancel's (716). The held room's guard counts
-# the same work as coming back (store/holds.py): it must judge as the decision that
+# time limit's (docs/decisions/714), a cancel's (716) and an admin's complete or fail
+# (819). The held room's guard counts the same work as coming back (store/holds.py): it must judge as the decision that
 # wrote the hold did. Their confirmed stops take the decision lock (store/release.py).
-COMING_BACK = (RequestState.CANCELLING.value, RequestState.PREEMPTING.value,
+COMING_BACK = (RequestState.CANCELLING.value, RequestState.COMPLETING.value,
+               RequestState.FAILING.value, RequestState.PREEMPTING.value,
                RequestState.TIMING_OUT.value)
 _CANDIDATE_STATES = (RequestState.RESERVED.value, RequestState.DELIVERED.value, *COMING_BACK)
 

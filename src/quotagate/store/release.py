@@ -77,11 +77,22 @@ __all__ = ["ENDING_STATES", "End", "ReleaseResult", "lock_decisions", "mark_stop
 
 ENDING_STATES = frozenset({RequestState.COMPLETED, RequestState.FAILED, RequestState.CANCELLED})
 _STOPPABLE = frozenset({RequestState.RESERVED, RequestState.DELIVERED})
+# Where an end that must stop the work first leaves it until the target confirms, and
+# where the confirmation then ends it: a cancel's (docs/decisions/211), an admin's
+# complete or fail (docs/decisions/819).
+_STOPPING_FOR = {RequestState.CANCELLED: RequestState.CANCELLING,
+                 RequestState.COMPLETED: RequestState.COMPLETING,
+                 RequestState.FAILED: RequestState.FAILING}
+_VERDICT_OF = {stopping: verdict for verdict, stopping in _STOPPING_FOR.items()}
+# The audit operation of a begun stop.
+_STOP_OPERATION = {RequestState.CANCELLED: "cancel", RequestState.COMPLETED: "complete",
+                   RequestState.FAILED: "fail"}
 # Stopping work a preemption decision counts as coming back: the decision's own list
 # (a victim's stop, a time limit's and a cancel's, docs/decisions/716).
 _DECIDED_STOPS = frozenset(RequestState(state) for state in COMING_BACK)
 # Ends of a stop: confirming the stop again finds the request there and does nothing.
-_STOPPED = frozenset({RequestState.PREEMPTED, RequestState.TIMED_OUT})
+_STOPPED = frozenset({RequestState.PREEMPTED, RequestState.TIMED_OUT, RequestState.COMPLETED,
+                      RequestState.FAILED})
 
 Fence = Callable[[sa.Connection], None]
 
@@ -96,11 +107,23 @@ class End:
     actor: str = "system"
     tenant: str | None = None  # scopes the end: another tenant's request is "not found"
     guard: ReleaseGuard | None = None  # who may end it (quotagate.store.authority)
-    stopped: bool = False  # the target confirmed the stop of a cancelling request
+    stopped: bool = False  # the target confirmed the stop of a stopping request
+    # An admin's verdict, not the executor's word: a complete or fail of work an
+    # executor may hold stops it first and ends in the verdict once the target
+    # confirms (docs/decisions/819). The executor's own word (a worker's outcome
+    # read, a callback, the give-up path) leaves it False.
+    admin: bool = False
+    # An admin's override for a lost executor: end now, even work that may run or is
+    # stopping, and return the cost now; audited ``forced`` (docs/decisions/820).
+    force: bool = False
 
     def __post_init__(self) -> None:
         if self.to_state not in ENDING_STATES:
             raise InvalidInput(f"cannot release to state {self.to_state}", code="invalid_state")
+        if self.force and (not self.admin or self.stopped
+                           or self.to_state == RequestState.CANCELLED):
+            raise InvalidInput("force is an admin's complete or fail; a cancel is always a stop",
+                               code="invalid_force")
         # Every way in (single, batched, grouped HTTP calls) refuses the same reasons.
         object.__setattr__(self, "reason", validate_reason(self.reason))
 
@@ -215,7 +238,7 @@ def _round(
         else:
             row = rows[end.request_id]
             current = RequestState(row["state"])
-            if current == RequestState.PREEMPTING:
+            if current == RequestState.PREEMPTING and not end.force:
                 # The victim's confirmed stop (docs/fair-sharing.md#preemption): it ends
                 # preempted, or goes back to the queue if its tenant requeues.
                 if requeuing is None:
@@ -228,17 +251,17 @@ def _round(
                 else:
                     moves.append(_Move(index, end, row, current, RequestState.PREEMPTED,
                                        row["reason"]))
-            elif current == RequestState.TIMING_OUT:
+            elif current == RequestState.TIMING_OUT and not end.force:
                 # Stopped at its max-runtime (docs/decisions/714): it ends timed_out and
                 # keeps the reason that names the limit, whatever the target answered.
                 moves.append(_Move(index, end, row, current, RequestState.TIMED_OUT,
                                    row["reason"]))
-            elif current == RequestState.CANCELLING:
-                # A cancel of running work, confirmed: the request keeps what its
-                # canceller said; how the target stopped it is the audit entry's
-                # reason (docs/decisions/810).
-                moves.append(_Move(index, end, row, current, end.to_state, row["reason"],
-                                   end.reason))
+            elif current in _VERDICT_OF and not end.force:
+                # A cancel's or an admin's complete or fail of running work, confirmed:
+                # it ends as they said, keeping their reason; how the target stopped it
+                # is the audit entry's reason (docs/decisions/810, 819).
+                moves.append(_Move(index, end, row, current, _VERDICT_OF[current],
+                                   row["reason"], end.reason))
             else:
                 moves.append(_Move(index, end, row, current, end.to_state, end.reason))
     if not moves:
@@ -262,7 +285,7 @@ def _round(
         transaction.execute(statements.outbox_delete_statement(len(gone)), statements.id_parameters(gone))
     record(transaction, now, *(
         AuditEntry(move.end.actor, move.to_state.value,
-                   "released" if move.row["id"] in released else "ok", move.row["tenant"],
+                   _outcome(move.end, move.row["id"] in released), move.row["tenant"],
                    move.row["id"], move.recorded_reason)
         for move in moves
     ))
@@ -271,6 +294,13 @@ def _round(
         charge = released.get(move.row["id"])
         results[move.index] = ReleaseResult(request_from_row(move.row),
                                             released={} if charge is None else charge.cost)
+
+
+def _outcome(end: End, released: bool) -> str:
+    """The audit outcome of a moved request: a forced end says so (docs/decisions/820)."""
+    if end.force:
+        return "forced"
+    return "released" if released else "ok"
 
 
 def _callback_facts(
@@ -319,13 +349,18 @@ def _judge(
         return ReleaseResult(request_from_row(row), released={})
     if end.to_state == RequestState.CANCELLED and current in _STOPPABLE and not end.stopped:
         return "stop"
-    if current in STOPPING_STATES:
+    if end.admin and not end.force and current in _STOPPABLE and _may_run(connection, row):
+        return "stop"  # an admin's complete or fail of work an executor may hold
+    if current in STOPPING_STATES and not end.force:
         if end.to_state == RequestState.CANCELLED and not end.stopped:
             return ReleaseResult(request_from_row(row), released={})  # already stopping
+        if end.admin and _STOPPING_FOR.get(end.to_state) == current:
+            return ReleaseResult(request_from_row(row), released={})  # asked already
         if end.to_state != RequestState.CANCELLED:
+            override = "; an admin may force the end (docs/decisions/820)" if end.admin else ""
             raise Conflict(
                 f"request {quoted(end.request_id)} is {current.value}; only the confirmed stop "
-                "ends it",
+                f"ends it{override}",
                 code="invalid_transition",
             )
     allowed = current in CHARGED_STATES or (
@@ -338,6 +373,19 @@ def _judge(
             code="invalid_transition",
         )
     return "move"
+
+
+def _may_run(connection: sa.Connection, row: dict[str, Any]) -> bool:
+    """May an executor hold this ``reserved``/``delivered`` work (docs/decisions/819)?
+
+    Delivered work runs. Reserved work may, once a worker took its delivery up (a
+    claim, or a failed attempt that may have created the object); before that it
+    ends at once, its undelivered outbox row deleted with the end.
+    """
+    if row["state"] == RequestState.DELIVERED.value:
+        return True
+    begun = connection.execute(statements.delivery_begun_query(), {"id": row["id"]}).scalar()
+    return bool(begun)
 
 
 def _move_states(
@@ -413,12 +461,14 @@ def mark_stop(transaction: sa.Connection | DriverTransaction, request_id: str) -
 def _begin_stop(
     transaction: DriverTransaction, row: dict[str, Any], end: End, now: float
 ) -> ReleaseResult:
-    """``reserved``/``delivered`` → ``cancelling``: charged until the target confirms."""
+    """``reserved``/``delivered`` → ``cancelling`` (``completing``, ``failing``): charged
+    until the target confirms."""
+    stopping = _STOPPING_FOR[end.to_state]
     transaction.execute(statements.begin_stop_statement(),
-                        {"id": row["id"], "current": row["state"], "now": now,
-                         "reason": end.reason})
+                        {"id": row["id"], "current": row["state"], "to_state": stopping.value,
+                         "now": now, "reason": end.reason})
     mark_stop(transaction, row["id"])
-    record(transaction, now, AuditEntry(end.actor, "cancel", "stopping", row["tenant"],
-                                       row["id"], end.reason))
-    row.update(state=RequestState.CANCELLING.value, updated=now, reason=end.reason)
+    record(transaction, now, AuditEntry(end.actor, _STOP_OPERATION[end.to_state], "stopping",
+                                       row["tenant"], row["id"], end.reason))
+    row.update(state=stopping.value, updated=now, reason=end.reason)
     return ReleaseResult(request_from_row(row), released={})

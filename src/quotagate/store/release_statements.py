@@ -15,10 +15,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from quotagate.domain.model import RequestState
 from quotagate.store import identity, schema
 
-__all__ = ["REQUEST_COLUMNS", "begin_stop_statement", "id_binds", "id_parameters",
+__all__ = ["REQUEST_COLUMNS", "begin_stop_statement", "delivery_begun_query", "id_binds", "id_parameters",
            "lock_decisions_query",
            "lock_requests_query", "mark_stop_statement", "move_statement",
            "outbox_delete_statement", "state_is"]
@@ -89,17 +88,32 @@ def move_statement(count: int, returning: bool) -> sa.Update:
 
 @lru_cache(maxsize=1)
 def begin_stop_statement() -> sa.Update:
-    """One ``current`` request (``id``), locked and read by the release, to ``cancelling``
-    (``now``, ``reason``). Its state is only confirmed (:func:`state_is`): on a
-    never-analyzed table of 3,000 reserved requests PostgreSQL found the row through the
-    state index and filtered every reserved row (docs/decisions/254)."""
+    """One ``current`` request (``id``), locked and read by the release, to its stopping
+    state ``to_state`` (``cancelling``, ``completing``, ``failing``; ``now``, ``reason``).
+    Its state is only confirmed (:func:`state_is`): on a never-analyzed table of 3,000
+    reserved requests PostgreSQL found the row through the state index and filtered every
+    reserved row (docs/decisions/254)."""
     request = schema.request
     return (
         request.update()
         .where(request.c.id == sa.bindparam("id"), state_is(sa.bindparam("current")))
-        .values(state=RequestState.CANCELLING.value,
+        .values(state=sa.bindparam("to_state"),
                 updated=sa.bindparam("now", type_=sa.Double), reason=sa.bindparam("reason"))
     )
+
+
+@lru_cache(maxsize=1)
+def delivery_begun_query() -> sa.Select[Any]:
+    """Has a worker taken up a reserved request's (``id``) delivery? Its outbox row, locked.
+
+    Claimed now, or an attempt failed before (a lost reply may have created the
+    object all the same): an executor may hold the work (docs/decisions/819). Locked
+    under the request row (the lock order), so a worker's claim either came before
+    and shows here or skips the row and then finds it gone.
+    """
+    outbox = schema.outbox
+    return (sa.select(outbox.c.claimed_by.is_not(None) | (outbox.c.attempts > 0))
+            .where(outbox.c.request_id == sa.bindparam("id")).with_for_update())
 
 
 @lru_cache(maxsize=1)

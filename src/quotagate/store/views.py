@@ -41,6 +41,8 @@ from quotagate.store.submission_facts import require_submittable
 # What ``explain`` says a stopping request is waiting on the stop for.
 _STOP_CAUSES = {
     RequestState.CANCELLING: "cancelled",
+    RequestState.COMPLETING: "completed by an admin",
+    RequestState.FAILING: "failed by an admin",
     RequestState.PREEMPTING: "preempted",
     RequestState.TIMING_OUT: "past its max-runtime",
 }

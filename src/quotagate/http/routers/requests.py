@@ -11,8 +11,13 @@ from fastapi.responses import JSONResponse
 
 from quotagate.auth import authorizer as operations
 from quotagate.auth.authorizer import Actor
-from quotagate.domain.model import RequestState, validate_name, validate_request_id
-from quotagate.errors import Conflict, NotFound, QuotagateError, quoted
+from quotagate.domain.model import (
+    STOPPING_STATES,
+    RequestState,
+    validate_name,
+    validate_request_id,
+)
+from quotagate.errors import Conflict, Forbidden, NotFound, QuotagateError, quoted
 from quotagate.http.context import ApiContext, Context
 from quotagate.http.models import (
     MAX_BATCH,
@@ -118,7 +123,8 @@ def submit_batch(
     summary=f"Complete or fail up to {MAX_BATCH} requests in one call (executors, admins)",
     description="For a receiver ending many requests: `results[i]` holds what the single "
     "`…/complete` or `…/fail` call of `ends[i]` would have answered (200 with the request and "
-    "the cost returned, or an error status with `{code, message}`), each end judged on its own "
+    "the cost returned, 202 with it stopping when an admin's end asked a stop, "
+    "or an error status with `{code, message}`), each end judged on its own "
     "(fencing token, target, state) and a refused one writing nothing; all of them are written "
     "in one transaction (docs/decisions/223). A malformed body (422) or more than "
     f"{MAX_BATCH} entries (413 `batch_too_large`) writes nothing at all.",
@@ -155,12 +161,14 @@ def end_batch(
         except QuotagateError as error:
             results[index] = EndResult(status=error.status, error=error.to_dict())
             continue
-        release = ReleaseBody(reason=entry.reason, fencing_token=entry.fencing_token)
-        ends.append((index, End(
-            entry.id, RequestState(entry.state), reason=entry.reason, actor=actor.name,
-            tenant=tenant, guard=_guard(actor, release),
-        )))
-    for (index, _end), result in zip(
+        release = ReleaseBody(reason=entry.reason, fencing_token=entry.fencing_token,
+                              force=entry.force)
+        try:
+            ends.append((index, _end(actor, tenant, entry.id, RequestState(entry.state),
+                                     release)))
+        except QuotagateError as error:
+            results[index] = EndResult(status=error.status, error=error.to_dict())
+    for (index, end), result in zip(
         ends, context.gate.release_many([end for _index, end in ends]), strict=True
     ):
         if isinstance(result, QuotagateError):
@@ -168,7 +176,8 @@ def end_batch(
         elif isinstance(result, Exception):
             raise result
         else:
-            results[index] = EndResult(status=200, request=result.request.to_dict(),
+            results[index] = EndResult(status=_status(end.to_state, result.request.state),
+                                       request=result.request.to_dict(),
                                        released=result.released)
     return BatchEndAnswer(results=[result for result in results if result is not None])
 
@@ -255,7 +264,7 @@ ENDS: dict[str, tuple[str, RequestState]] = {
 async def run_release(
     context: ApiContext, credentials: Credentials, tenant: str, request_id: str, operation: str,
     to_state: RequestState, body: ReleaseBody | None,
-) -> dict[str, Any]:
+) -> JSONResponse:
     """End one request through the group release (these routes, and http/hot_routes.py)."""
     arrived = time.monotonic()
 
@@ -265,13 +274,30 @@ async def run_release(
         actor = authenticate(context, credentials, read_since=arrived)
         authorize(context, actor, tenant, operation, request_id=request_id)
         _check(tenant, request_id)
-        return End(request_id, to_state, reason=body.reason if body else None,
-                   actor=actor.name, tenant=tenant, guard=_guard(actor, body))
+        return _end(actor, tenant, request_id, to_state, body)
 
     # Through the group commit: a burst of callbacks shares its transactions,
     # each end still judged by its guard on its locked row.
     result = await asyncio.wrap_future(context.releases.release_later(prepare))
-    return {**result.request.to_dict(), "released": result.released}
+    return JSONResponse({**result.request.to_dict(), "released": result.released},
+                        status_code=_status(to_state, result.request.state))
+
+
+def _end(actor: Actor, tenant: str, request_id: str, to_state: RequestState,
+         body: ReleaseBody | None) -> End:
+    """The end ``actor`` asks for: an admin's is a verdict, forced only on its word."""
+    force = body is not None and body.force
+    if force and not actor.admin:
+        raise Forbidden("force is an admin's override for a lost executor; this token is not "
+                        "an admin's", code="admin_only")
+    return End(request_id, to_state, reason=body.reason if body else None, actor=actor.name,
+               tenant=tenant, guard=_guard(actor, body), admin=actor.admin, force=force)
+
+
+def _status(to_state: RequestState, state: RequestState) -> int:
+    """202 when a complete or fail asked a stop and holds the cost until it is confirmed
+    (docs/decisions/819); a cancel's answer stays 200 whatever it began."""
+    return 202 if to_state != RequestState.CANCELLED and state in STOPPING_STATES else 200
 
 
 def _guard(actor: Actor, body: ReleaseBody | None) -> ReleaseGuard | None:
@@ -288,25 +314,34 @@ def _guard(actor: Actor, body: ReleaseBody | None) -> ReleaseGuard | None:
 async def cancel(
     tenant: str, request_id: str, context: Context, credentials: Credentials,
     body: ReleaseBody | None = None,
-) -> dict[str, Any]:
+) -> JSONResponse:
     return await run_release(context, credentials, tenant, request_id, *ENDS["cancel"], body)
 
 
+# An admin's complete or fail of work that may run answers 202: a stop was asked.
+_STOP_ASKED: dict[int | str, dict[str, Any]] = {202: {
+    "description": "An admin's complete or fail of work an executor may hold: the request is "
+                   "`completing`/`failing`, its cost still charged until a worker sees the "
+                   "target confirm the stop (`released` is empty); `force` ends it now"}}
+
+
 @router.post("/{request_id}/complete",
-             summary="Mark a request completed (its executor, with the fencing token, or an admin)")
+             summary="Mark a request completed (its executor, with the fencing token, or an admin)",
+             responses=_STOP_ASKED)
 async def complete(
     tenant: str, request_id: str, context: Context, credentials: Credentials,
     body: ReleaseBody | None = None,
-) -> dict[str, Any]:
+) -> JSONResponse:
     return await run_release(context, credentials, tenant, request_id, *ENDS["complete"], body)
 
 
 @router.post("/{request_id}/fail",
-             summary="Mark a request failed (its executor, with the fencing token, or an admin)")
+             summary="Mark a request failed (its executor, with the fencing token, or an admin)",
+             responses=_STOP_ASKED)
 async def fail(
     tenant: str, request_id: str, context: Context, credentials: Credentials,
     body: ReleaseBody | None = None,
-) -> dict[str, Any]:
+) -> JSONResponse:
     return await run_release(context, credentials, tenant, request_id, *ENDS["fail"], body)
 
 

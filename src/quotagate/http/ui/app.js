@@ -299,7 +299,7 @@ function renderQueue(data) {
 
 // Audit operations whose target is a request: its steps, and the state a release ends it in.
 // A requeue writes "requeue" and its release "waiting"; a preemption "hold" for its preemptor.
-const REQUEST_OPERATIONS = ["submit", "admit", "expire", "deliver", "delivered", "cancel",
+const REQUEST_OPERATIONS = ["submit", "admit", "expire", "deliver", "delivered", "cancel", "complete", "fail",
   "cancelling", "cancelled", "preempt", "preempted", "completed", "failed", "requeue", "waiting",
   "hold", "timeout", "timed_out"];
 
