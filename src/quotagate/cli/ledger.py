@@ -191,12 +191,15 @@ def inspect(limit: int, as_json: bool, db_url: str | None) -> None:
     ))
     # Too long for a column, and the first thing to read when a delivery or a stop
     # does not move on (docs/delivery.md, troubleshooting).
-    failing = [r for r in data["requests"] if r["last_error"]]
-    if failing:
+    # A stop under way is no failure: its answer is stop_progress (docs/decisions/823).
+    stuck = [r for r in data["requests"] if r["last_error"] or r["stop_progress"]]
+    if stuck:
         click.echo("")
-        for r in failing:
+        for r in stuck:
+            answer = (f"last_error: {r['last_error']}" if r["last_error"]
+                      else f"stop_progress: {r['stop_progress']}")
             click.echo(f"{r['id']}: outbox {r['outbox']} after {r['attempts']} "
-                       f"attempt{'' if r['attempts'] == 1 else 's'}, last_error: {r['last_error']}")
+                       f"attempt{'' if r['attempts'] == 1 else 's'}, {answer}")
 
 
 def print_usage(data: Mapping[str, Any]) -> None:

@@ -209,7 +209,8 @@ class ProcessTarget:
         except ProcessLookupError:
             return self._starting_or_gone(directory)
         except PermissionError:
-            return StopResult(stopped=False, reason="not allowed to signal the command")
+            return StopResult(stopped=False, failed=True,
+                              reason="not allowed to signal the command")
         if sent == signal.SIGTERM:
             # Marked after the signal: a worker killed in between sends it once more,
             # which is better than never.
