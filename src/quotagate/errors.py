@@ -19,6 +19,7 @@ __all__ = [
     "StoreUnavailable",
     "Unauthorized",
     "quoted",
+    "with_hint",
 ]
 
 
@@ -107,3 +108,9 @@ def quoted(value: object) -> str:
         return text
     size = len(value) if isinstance(value, str | bytes) else len(text)
     return f"{text[:MAX_QUOTED]}… ({size} characters)"
+
+
+def with_hint(error: QuotagateError, hint: str) -> QuotagateError:
+    """The same error, its sentence ending with ``(hint)``: how the surface that answers (a
+    CLI option, a JSON field) sets what was missing. The store's sentence names neither."""
+    return type(error)(f"{error.message} ({hint})", code=error.code, **error.fields)

@@ -369,3 +369,36 @@ def test_a_stop_under_way_is_progress_not_a_failure(ledger: Quotagate, tmp_path:
     wait_for(stopped, "the stop to be confirmed")
     assert ledger.check_invariants() == []
     dispatcher.release()
+
+
+def test_a_failed_commands_reason_ends_with_its_last_output_line_masked(
+    ledger: Quotagate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``command exited with status 4`` named no cause; now the reason ends with the last
+    line of the command's output that says something, the values of the environment it was
+    handed and the ledger's URL masked, a URL's password and query values removed
+    (docs/decisions/825). A command that prints nothing keeps the bare reason."""
+    monkeypatch.setenv("API_TOKEN", "s3cr3t-token-value")
+    monkeypatch.setenv("QUOTAGATE_DB", "postgresql://ledger:ledgerpass@ledger-db/quotagate")
+    script = (
+        'echo "loading model"; '
+        'echo "error: cannot reach postgresql://app:dbpass@models/x?key=k1 with $API_TOKEN '
+        'from postgresql://ledger:ledgerpass@ledger-db/quotagate" >&2; '
+        'echo; echo "  ---  "; exit 4'
+    )
+    TargetStore(ledger.engine, clock=ledger.clock).set(
+        "talky", "process",
+        {"command": ["sh", "-c", script], "run_dir": str(tmp_path / "runs"),
+         "environment": ["API_TOKEN"]},
+        default=True,
+    )
+    ledger.submit("job-1", "team-a", {"gpu": 1})
+    ledger.admit()
+    dispatcher = Dispatcher(ledger, worker_name="w1", lease_ttl=30)
+    settle(dispatcher, ledger, ["job-1"])
+    reason = ledger.show("job-1").reason
+    assert reason == ("command exited with status 4: error: cannot reach "
+                      "postgresql://models/x?key=*** with $API_TOKEN from $QUOTAGATE_DB")
+    for secret in ("s3cr3t", "dbpass", "k1", "ledgerpass"):
+        assert secret not in (reason or "")
+    dispatcher.release()
