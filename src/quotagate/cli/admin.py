@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -133,7 +134,7 @@ def tenant_set(
                 max_runtime_grace=max_runtime_grace,
             )
         except InvalidInput as refused:
-            raise _with_option(refused) from None
+            raise with_hint(refused, _OPTIONS) from None
         # The quota rows as `tenant show` prints them, a cohort member's limits included:
         # the change's own answer has caps only, and left out the limits just set.
         result = gate.tenant(name)["quota"]
@@ -298,10 +299,8 @@ def _limit(amount: int | None) -> str:
 COMMANDS = [init, tenant, pool]
 
 
-def _with_option(refused: InvalidInput) -> QuotagateError:
-    """A cohort refusal with the option that sets what it lacks (the HTTP API names fields)."""
-    if refused.code == "not_in_cohort":
-        return with_hint(refused, "--cohort")
-    if refused.code == "unknown_quota_resource":
-        return with_hint(refused, f"--quota {refused.fields['resource']}=N")
-    return refused
+# The option that sets what a cohort refusal lacks (the HTTP API names its fields).
+_OPTIONS: dict[str, Callable[[QuotagateError], str]] = {
+    "not_in_cohort": lambda _refused: "--cohort",
+    "unknown_quota_resource": lambda refused: f"--quota {refused.fields['resource']}=N",
+}

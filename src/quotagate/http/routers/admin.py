@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter
@@ -41,19 +42,17 @@ def put_tenant(
             max_runtime_grace=body.max_runtime_grace,
         )
     except InvalidInput as refused:
-        raise _with_field(refused) from None
+        raise with_hint(refused, _FIELDS) from None
     if "rate" in body.model_fields_set:
         context.gate.set_rate(tenant, rate, actor=actor.name)
     return _tenant(context, tenant)
 
 
-def _with_field(refused: InvalidInput) -> QuotagateError:
-    """A cohort refusal with the body field that sets what it lacks (the CLI names options)."""
-    if refused.code == "not_in_cohort":
-        return with_hint(refused, 'set "cohort"')
-    if refused.code == "unknown_quota_resource":
-        return with_hint(refused, f'set "quota": {{"{refused.fields["resource"]}": N}}')
-    return refused
+# The body field that sets what a cohort refusal lacks (the CLI names its options).
+_FIELDS: dict[str, Callable[[QuotagateError], str]] = {
+    "not_in_cohort": lambda _refused: 'set "cohort"',
+    "unknown_quota_resource": lambda refused: f'set "quota": {{"{refused.fields["resource"]}": N}}',
+}
 
 
 @router.get("/tenants/{tenant}", summary="A tenant's quotas and use")
