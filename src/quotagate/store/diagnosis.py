@@ -34,7 +34,8 @@ def delivery_trail(engine: Engine, request_id: str) -> DeliveryTrail:
     with reading(engine) as connection:
         outbox_row = connection.execute(
             sa.select(outbox.c.attempts, outbox.c.delivered, outbox.c.delivered_at, outbox.c.claimed_by,
-                      outbox.c.claim_generation, outbox.c.claim_token, outbox.c.last_error)
+                      outbox.c.claim_generation, outbox.c.claim_token, outbox.c.last_error,
+                      outbox.c.stop_progress)
             .where(outbox.c.request_id == request_id)
         ).mappings().first()
         binding_row = connection.execute(
