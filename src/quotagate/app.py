@@ -564,10 +564,13 @@ class Quotagate:
         return list_requests(self.engine, tenant, state=state, cursor=cursor, limit=limit)
 
     def list_audit(
-        self, *, tenant: str | None = None, cursor: str | None = None, limit: int = 100
+        self, *, tenant: str | None = None, request: str | None = None,
+        cursor: str | None = None, limit: int = 100,
     ) -> Page[AuditRecord]:
-        """Audit entries, newest first; only ``tenant``'s when given."""
-        return list_audit(self.engine, tenant=tenant, cursor=cursor, limit=limit)
+        """Audit entries, newest first; only ``tenant``'s, or only about ``request``
+        (entries of its own tenant), when given."""
+        return list_audit(self.engine, tenant=tenant, request=request, cursor=cursor,
+                          limit=limit)
 
     def record_audit(self, entry: AuditEntry) -> None:
         """Record a decision that changed nothing else (a refused authorization)."""

@@ -6,6 +6,7 @@ status that fits, so the CLI and the HTTP API can report it the same way.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "StoreUnavailable",
     "Unauthorized",
     "quoted",
+    "with_hint",
 ]
 
 
@@ -107,3 +109,15 @@ def quoted(value: object) -> str:
         return text
     size = len(value) if isinstance(value, str | bytes) else len(text)
     return f"{text[:MAX_QUOTED]}… ({size} characters)"
+
+
+def with_hint(
+    error: QuotagateError, hints: Mapping[str, Callable[[QuotagateError], str]]
+) -> QuotagateError:
+    """The same error, its sentence ending with ``(hint)`` where ``hints`` has one for its
+    code: how the surface that answers (a CLI option, a JSON field) sets what was missing.
+    The store's sentence names neither."""
+    hint = hints.get(error.code)
+    if hint is None:
+        return error
+    return type(error)(f"{error.message} ({hint(error)})", code=error.code, **error.fields)

@@ -46,7 +46,13 @@ def test_cohorts_from_the_cli(db_url: str, tmp_path: Path) -> None:
     assert "invariants hold" in quotagate("check")
     refused = run("tenant", "set", "team-c", "--quota", "gpu=1", "--borrowing-limit", "gpu=1",
                   db=db_url, cwd=tmp_path, expect=2)
-    assert "not_in_cohort" in refused.stderr
+    # The CLI names its options; the HTTP API its fields (below).
+    assert refused.stderr == ("error: not_in_cohort: tenant 'team-c' is in no cohort: borrowing "
+                              "and lending limits need one (--cohort)\n")
+    no_quota = run("tenant", "set", "team-a", "--lending-limit", "cpu=1", db=db_url,
+                   cwd=tmp_path, expect=2)
+    assert no_quota.stderr == ("error: unknown_quota_resource: tenant 'team-a' has no quota for "
+                               "'cpu': set its nominal quota first (--quota cpu=N)\n")
     looped = run("cohort", "set", "org", "--parent", "research", db=db_url, cwd=tmp_path,
                  expect=2)
     assert "cohort_cycle" in looped.stderr
@@ -139,6 +145,18 @@ def test_cohorts_over_http(db_url: str, tmp_path: Path) -> None:
         assert admin.get("/v1/tenants/team-a").json()["on_preempt"] == "requeue"
         refused = admin.put("/v1/tenants/team-a", json={"lending_limit": {"gpu": 5}})
         assert refused.status_code == 400 and refused.json()["code"] == "invalid_lending_limit"
+        # An HTTP answer names the body's fields, not the CLI's options.
+        alone = admin.put("/v1/tenants/team-c", json={"quota": {"gpu": 1},
+                                                      "borrowing_limit": {"gpu": 1}})
+        assert (alone.status_code, alone.json()) == (400, {
+            "code": "not_in_cohort",
+            "message": "tenant 'team-c' is in no cohort: borrowing and lending limits need one "
+                       '(set "cohort")'})
+        no_quota = admin.put("/v1/tenants/team-a", json={"lending_limit": {"cpu": 1}})
+        assert (no_quota.status_code, no_quota.json()) == (400, {
+            "code": "unknown_quota_resource", "resource": "cpu",
+            "message": "tenant 'team-a' has no quota for 'cpu': set its nominal quota first "
+                       '(set "quota": {"cpu": N})'})
         missing = admin.put("/v1/tenants/team-c", json={"cohort": "nowhere"})
         assert missing.status_code == 404 and missing.json()["code"] == "unknown_cohort"
         looped = admin.put("/v1/cohorts/research", json={"parent": "research"})

@@ -412,14 +412,15 @@ def test_members_show_what_they_borrow_and_lend_and_a_reclaim_shows_its_reason(
     row(page, "tenants", f"{borrower}/gpu").wait_for()
     assert page.locator("#cohorts-card").is_hidden()
     assert lender not in page.locator("#tenants").inner_text()
-    # The other victim is still stuck; its tenant sees that the stop is not confirmed, not
-    # the answer (which for a stop is often progress, "SIGTERM sent", not a failure).
+    # The other victim is still stuck; its tenant sees that asking for the stop failed
+    # (DELETE answered 501), not the target's answer (docs/decisions/611, 823).
     page.goto(f"{site.page_url}#/delivery")
     [other] = [f"{borrower}-{n}" for n in range(3) if site.admin.get(
         f"/v1/tenants/{borrower}/requests/{borrower}-{n}").json()["state"] == "preempting"]
     answer = row(page, "stops", other).locator('td[data-label="Last answer"]')
     answer.wait_for(timeout=LIVE_TIMEOUT_MS)
-    assert answer.inner_text() == "not confirmed yet (the target's answer is shown to admins)"
+    assert answer.inner_text() == (
+        "the last stop attempt failed (the target's answer is shown to admins)")
 
 
 def test_a_tenant_with_a_budget_shows_its_hours_left_and_the_request_it_keeps_waiting(

@@ -78,8 +78,15 @@ def test_diagnose_shows_the_requests_audit_trail_of_its_own_tenant_only(
     lines = text.splitlines()
     start = lines.index("audit trail (4 entries, oldest first):")
     assert lines[start + 1].split() == ["at", "actor", "operation", "outcome", "reason"]
-    assert lines[start + 3].split()[2:] == ["cli", "submit", "accepted"]
+    # The time says its zone (2026-12-07 19:20:00 UTC).
+    assert lines[start + 3].split()[2:] == ["UTC", "cli", "submit", "accepted"]
     assert "token:b" not in text
+    # The audit log, narrowed to the request: the same story, its times in UTC too.
+    audited = run("audit", "--request", "job-1", db=db, cwd=tmp_path).stdout.splitlines()
+    assert [line.split()[4:7] for line in audited[2:]] == [
+        ["worker:w1", "team-a", "completed"], ["worker:w1", "team-a", "deliver"],
+        ["admission", "team-a", "admit"], ["cli", "team-a", "submit"]]
+    assert all(line.split()[3] == "UTC" for line in audited[2:])
 
     # A rejected request stops at the quota layer; its trail says who was refused, and when.
     rejected = json.loads(run("diagnose", "job-2", "--json", db=db, cwd=tmp_path).stdout)

@@ -244,6 +244,15 @@ def test_a_tenant_token_cannot_see_or_touch_another_tenant(api: Api) -> None:
     assert {entry["tenant"] for entry in entries} == {mine}
     assert all(their_id not in (entry["target"] or "") or entry["outcome"] == "refused"
                for entry in entries)
+    # One request's entries (?request=), scoped as the rest of /v1/audit: their request's
+    # story is theirs (and an admin's); my refusals that named it are not part of it.
+    assert me.get("/v1/audit", params={"request": their_id}).json()["entries"] == []
+    story = them.get("/v1/audit", params={"request": their_id}).json()["entries"]
+    assert [(entry["operation"], entry["tenant"], entry["target"]) for entry in story] == [
+        ("submit", theirs, their_id)], story
+    assert api.admin.get("/v1/audit", params={"request": their_id}).json()["entries"] == story
+    bad = api.admin.get("/v1/audit", params={"request": "not an id"})
+    assert (bad.status_code, bad.json()["code"]) == (400, "invalid_request_id")
 
 
 def test_missing_wrong_and_revoked_tokens_are_refused(api: Api) -> None:

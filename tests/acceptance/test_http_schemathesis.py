@@ -39,7 +39,7 @@ EXAMPLES_PER_OPERATION = 25
 STATE_DEPENDENT_REFUSALS = frozenset({
     "unknown_resource", "invalid_cursor", "not_in_cohort", "unknown_quota_resource",
     "invalid_lending_limit", "cohort_cycle", "slices_without_capacity",
-    "cost_above_quota", "cost_above_capacity",
+    "cost_above_quota", "cost_above_capacity", "cost_above_cohort_room",
 })
 
 

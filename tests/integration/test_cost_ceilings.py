@@ -72,9 +72,47 @@ def test_a_cohort_member_is_bounded_by_nominal_plus_borrowing_limit(ledger: Quot
     assert _refusal(ledger, {"gpu": 4}, tenant="bounded").fields == {
         "resource": "gpu", "needed": 4, "limit": 3}
     assert ledger.submit("job-1", "bounded", {"gpu": 3}).created
-    # No borrowing limit: it may borrow as far as the cohort has room, which changes with
-    # every member's quota; not judged at submit.
+    # No borrowing limit: it may borrow as far as the cohort's room goes (6 + 1 + 1).
     assert ledger.submit("job-2", "free", {"gpu": 7}).created
+
+
+def test_a_cohort_member_is_bounded_by_its_cohorts_room(ledger: Quotagate) -> None:
+    """Nominal 4 + borrowing limit 2 = 6, but the shared room holds 5: a cost of 6 could
+    never be granted and is refused, naming the cohort and its room's cap
+    (docs/decisions/824). Before, it was accepted and waited until it expired."""
+    ledger.set_cohort("org")
+    ledger.set_tenant("bounded", {"gpu": 4}, cohort="org", borrowing_limit={"gpu": 2})
+    ledger.set_tenant("other", {"gpu": 1}, cohort="org", lending_limit={"gpu": 1})
+    refused = _refusal(ledger, {"gpu": 6}, tenant="bounded")
+    assert refused.code == "cost_above_cohort_room"
+    assert refused.fields == {"resource": "gpu", "needed": 6, "limit": 5, "cohort": "org"}
+    assert refused.message == (
+        "cost gpu=6 is more than tenant 'bounded' can ever hold: its guaranteed gpu=0 plus "
+        "the shared room of cohort 'org' (cap gpu=5) allow gpu=5; nothing was submitted")
+    # Without a borrowing limit the room alone bounds it; a guaranteed part (nominal less
+    # its lending limit) is its own, outside the room (room: 4 lent + 1 lent = 5).
+    ledger.set_tenant("bounded", {"gpu": 4}, cohort="org", borrowing_limit={"gpu": None},
+                      lending_limit={"gpu": 2})
+    ledger.set_tenant("other", {"gpu": 3}, cohort="org", lending_limit={"gpu": 3})
+    refused = _refusal(ledger, {"gpu": 8}, tenant="bounded")
+    assert (refused.code, refused.fields["limit"]) == ("cost_above_cohort_room", 7)
+    assert "its guaranteed gpu=2 plus the shared room of cohort 'org' (cap gpu=5)" in (
+        refused.message)
+    # A borrowing limit tighter than the room is named as before.
+    ledger.set_tenant("bounded", {"gpu": 4}, cohort="org", borrowing_limit={"gpu": 1})
+    assert _refusal(ledger, {"gpu": 6}, tenant="bounded").code == "cost_above_quota"
+    # At the limit: accepted. The room shrunk under it (the other member lends less), it
+    # waits and explain says it cannot be admitted until the room grows; then it is.
+    ledger.set_tenant("bounded", {"gpu": 4}, cohort="org", borrowing_limit={"gpu": None})
+    assert ledger.submit("job-1", "bounded", {"gpu": 7}).created
+    ledger.set_tenant("other", {"gpu": 3}, cohort="org", lending_limit={"gpu": 1})
+    assert ledger.admit() == []
+    assert ledger.explain("job-1")["reason"].endswith(
+        "; its limits and its cohort's shared room allow at most gpu=5: it cannot be admitted "
+        "until they are raised")
+    ledger.set_tenant("other", {"gpu": 3}, cohort="org", lending_limit={"gpu": 3})
+    assert not ledger.explain("job-1")["reason"].endswith("until they are raised")
+    assert [placement.id for placement in ledger.admit()] == ["job-1"]
 
 
 def test_a_batch_refuses_the_entry_and_takes_the_others(ledger: Quotagate) -> None:

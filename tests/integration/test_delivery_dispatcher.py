@@ -328,3 +328,77 @@ def test_a_delivering_pass_reads_outcomes_again_after_a_full_page_that_ended(
     ended = {i for i in (f"job-{n}" for n in range(5)) if state(ledger, i) == RequestState.COMPLETED}
     assert len(ended) == (4 if ends else 0)
     assert ledger.check_invariants() == []
+
+
+def test_a_stop_under_way_is_progress_not_a_failure(ledger: Quotagate, tmp_path: Path) -> None:
+    """A stop the target is carrying out ("SIGTERM sent") keeps its answer as the stop's
+    progress: the dashboard, the request's story and ``inspect`` do not call it failing
+    (docs/decisions/823). Before, the answer went to ``last_error`` and read as a failure."""
+    started = tmp_path / "started"
+    TargetStore(ledger.engine, clock=ledger.clock).set(
+        "slow", "process",
+        {"command": ["sh", "-c", f'touch "{started}"; sleep 30'],
+         "run_dir": str(tmp_path / "runs")},
+        default=True,
+    )
+    ledger.submit("job-1", "team-a", {"gpu": 1})
+    ledger.admit()
+    dispatcher = Dispatcher(ledger, worker_name="w1", lease_ttl=30)
+    dispatcher.run_once()
+    wait_for(started.exists, "the command to start")
+    assert ledger.cancel("job-1").request.state == RequestState.CANCELLING
+    dispatcher.run_once()  # sends SIGTERM; the exit is confirmed by a later pass
+    assert state(ledger, "job-1") == RequestState.CANCELLING
+    progress = "SIGTERM sent, waiting for the exit"
+    [stop] = ledger.dashboard().stops
+    assert (stop.attempts, stop.failing, stop.last_error, stop.progress) == (
+        1, False, None, progress)
+    [hidden] = ledger.dashboard("team-a").stops
+    assert (hidden.failing, hidden.progress) == (False, None)
+    story = ledger.request_story("job-1")["delivery"]
+    assert (story["failing"], story["last_error"], story["stop_progress"]) == (
+        False, None, progress)
+    assert ledger.explain("job-1")["last_answer"] == progress
+    assert [(request["last_error"], request["stop_progress"])
+            for request in ledger.inspect()["requests"]] == [(None, progress)]
+
+    def stopped() -> bool:
+        dispatcher.run_once()
+        return state(ledger, "job-1") == RequestState.CANCELLED
+
+    wait_for(stopped, "the stop to be confirmed")
+    assert ledger.check_invariants() == []
+    dispatcher.release()
+
+
+def test_a_failed_commands_reason_ends_with_its_last_output_line_masked(
+    ledger: Quotagate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``command exited with status 4`` named no cause; now the reason ends with the last
+    line of the command's output that says something, the values of the environment it was
+    handed and the ledger's URL masked, a URL's password and query values removed
+    (docs/decisions/825). A command that prints nothing keeps the bare reason."""
+    monkeypatch.setenv("API_TOKEN", "s3cr3t-token-value")
+    monkeypatch.setenv("QUOTAGATE_DB", "postgresql://ledger:ledgerpass@ledger-db/quotagate")
+    script = (
+        'echo "loading model"; '
+        'echo "error: cannot reach postgresql://app:dbpass@models/x?key=k1 with $API_TOKEN '
+        'from postgresql://ledger:ledgerpass@ledger-db/quotagate" >&2; '
+        'echo; echo "  ---  "; exit 4'
+    )
+    TargetStore(ledger.engine, clock=ledger.clock).set(
+        "talky", "process",
+        {"command": ["sh", "-c", script], "run_dir": str(tmp_path / "runs"),
+         "environment": ["API_TOKEN"]},
+        default=True,
+    )
+    ledger.submit("job-1", "team-a", {"gpu": 1})
+    ledger.admit()
+    dispatcher = Dispatcher(ledger, worker_name="w1", lease_ttl=30)
+    settle(dispatcher, ledger, ["job-1"])
+    reason = ledger.show("job-1").reason
+    assert reason == ("command exited with status 4: error: cannot reach "
+                      "postgresql://models/x?key=*** with $API_TOKEN from $QUOTAGATE_DB")
+    for secret in ("s3cr3t", "dbpass", "k1", "ledgerpass"):
+        assert secret not in (reason or "")
+    dispatcher.release()

@@ -167,13 +167,15 @@ def test_explain_of_a_member_speaks_of_its_cohort(gate: Quotagate) -> None:
     gate.set_pool("pool-1", {"gpu": 16})
     gate.set_cohort("research")
     gate.set_tenant("team-a", {"gpu": 1}, cohort="research", borrowing_limit={"gpu": 2})
-    gate.set_tenant("team-b", {"gpu": 1}, cohort="research")
+    gate.set_tenant("team-b", {"gpu": 2}, cohort="research")  # the room: 1 + 2
     gate.submit("a-0", "team-a", {"gpu": 3})
     gate.set_tenant("team-a", {"gpu": 1}, borrowing_limit={"gpu": 1})  # lowered under it
     explained = gate.explain("a-0")
     assert explained["reasons"] == [
         {"code": "borrowing_limit", "resource": "gpu", "needed": 3, "available": 2}]
-    assert explained["reason"] == "borrowing_limit: gpu needs 3, 2 available"
+    assert explained["reason"] == (
+        "borrowing_limit: gpu needs 3, 2 available; its limits and its cohort's shared room "
+        "allow at most gpu=2: it cannot be admitted until they are raised")
 
 
 def test_what_submit_refuses_the_dry_run_refuses(plain: Quotagate) -> None:

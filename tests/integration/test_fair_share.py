@@ -80,6 +80,8 @@ def test_a_priority_above_the_tenants_maximum_is_refused(gate: Quotagate) -> Non
     with pytest.raises(InvalidInput) as refused:
         gate.submit("greedy", "team-a", {"gpu": 1}, priority=11)
     assert refused.value.code == "priority_above_max"
+    assert refused.value.message == ("priority 11 is above the maximum 10 of tenant 'team-a'; "
+                                     "nothing was submitted")
     assert snapshot(gate) == before
     simulated = gate.simulate("team-a", {"gpu": 1}, priority=11)
     assert simulated["admissible"] is False

@@ -105,3 +105,33 @@ def test_the_claimable_index_migration_goes_down_and_up_again(empty_db_url: str)
         assert new <= outbox_indexes()
         assert gate.show("r-1").state.value == "reserved"
         assert gate.check_invariants() == []
+
+
+def test_the_stop_progress_migration_goes_down_and_up_again(empty_db_url: str) -> None:
+    """Migration 0015 adds the outbox's ``stop_progress`` (NULL for every row; decision 823)
+    and its downgrade drops only that column. The rows stay."""
+    from alembic import command
+
+    from quotagate.store.migrate import alembic_config, current_revision
+
+    def outbox_columns() -> set[str]:
+        return {column["name"] for column in sa.inspect(gate.engine).get_columns("qg_outbox")}
+
+    with Quotagate.connect(empty_db_url) as gate:
+        upgrade(gate.engine, "0014")
+        assert "stop_progress" not in outbox_columns()
+        gate.set_pool("main", {"gpu": 4})
+        gate.set_tenant("team-a", {"gpu": 4})
+        gate.submit("r-1", "team-a", {"gpu": 1})
+        assert len(gate.admit(1)) == 1
+        assert upgrade(gate.engine, "0015") == "0015"
+        assert "stop_progress" in outbox_columns()
+        config = alembic_config()
+        with gate.engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.downgrade(config, "0014")
+        assert current_revision(gate.engine) == "0014"
+        assert "stop_progress" not in outbox_columns()
+        gate.init()
+        assert gate.request_story("r-1")["delivery"]["stop_progress"] is None
+        assert gate.check_invariants() == []

@@ -464,7 +464,8 @@ def test_a_suspension_the_controller_never_confirms_keeps_the_cost_charged(
         assert gate.show("job-1").state == RequestState.CANCELLING
         assert gate.usage()["tenants"][0]["used"] == 1 and _releases(gate) == 0
         [shown] = gate.inspect()["requests"]
-        assert "waiting for the controller" in shown["last_error"]
+        assert "waiting for the controller" in shown["stop_progress"]
+        assert shown["last_error"] is None
         kube_api.set_status(name, phase="Suspended",
                             observedGeneration=kube_api.get(name)["metadata"]["generation"])
         wait_for(lambda: dispatcher.run_once() is not None

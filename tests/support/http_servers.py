@@ -111,14 +111,13 @@ def make_token(db_url: str, *, tenant: str | None = None, label: str | None = No
 
 
 def put_stalled_tenant(admin: httpx.Client, name: str) -> None:
-    """Make ``name`` a tenant whose requests are accepted and never admitted by a running
-    server's admission loop: a cohort member with no nominal quota of its own and no
-    borrowing limit, alone in a cohort with nothing to lend. (A cost above a tenant's
-    quota is refused at submit: docs/decisions/809.)"""
-    cohort = f"stalled-{name}"[:63]
-    answer = admin.put(f"/v1/cohorts/{cohort}", json={"parent": None})
-    assert answer.status_code == 200, answer.text
-    answer = admin.put(f"/v1/tenants/{name}", json={"quota": {"gpu": 0}, "cohort": cohort})
+    """Make ``name`` a tenant whose requests of ``gpu=1`` are accepted and never admitted by
+    a running server's admission loop: a budget of one gpu-second an hour, and a default
+    max-runtime of an hour that every request reserves (budget_exhausted; budgets are
+    not judged at submit). A cost above a tenant's quota, or above what a cohort member's
+    room could ever hold, is refused at submit (docs/decisions/809, 824)."""
+    answer = admin.put(f"/v1/tenants/{name}", json={
+        "quota": {"gpu": 1}, "budget": {"gpu": "1s/1h"}, "default_max_runtime": 3600})
     assert answer.status_code == 200, answer.text
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -15,6 +15,7 @@ from quotagate.cli.common import (
     parse_whole,
     render_table,
     reports_errors,
+    utc_time,
 )
 from quotagate.cli.rate import describe_rate, rate_store_option
 from quotagate.cli.stream_settings import (
@@ -25,7 +26,7 @@ from quotagate.cli.stream_settings import (
 from quotagate.domain.bucket import parse_rate
 from quotagate.domain.budget import format_duration
 from quotagate.domain.sharing import KEEP, Keep
-from quotagate.errors import InvalidInput, NotFound, quoted
+from quotagate.errors import InvalidInput, NotFound, QuotagateError, quoted, with_hint
 
 
 @click.command()
@@ -122,15 +123,18 @@ def tenant_set(
             except NotFound as missing:
                 if missing.code != "unknown_tenant":
                     raise
-        gate.set_tenant(
-            name, caps, actor="cli", cohort=chosen,
-            borrowing_limit=parse_assignments(borrowing, "borrowing_limit", allow_none=True),
-            lending_limit=parse_assignments(lending, "lending_limit", allow_none=True),
-            weight=weight, max_priority=cap, reclaim=reclaim, within_tenant=within_tenant,
-            budget=limits, clear_budgets=clear_budgets, default_max_runtime=runtime,
-            on_preempt=on_preempt, stop_at_max_runtime=stop_at_max_runtime,
-            max_runtime_grace=max_runtime_grace,
-        )
+        try:
+            gate.set_tenant(
+                name, caps, actor="cli", cohort=chosen,
+                borrowing_limit=parse_assignments(borrowing, "borrowing_limit", allow_none=True),
+                lending_limit=parse_assignments(lending, "lending_limit", allow_none=True),
+                weight=weight, max_priority=cap, reclaim=reclaim, within_tenant=within_tenant,
+                budget=limits, clear_budgets=clear_budgets, default_max_runtime=runtime,
+                on_preempt=on_preempt, stop_at_max_runtime=stop_at_max_runtime,
+                max_runtime_grace=max_runtime_grace,
+            )
+        except InvalidInput as refused:
+            raise with_hint(refused, _OPTIONS) from None
         # The quota rows as `tenant show` prints them, a cohort member's limits included:
         # the change's own answer has caps only, and left out the limits just set.
         result = gate.tenant(name)["quota"]
@@ -206,12 +210,10 @@ def describe_budgets(described: dict[str, Any]) -> list[str]:
         lines.append(
             f"budget {resource} {state['limit']}: spent {state['spent_hours']:g}h, reserved "
             f"ahead {state['reserved_ahead_hours']:g}h, left {state['left_hours']:g}h"
-            + ("" if frees is None else f", frees up from {_when(frees)}"))
+            + ("" if frees is None else f", frees up from {utc_time(frees)}"))
     return lines
 
 
-def _when(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 @tenant.command("list")
@@ -295,3 +297,10 @@ def _limit(amount: int | None) -> str:
 
 
 COMMANDS = [init, tenant, pool]
+
+
+# The option that sets what a cohort refusal lacks (the HTTP API names its fields).
+_OPTIONS: dict[str, Callable[[QuotagateError], str]] = {
+    "not_in_cohort": lambda _refused: "--cohort",
+    "unknown_quota_resource": lambda refused: f"--quota {refused.fields['resource']}=N",
+}

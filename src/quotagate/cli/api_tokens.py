@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import click
 
-from quotagate.cli.common import db_option, echo_json, ensure_schema, open_gate, render_table, reports_errors
+from quotagate.cli.common import (
+    db_option,
+    echo_json,
+    ensure_schema,
+    open_gate,
+    render_table,
+    reports_errors,
+    utc_time,
+)
 from quotagate.domain.help_defaults import MAX_PAGE
 from quotagate.errors import InvalidInput
-
-
-def _when(epoch: float | None) -> str:
-    return "" if epoch is None else datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 @click.group("api-token")
@@ -66,7 +69,7 @@ def token_list(as_json: bool, db_url: str | None) -> None:
     click.echo(render_table(
         ["id", "scope", "label", "created", "revoked"],
         [[info.id, info.scope, info.label,
-          _when(info.created), _when(info.revoked)] for info in tokens],
+          utc_time(info.created), utc_time(info.revoked)] for info in tokens],
     ))
 
 
@@ -78,19 +81,22 @@ def token_revoke(token_id: str, db_url: str | None) -> None:
     """Revoke a token: the API refuses it from the next request on."""
     with open_gate(db_url) as gate:
         info = gate.revoke_api_token(token_id, actor="cli")
-    click.echo(f"revoked token {info.id} at {_when(info.revoked)}")
+    click.echo(f"revoked token {info.id} at {utc_time(info.revoked)}")
 
 
 @click.command()
 @click.option("--tenant", default=None, help="Only this tenant's entries.")
+@click.option("--request", "request_id", default=None,
+              help="Only the entries about this request (of its own tenant).")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, MAX_PAGE))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @db_option
 @reports_errors
-def audit(tenant: str | None, limit: int, as_json: bool, db_url: str | None) -> None:
-    """The audit log, newest first: every decision and admin change."""
+def audit(tenant: str | None, request_id: str | None, limit: int, as_json: bool,
+          db_url: str | None) -> None:
+    """The audit log, newest first: every decision and admin change (times in UTC)."""
     with open_gate(db_url) as gate:
-        page = gate.list_audit(tenant=tenant, limit=limit)
+        page = gate.list_audit(tenant=tenant, request=request_id, limit=limit)
     if as_json:
         echo_json(page.items)
         return
@@ -101,7 +107,7 @@ def audit_table(entries: Sequence[Mapping[str, Any]], *, one_request: bool = Fal
     """The audit entries as a table; those of ``one_request`` without its tenant and id."""
     columns = ["at", "actor", "operation", "outcome", "reason"] if one_request else [
         "id", "at", "actor", "tenant", "operation", "target", "outcome", "reason"]
-    return render_table(columns, [[_when(entry["at"]) if column == "at" else entry[column]
+    return render_table(columns, [[utc_time(entry["at"]) if column == "at" else entry[column]
                                    for column in columns] for entry in entries])
 
 

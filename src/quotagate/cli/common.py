@@ -6,6 +6,7 @@ import functools
 import json
 import sys
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -188,6 +189,13 @@ def parse_whole(text: str, what: str) -> int:
     except ValueError:
         raise InvalidInput(f"{what} must be a whole number, got {quoted(text)}",
                            code=f"invalid_{what}") from None
+
+
+def utc_time(epoch: float | None) -> str:
+    """A time as the CLI prints it, its zone said: ``2026-12-07 19:20:00 UTC`` ("" for none)."""
+    if epoch is None:
+        return ""
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def echo_json(data: Any) -> None:

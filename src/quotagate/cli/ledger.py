@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -18,6 +17,7 @@ from quotagate.cli.common import (
     parse_assignments,
     render_table,
     reports_errors,
+    utc_time,
 )
 from quotagate.cli.rate import rate_store_option
 from quotagate.domain.budget import format_duration
@@ -25,12 +25,6 @@ from quotagate.domain.model import STOPPING_STATES, RequestState, parse_payload_
 
 if TYPE_CHECKING:
     from quotagate.store.release import ReleaseResult
-
-
-def _when(epoch: float | None) -> str:
-    if epoch is None:
-        return ""
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 @click.command()
@@ -198,7 +192,7 @@ def show(request_id: str, as_json: bool, db_url: str | None) -> None:
     if data["max_runtime"] is not None:
         click.echo(f"{'runtime':>9}: at most {format_duration(data['max_runtime'])} "
                    "(what a budget reserves)")
-    click.echo(f"{'created':>9}: {_when(request.created)}")
+    click.echo(f"{'created':>9}: {utc_time(request.created)}")
     click.echo(f"{'payload':>9}: {json.dumps(request.payload)}")
 
 
@@ -219,16 +213,19 @@ def inspect(limit: int, as_json: bool, db_url: str | None) -> None:
     click.echo(render_table(
         ["id", "tenant", "state", "cost", "pool", "outbox", "binding", "created"],
         [[r["id"], r["tenant"], r["state"], _cost_text(r["cost"]), r["pool"], r["outbox"],
-          r["binding"], _when(r["created"])] for r in data["requests"]],
+          r["binding"], utc_time(r["created"])] for r in data["requests"]],
     ))
     # Too long for a column, and the first thing to read when a delivery or a stop
     # does not move on (docs/delivery.md, troubleshooting).
-    failing = [r for r in data["requests"] if r["last_error"]]
-    if failing:
+    # A stop under way is no failure: its answer is stop_progress (docs/decisions/823).
+    stuck = [r for r in data["requests"] if r["last_error"] or r["stop_progress"]]
+    if stuck:
         click.echo("")
-        for r in failing:
+        for r in stuck:
+            answer = (f"last_error: {r['last_error']}" if r["last_error"]
+                      else f"stop_progress: {r['stop_progress']}")
             click.echo(f"{r['id']}: outbox {r['outbox']} after {r['attempts']} "
-                       f"attempt{'' if r['attempts'] == 1 else 's'}, last_error: {r['last_error']}")
+                       f"attempt{'' if r['attempts'] == 1 else 's'}, {answer}")
 
 
 def print_usage(data: Mapping[str, Any]) -> None:

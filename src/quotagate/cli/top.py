@@ -121,7 +121,7 @@ def render(data: dict[str, Any]) -> Any:
         f"stops not confirmed {len(data['stops'])}  "
         f"last hour: admitted {sum(m['admitted'] for m in history)}, "
         f"rejected {sum(m['rejected'] for m in history)}  ",
-        (time.strftime("%H:%M:%S", time.localtime(data["at"])), "dim"),
+        (time.strftime("%H:%M:%S UTC", time.gmtime(data["at"])), "dim"),
     )
     # Room a preemption freed, held for its waiting preemptor (docs/decisions/721).
     held = ", ".join(hold["id"] for hold in data.get("holds", []))
@@ -139,13 +139,14 @@ def render(data: dict[str, Any]) -> Any:
     if not data["queue"]:
         queue.add_row("", "nothing is waiting", "", "", "", "", "")
     decisions = Table(title="Recent decisions", title_justify="left", expand=True)
-    for name in ("when", "tenant", "operation", "outcome", "target"):
+    # In UTC, as every time the CLI prints: the ledger's servers and readers span zones.
+    for name in ("when (UTC)", "tenant", "operation", "outcome", "target"):
         decisions.add_column(name, no_wrap=True)
     decisions.add_column("reason", no_wrap=True, overflow="ellipsis", ratio=1)
     for entry in data["decisions"][:12]:
         outcome_style = ("red" if entry["outcome"] in ("rejected", "refused", "expired")
                          else "yellow" if entry["operation"] == "preempt" else "")
-        decisions.add_row(time.strftime("%H:%M:%S", time.localtime(entry["at"])),
+        decisions.add_row(time.strftime("%H:%M:%S", time.gmtime(entry["at"])),
                           entry["tenant"] or "-", entry["operation"],
                           Text(entry["outcome"], style=outcome_style), entry["target"] or "",
                           entry["reason"] or "")

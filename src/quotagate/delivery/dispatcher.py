@@ -577,7 +577,8 @@ class Dispatcher:
             if isinstance(result, BaseException):
                 detail = (f"{result.code}: {result.message}" if isinstance(result, QuotagateError)
                           else f"{type(result).__name__}: {result}")
-                result = StopResult(stopped=False, reason=f"stop failed: {redact_text(detail)}")
+                result = StopResult(stopped=False, failed=True,
+                                    reason=f"stop failed: {redact_text(detail)}")
             if result.stopped:
                 confirmed.append((claim, result))
                 continue
@@ -585,8 +586,11 @@ class Dispatcher:
             logger.info("worker %s: stop of %s not confirmed yet: %s", self.worker_name,
                         claim.request_id, result.reason)
             try:
-                self.outbox.record_failure(claim, result.reason or "stop not confirmed yet",
-                                           self.stop_poll)
+                answer = result.reason or "stop not confirmed yet"
+                if result.failed:
+                    self.outbox.record_failure(claim, answer, self.stop_poll)
+                else:
+                    self.outbox.record_stop_progress(claim, answer, self.stop_poll)
             except StaleGeneration as error:
                 self._stale(error)
             except RequestGone:

@@ -66,6 +66,9 @@ class Verdict:
     # The tenant's own requests the next pass places before this one, in the order
     # it places them: best-effort order lets them take the room this one needs.
     ahead: tuple[str, ...] = ()
+    # A member's (resource, needed, most it could ever hold) where its limits and its
+    # cohort's shared room could never grant the cost (docs/decisions/824).
+    never: tuple[tuple[str, int, int], ...] = ()
 
 
 # Reasons about room, which what is placed first can take.
@@ -96,6 +99,11 @@ def describe_verdict(verdict: Verdict, admission_window: int) -> str:
         else:
             parts.append(describe_reason(reason))
     sentence = "; ".join(parts)
+    if verdict.never:
+        # Accepted before a limit or the room was lowered under its cost (decision 809).
+        held = ", ".join(f"{resource}={most}" for resource, _needed, most in verdict.never)
+        sentence += (f"; its limits and its cohort's shared room allow at most {held}: it "
+                     "cannot be admitted until they are raised")
     if verdict.ahead and any(reason.code in _ROOM for reason in verdict.reasons):
         return f"{describe_ahead(verdict.ahead)} {sentence}"
     return sentence
@@ -241,4 +249,7 @@ def judge(
         reasons.append(Reason(HELD_FOR_PREEMPTOR, "room", 1, 0))
     if not reasons and tenant_position > admission_window:
         reasons.append(Reason(QUEUE_WINDOW, "queue", tenant_position, admission_window))
-    return Verdict(not reasons, reasons, sharing.is_member(request.tenant), ahead)
+    member = sharing.is_member(request.tenant)
+    never = tuple((resource, amount, most) for resource, amount in sorted(request.cost.items())
+                  if member and amount > (most := sharing.most_ever(request.tenant, resource)))
+    return Verdict(not reasons, reasons, member, ahead, never)

@@ -198,6 +198,15 @@ class Sharing:
     def fits(self, tenant: str, cost: Cost, usage: Usage) -> bool:
         return not self.blocking(tenant, cost, usage)
 
+    def most_ever(self, tenant: str, resource: str) -> int:
+        """The most of ``resource`` a member could hold with nothing else used: its
+        ceiling, and its guaranteed part plus its root cohort's whole shared room."""
+        limits = self.limits.get((tenant, resource))
+        if limits is None:
+            return 0
+        _used, room_cap = self.cohorts.get(self.roots[tenant], {}).get(resource, (0, 0))
+        return min(limits.ceiling, limits.guaranteed + room_cap)
+
     def charge(self, tenant: str, cost: Cost, usage: Usage) -> None:
         """Charge the cohort room for ``cost`` on top of ``usage`` (charge the tenant after)."""
         room = self.cohorts.setdefault(self.roots[tenant], {})

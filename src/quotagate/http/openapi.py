@@ -64,6 +64,8 @@ PARAMETER_SCHEMAS: dict[str, dict[str, Any]] = {
     "cohort": {"type": "string", "pattern": _anchored(NAME_PATTERN), "maxLength": 63},
     "request_id": {"type": "string", "pattern": _anchored(REQUEST_ID_PATTERN),
                    "maxLength": 128},
+    # /v1/audit?request=ID
+    "request": {"type": "string", "pattern": _anchored(REQUEST_ID_PATTERN), "maxLength": 128},
     "topic": {"type": "string", "pattern": _anchored(PART_PATTERN), "maxLength": 100},
     # Opaque: base64url of the last row's sort key (quotagate.store.listing).
     "cursor": {"type": "string", "pattern": "^[A-Za-z0-9_=-]+$", "maxLength": 512},

@@ -455,9 +455,10 @@ def apply_tenant_sharing(
         connection.execute(tenant.update().where(tenant.c.name == name).values(values))
     if change.borrowing_limit or change.lending_limit:
         if new_root is None:
+            # Which option or field sets it is the surface's to say (errors.with_hint).
             raise InvalidInput(
-                f"tenant {quoted(name)} is in no cohort: borrowing and lending limits need one "
-                "(--cohort)", code="not_in_cohort")
+                f"tenant {quoted(name)} is in no cohort: borrowing and lending limits need one",
+                code="not_in_cohort")
         caps = {resource: int(cap) for resource, cap in connection.execute(
             sa.select(quota.c.resource, quota.c.cap).where(quota.c.tenant == name))}
         for column, limits in (("borrowing_limit", change.borrowing_limit),
@@ -465,8 +466,8 @@ def apply_tenant_sharing(
             for resource, amount in sorted(limits.items()):
                 if resource not in caps:
                     raise InvalidInput(
-                        f"tenant {quoted(name)} has no quota for {quoted(resource)}: set its nominal "
-                        f"first (--quota {resource}=N)", code="unknown_quota_resource")
+                        f"tenant {quoted(name)} has no quota for {quoted(resource)}: set its "
+                        "nominal quota first", code="unknown_quota_resource", resource=resource)
                 if column == "lending_limit" and amount is not None and amount > caps[resource]:
                     raise InvalidInput(
                         f"lending limit for {quoted(resource)} ({amount}) is above the nominal quota "

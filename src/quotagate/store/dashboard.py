@@ -135,10 +135,12 @@ class StopEntry:
     cost: dict[str, int]
     since_seconds: float
     reason: str | None
-    # Stop attempts the target did not confirm, and (operators only) its last answer.
+    # Stop attempts the target did not confirm and, for operators only, its last answer:
+    # a failure to ask (``last_error``, and then ``failing``) or the stop's progress.
     attempts: int = 0
     last_error: str | None = None
     failing: bool = False
+    progress: str | None = None
 
 
 @dataclass(frozen=True)
@@ -287,6 +289,7 @@ class DashboardViews:
                 "fencing_token": delivery["claim_token"],
                 "last_error": delivery["last_error"] if operator else None,
                 "failing": delivery["last_error"] is not None,
+                "stop_progress": delivery["stop_progress"] if operator else None,
             },
         }
 
@@ -416,6 +419,7 @@ class DashboardViews:
         query = sa.select(
             request.c.id, request.c.tenant, request.c.state, request.c.pool, request.c.cost,
             request.c.updated, request.c.reason, outbox.c.attempts, outbox.c.last_error,
+            outbox.c.stop_progress,
         ).select_from(request.outerjoin(outbox, outbox.c.request_id == request.c.id)).where(
             request.c.state.in_(UNCONFIRMED_STOP_STATES))
         if tenant is not None:
@@ -427,7 +431,8 @@ class DashboardViews:
                       since_seconds=round(max(0.0, now - row.updated), 3), reason=row.reason,
                       attempts=int(row.attempts or 0),
                       last_error=row.last_error if operator else None,
-                      failing=row.last_error is not None)
+                      failing=row.last_error is not None,
+                      progress=row.stop_progress if operator else None)
             for row in rows
         ]
 

@@ -10,7 +10,7 @@ from sqlalchemy.engine import Engine
 
 from quotagate.store import schema
 from quotagate.store.dialect import reading
-from quotagate.store.listing import AuditRecord, audit_record
+from quotagate.store.listing import AuditRecord, list_audit
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,8 @@ def delivery_trail(engine: Engine, request_id: str) -> DeliveryTrail:
     with reading(engine) as connection:
         outbox_row = connection.execute(
             sa.select(outbox.c.attempts, outbox.c.delivered, outbox.c.delivered_at, outbox.c.claimed_by,
-                      outbox.c.claim_generation, outbox.c.claim_token, outbox.c.last_error)
+                      outbox.c.claim_generation, outbox.c.claim_token, outbox.c.last_error,
+                      outbox.c.stop_progress)
             .where(outbox.c.request_id == request_id)
         ).mappings().first()
         binding_row = connection.execute(
@@ -51,17 +52,8 @@ def audit_trail(engine: Engine, request_id: str, *, tenant: str | None = None,
                 limit: int = 50) -> AuditTrail:
     """The newest ``limit`` audit entries about ``request_id``, oldest first.
 
-    Only entries of the request's own tenant: a refusal of another tenant's caller that
-    named this id is audited under that caller's tenant (docs/decisions/606), and is that
-    tenant's record, not this request's story. With ``tenant``, nothing unless the request
-    is that tenant's.
+    The listing's page (``list_audit`` with ``request``): only entries of the request's own
+    tenant; with ``tenant``, nothing unless the request is that tenant's.
     """
-    audit, request = schema.audit, schema.request
-    owner = sa.select(request.c.tenant).where(request.c.id == request_id).scalar_subquery()
-    query = sa.select(audit).where(audit.c.target == request_id, audit.c.tenant == owner)
-    if tenant is not None:
-        query = query.where(audit.c.tenant == tenant)
-    with reading(engine) as connection:
-        rows = connection.execute(query.order_by(audit.c.id.desc()).limit(limit + 1)).mappings().all()
-    entries = [audit_record(row) for row in rows[:limit]]
-    return AuditTrail(entries[::-1], earlier=len(rows) > limit)
+    page = list_audit(engine, tenant=tenant, request=request_id, limit=limit)
+    return AuditTrail(page.items[::-1], earlier=page.next_cursor is not None)

@@ -485,7 +485,7 @@ class Ledger:
             # The stop, due at once; a delivered row's claim is spent (as _begin_stop).
             connection.execute(
                 outbox.update().where(outbox.c.request_id == victim.id)
-                .values(stopping=True, attempts=0, last_error=None,
+                .values(stopping=True, attempts=0, last_error=None, stop_progress=None,
                         claimed_by=sa.case((outbox.c.delivered == sa.true(), sa.null()),
                                            else_=outbox.c.claimed_by)))
             record(connection, now, AuditEntry(actor, "preempt", "stopping", victim.tenant,

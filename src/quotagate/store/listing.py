@@ -146,15 +146,24 @@ def list_audit(
     engine: Engine,
     *,
     tenant: str | None = None,
+    request: str | None = None,
     cursor: str | None = None,
     limit: int = 100,
 ) -> Page[AuditRecord]:
-    """Audit entries, newest first; only ``tenant``'s when given."""
+    """Audit entries, newest first; only ``tenant``'s when given.
+
+    With ``request``, only the entries about that request of its own tenant: a refusal
+    of another tenant's caller that named this id is audited under that caller's tenant
+    (docs/decisions/606), and is that tenant's record, not this request's story.
+    """
     _check_limit(limit)
-    audit = schema.audit
+    audit, requests = schema.audit, schema.request
     query = sa.select(audit)
     if tenant is not None:
         query = query.where(audit.c.tenant == tenant)
+    if request is not None:
+        owner = sa.select(requests.c.tenant).where(requests.c.id == request).scalar_subquery()
+        query = query.where(audit.c.target == request, audit.c.tenant == owner)
     if cursor is not None:
         (before,) = decode_cursor(cursor, (int,))
         query = query.where(audit.c.id < before)

@@ -405,19 +405,30 @@ class OutboxStore:
         self.counters.increment("delivered")
 
     def record_failure(self, claim: Claim, error: str, retry_in: float) -> None:
-        """Count a failed attempt (or an unconfirmed stop), keep its error, free the row.
+        """Count a failed attempt (of a delivery or a stop), keep its error, free the row.
 
         The row is due again ``retry_in`` seconds from now by the database clock.
         """
+        self._record_attempt(claim, retry_in, last_error=error[:_ERROR_LENGTH])
 
+    def record_stop_progress(self, claim: Claim, progress: str, retry_in: float) -> None:
+        """Count a stop the target has not confirmed yet but is carrying out; free the row.
+
+        Its answer goes to ``stop_progress`` and ``last_error`` is cleared: a stop under
+        way is not a failed attempt (docs/decisions/823).
+        """
+        self._record_attempt(claim, retry_in, last_error=None,
+                             stop_progress=progress[:_ERROR_LENGTH])
+
+    def _record_attempt(self, claim: Claim, retry_in: float, **answer: str | None) -> None:
         def work(connection: sa.Connection) -> None:
             self.leases.fence(connection, claim.lease)
             self._hold(connection, claim)
             connection.execute(
                 _outbox.update().where(_outbox.c.request_id == claim.request_id).values(
-                    attempts=_outbox.c.attempts + 1, last_error=error[:_ERROR_LENGTH],
+                    attempts=_outbox.c.attempts + 1,
                     next_attempt_at=database_now(connection) + retry_in, claimed_by=None,
-                    claim_generation=None, claimed_until=None,
+                    claim_generation=None, claimed_until=None, **answer,
                 )
             )
 

@@ -122,7 +122,7 @@ def mark_stop_statement() -> sa.Update:
     outbox = schema.outbox
     return (
         outbox.update().where(outbox.c.request_id == sa.bindparam("stopped_id"))
-        .values(stopping=True, attempts=0, last_error=sa.null(),
+        .values(stopping=True, attempts=0, last_error=sa.null(), stop_progress=sa.null(),
                 claimed_by=sa.case((outbox.c.delivered == sa.true(), sa.null()),
                                    else_=outbox.c.claimed_by))
     )

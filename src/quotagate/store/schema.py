@@ -212,6 +212,10 @@ outbox = sa.Table(
     sa.Column("delivered", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("delivered_at", TIME, nullable=True),
     sa.Column("last_error", sa.String(2048), nullable=True),
+    # A stop's last answer while the target carries it out ("SIGTERM sent, waiting for
+    # the exit"): kept apart from ``last_error``, which only a failed attempt sets, so a
+    # healthy stop in progress never reads as failing (docs/decisions/823).
+    sa.Column("stop_progress", sa.String(2048), nullable=True),
     # Set when the request is cancelled while reserved or delivered: the row is
     # then a stop to carry out, claimed and fenced like a delivery.
     sa.Column("stopping", sa.Boolean, nullable=False, server_default=sa.false()),

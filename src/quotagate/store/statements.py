@@ -438,9 +438,10 @@ def submission_facts_query(with_target: bool, resources: int | None = None
     other tenants, ``bucket`` if the tenant has a rate quota, ``max_priority``
     (as text) if the tenant has a maximum priority, ``default_max_runtime``
     (as text) if it has a default max-runtime, one ``ceiling`` per cost resource the
-    tenant has a quota for (``resource:amount:cap``, the most it could ever hold: its cap,
-    a cohort member's nominal plus borrowing limit; ``resource::cap`` for a member free to
-    borrow as far as its cohort has room), one ``pool_cap`` per pool and cost resource
+    tenant has a quota for (``resource:amount:cap:lending:room:root``, the most it could
+    ever hold: its cap, a cohort member's nominal plus borrowing limit, empty for a member
+    free to borrow as far as its cohort has room; for a member also its lending limit,
+    its root cohort and that room's cap, which bound it too), one ``pool_cap`` per pool and cost resource
     it offers (``pool:resource:capacity``, its slices summed: the cost resources some
     pool offers are those named here). Parameters: ``id``,
     ``tenant``, ``resources`` (a list), ``target``; with ``resources`` given, that
@@ -505,19 +506,30 @@ _COLON = sa.literal_column("':'", sa.String)
 
 
 def _ceilings(resource_listed: sa.ColumnElement[bool]) -> sa.Select[Any]:
-    """The ``ceiling`` rows of :func:`submission_facts_query` (docs/decisions/809)."""
-    quota = schema.tenant_quota
+    """The ``ceiling`` rows of :func:`submission_facts_query` (docs/decisions/809, 824)."""
+    quota, room = schema.tenant_quota, schema.cohort_usage
     ceiling = sa.case(
         (quota.c.cohort_root.is_(None), quota.c.cap),
         (quota.c.borrowing_limit.is_not(None), quota.c.cap + quota.c.borrowing_limit),
         else_=sa.null(),
     )
-    # The cap too, so that a member's refusal can say what its ceiling is made of.
+
+    def text(value: Any) -> sa.ColumnElement[str]:
+        return sa.func.coalesce(sa.cast(value, sa.String(24)), "")
+
+    # The cap too, so that a member's refusal can say what its ceiling is made of; and
+    # for a member its lending limit, its root cohort and that room's cap (no row: a room
+    # of 0), since it can never hold more than its guaranteed part plus the whole room.
+    room_cap = sa.case((quota.c.cohort_root.is_(None), sa.null()),
+                       else_=sa.func.coalesce(room.c.cap, 0))
     return (
         sa.select(sa.literal("ceiling").label("fact"),
-                  (quota.c.resource + _COLON
-                   + sa.func.coalesce(sa.cast(ceiling, sa.String(24)), "") + _COLON
-                   + sa.cast(quota.c.cap, sa.String(24))).label("value"))
+                  (quota.c.resource + _COLON + text(ceiling) + _COLON
+                   + sa.cast(quota.c.cap, sa.String(24)) + _COLON
+                   + text(quota.c.lending_limit) + _COLON + text(room_cap) + _COLON
+                   + sa.func.coalesce(quota.c.cohort_root, "")).label("value"))
+        .select_from(quota.outerjoin(room, sa.and_(room.c.cohort == quota.c.cohort_root,
+                                                   room.c.resource == quota.c.resource)))
         .where(quota.c.tenant == sa.bindparam("tenant"), resource_listed)
     )
 

@@ -7,9 +7,11 @@ so that a dry run refuses exactly what submit would refuse, with the same errors
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from quotagate.domain.model import Submission
 from quotagate.domain.placement import fits_when_empty
+from quotagate.domain.sharing import MemberLimits
 from quotagate.errors import InvalidInput, NotFound, quoted
 
 
@@ -47,8 +49,9 @@ def require_submittable(
     maximum = facts.get("max_priority")
     if check_priority and maximum and submission.priority > int(next(iter(maximum))):
         raise InvalidInput(
-            f"priority {submission.priority} is above tenant {quoted(submission.tenant)}'s maximum "
-            f"{next(iter(maximum))}; nothing was submitted",
+            # Not "tenant 'team-a''s maximum": a possessive after a quoted name reads as a typo.
+            f"priority {submission.priority} is above the maximum {next(iter(maximum))} of "
+            f"tenant {quoted(submission.tenant)}; nothing was submitted",
             code="priority_above_max",
         )
 
@@ -69,15 +72,29 @@ def _require_within_ceilings(
     tenant could ever hold, or more than any one pool holds (docs/decisions/809).
 
     Such a request would wait until it expired, ``explain`` saying only that it did not fit.
-    A cohort member free to borrow as far as its cohort has room is not judged here: that
-    room changes with every member's quota.
+    A cohort member is bounded by its nominal plus its borrowing limit, and by its
+    guaranteed part plus its cohort's whole shared room, as the ledger stands
+    (docs/decisions/824), as a pool is by its capacity.
     """
-    ceilings: dict[str, tuple[int | None, int]] = {}
-    for value in facts.get("ceiling", ()):
-        resource, amount, nominal = value.split(":")
-        ceilings[resource] = (int(amount) if amount else None, int(nominal))
+    ceilings = {ceiling.resource: ceiling for ceiling in map(_Ceiling.parse, facts.get("ceiling", ()))}
     for resource, needed in sorted(submission.cost.items()):
-        ceiling, cap = ceilings.get(resource, (0, 0))  # no quota for it: a cap of zero
+        # No quota for it: a cap of zero.
+        entry = ceilings.get(resource) or _Ceiling(resource, 0, 0, None, None, None)
+        ceiling, cap = entry.ceiling, entry.nominal
+        room = entry.room()
+        if room is not None and needed > (most := room.guaranteed + room.cap) and (
+                ceiling is None or most < ceiling):
+            # A member holds beyond its guaranteed part only what its cohort's shared room
+            # holds (docs/decisions/824): with a room smaller than its borrowing limit
+            # allows, "its quota allows gpu=6" would name a limit it can never reach.
+            raise InvalidInput(
+                f"cost {resource}={needed} is more than tenant {quoted(submission.tenant)} can "
+                f"ever hold: its guaranteed {resource}={room.guaranteed} plus the shared room "
+                f"of cohort {quoted(room.cohort)} (cap {resource}={room.cap}) allow "
+                f"{resource}={most}; nothing was submitted",
+                code="cost_above_cohort_room", resource=resource, needed=needed, limit=most,
+                cohort=room.cohort,
+            )
         if ceiling is not None and needed > ceiling:
             # A member's ceiling is its nominal quota plus its borrowing limit: "its quota
             # allows gpu=6" named neither, and its quota is 4.
@@ -104,3 +121,36 @@ def _require_within_ceilings(
         f"no pool holds {wanted} at once: each lacks one of them; nothing was submitted",
         code="cost_above_capacity",
     )
+
+
+@dataclass(frozen=True)
+class _Ceiling:
+    """One ``ceiling`` fact: a tenant's quota row for a cost resource, and its room."""
+
+    resource: str
+    ceiling: int | None  # nominal + borrowing limit; None: a member bounded by its room only
+    nominal: int
+    lending_limit: int | None
+    room_cap: int | None  # its root cohort's shared room (None: not a member)
+    root: str | None
+
+    @classmethod
+    def parse(cls, value: str) -> _Ceiling:
+        resource, amount, nominal, lending, room, root = value.split(":")
+        return cls(resource, int(amount) if amount else None, int(nominal),
+                   int(lending) if lending else None, int(room) if room else None,
+                   root or None)
+
+    def room(self) -> _Room | None:
+        """A member's own part and its root cohort's shared room (None: not a member)."""
+        if self.room_cap is None or self.root is None:
+            return None
+        limits = MemberLimits(nominal=self.nominal, lending_limit=self.lending_limit)
+        return _Room(self.root, self.room_cap, limits.guaranteed)
+
+
+@dataclass(frozen=True)
+class _Room:
+    cohort: str
+    cap: int
+    guaranteed: int  # the member's nominal less what it lends: its own, outside the room

@@ -134,6 +134,7 @@ class InspectedRequest(TypedDict):
     outbox: str | None  # pending, delivered, stopping; None before admission
     attempts: int | None
     last_error: str | None
+    stop_progress: str | None  # a stop's answer while under way (docs/decisions/823)
     binding: str | None
     uid: str | None
 
@@ -202,7 +203,7 @@ class LedgerViews:
                 request.c.id, request.c.tenant, request.c.cost, request.c.state, request.c.pool,
                 request.c.priority, request.c.created,
                 outbox.c.delivered, outbox.c.stopping, outbox.c.attempts, outbox.c.last_error,
-                binding.c.external_name, binding.c.uid,
+                outbox.c.stop_progress, binding.c.external_name, binding.c.uid,
             )
             .select_from(
                 request.outerjoin(outbox, outbox.c.request_id == request.c.id).outerjoin(
@@ -228,6 +229,7 @@ class LedgerViews:
                     ),
                     attempts=row.attempts,
                     last_error=row.last_error,
+                    stop_progress=row.stop_progress,
                     binding=row.external_name,
                     uid=row.uid,
                 )
@@ -261,7 +263,8 @@ class LedgerViews:
     def _explain_stop(connection: sa.Connection, row: Any, *, admin: bool) -> Explanation:
         """A stopping request still charged: its stop awaits the target's confirmation."""
         stop = connection.execute(
-            sa.select(schema.outbox.c.attempts, schema.outbox.c.last_error)
+            sa.select(schema.outbox.c.attempts, schema.outbox.c.last_error,
+                      schema.outbox.c.stop_progress)
             .where(schema.outbox.c.request_id == row["id"])
         ).first()
         attempts = 0 if stop is None else int(stop.attempts)
@@ -271,8 +274,9 @@ class LedgerViews:
                    f"confirms the work stopped ({attempts} unconfirmed stop attempts so far)",
         )
         if admin and stop is not None:
-            # The target's own answer is for operators (docs/decisions/214).
-            explained["last_answer"] = stop.last_error
+            # The target's own answer is for operators (docs/decisions/214): its failure
+            # if the last attempt failed, else the stop's progress (docs/decisions/823).
+            explained["last_answer"] = stop.last_error or stop.stop_progress
         return explained
 
     def explain(self, request_id: str, *, tenant: str | None = None) -> Explanation:

@@ -146,6 +146,8 @@ def _lease(gate: Quotagate, state: RequestState, outbox: dict[str, Any] | None,
         "attempts": outbox["attempts"], "delivered": bool(outbox["delivered"]),
         "external_name": binding["external_name"] if binding else None,
         "last_error": outbox["last_error"],
+        # A stop under way: the target's answer, no failure (docs/decisions/823).
+        "stop_progress": outbox["stop_progress"],
     }
     if outbox["claimed_by"] is None:
         return Layer("lease", "admitted, not claimed by any worker yet", facts)

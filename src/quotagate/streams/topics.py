@@ -291,8 +291,9 @@ class Topics:
             return TopicSpec(spec.tenant, spec.name, spec.partitions, spec.parallelism, cap)
         if spec.max_len > cap:
             raise InvalidInput(
-                f"topic max length {spec.max_len} is above tenant {quoted(spec.tenant)}'s stream "
-                f"length limit {cap} ('quotagate tenant set {spec.tenant} --stream-max-len')",
+                f"topic max length {spec.max_len} is above the stream length limit {cap} of "
+                f"tenant {quoted(spec.tenant)} ('quotagate tenant set {spec.tenant} "
+                "--stream-max-len')",
                 code="max_len_above_limit")
         return spec
 
@@ -310,7 +311,8 @@ class Topics:
                 short.append(f"{resource} needs {amount}, {cap - used} of {cap} left")
         if not short:  # it fitted when read again: the rows changed meanwhile
             short.append("the tenant's use changed meanwhile; try again")
-        return Conflict(f"topic {quoted(spec.name)} does not fit tenant {quoted(spec.tenant)}'s quota: "
+        return Conflict(f"topic {quoted(spec.name)} does not fit the quota of tenant "
+                        f"{quoted(spec.tenant)}: "
                         + "; ".join(short) + "; nothing was created",
                         code="topic_quota_exceeded")
 

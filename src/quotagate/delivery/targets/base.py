@@ -50,6 +50,9 @@ class StopResult:
 
     stopped: bool  # True only once the executor confirms the work no longer runs, or it is gone
     reason: str | None = None  # why not yet, or how it ended
+    # Not stopped because asking failed (refused, unreachable, not allowed), as opposed
+    # to a stop under way: only a failure is the outbox's ``last_error`` (docs/decisions/823).
+    failed: bool = False
 
 
 class DeliveryFailed(QuotagateError):

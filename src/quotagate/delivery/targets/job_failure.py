@@ -1,4 +1,4 @@
-"""Why a Python job failed, from the end of its run's ``output.log``: the exception's last line.
+"""Why a job failed, from the end of its run's ``output.log``: the exception's last line.
 
 A spark job whose ``--module`` fails to import exits 1, and the request's reason said only
 ``command exited with status 1``: the cause (``ModuleNotFoundError: No module named
@@ -7,7 +7,12 @@ reason is what the tenant sees (``show``, ``diagnose``, the HTTP API), so the li
 cleaned first: credentials in URLs and query values go (``delivery.reasons.redact_text``),
 and so does the value of every variable the job was handed from the worker's environment
 (the target's ``environment``, an operator's choice that may hold secrets), shown as
-``$NAME``. Frames (paths of the worker's machine) are never taken, only the exception's line.
+``$NAME``, and the ledger's own URLs (``QUOTAGATE_DB``, ``QUOTAGATE_RATE_STORE``) if a line
+quotes them. Frames (paths of the worker's machine) are never taken, only the exception's line.
+
+The plain process target's command need not be Python: with ``last_line``, a log that shows
+no exception gives its last line that has a letter or digit in it (``Error: disk full``),
+cleaned the same way (docs/decisions/825).
 """
 
 from __future__ import annotations
@@ -19,7 +24,10 @@ from pathlib import Path
 
 from quotagate.delivery.reasons import redact_text
 
-__all__ = ["failure_cause"]
+__all__ = ["LEDGER_ENVIRONMENT", "failure_cause"]
+
+# The worker's own addresses: never handed to a job, masked if a line quotes them anyway.
+LEDGER_ENVIRONMENT = ("QUOTAGATE_DB", "QUOTAGATE_RATE_STORE")
 
 # Enough for the traceback at the end of a chatty job's log; a log is never read whole.
 _TAIL_BYTES = 64 * 1024
@@ -31,18 +39,26 @@ _SHORTEST_MASKED = 4
 MAX_CAUSE_LENGTH = 300
 
 
-def failure_cause(log: Path, variables: Iterable[str]) -> str | None:
-    """The last line of the exception that ended the job, cleaned; None if the log shows none."""
+def failure_cause(log: Path, variables: Iterable[str], *, last_line: bool = False) -> str | None:
+    """The last line of the exception that ended the job, cleaned; None if the log shows none.
+
+    With ``last_line``, a log without an exception gives its last meaningful line instead.
+    """
     try:
         with log.open("rb") as handle:
             handle.seek(max(0, log.stat().st_size - _TAIL_BYTES))
             text = handle.read().decode("utf-8", "replace")
     except OSError:
         return None
-    cause = _exception_line(text.splitlines())
+    lines = text.splitlines()
+    cause = _exception_line(lines)
+    if cause is None and last_line:
+        cause = next((line.strip() for line in reversed(lines)
+                      if any(character.isalnum() for character in line)), None)
     if cause is None:
         return None
-    values = {name: os.environ[name] for name in variables if name in os.environ}
+    values = {name: os.environ[name] for name in (*variables, *LEDGER_ENVIRONMENT)
+              if name in os.environ}
     # Longest first: a value that contains another is masked whole. Before the URL
     # redaction, which would change a URL-valued variable so that it no longer matches.
     for name, value in sorted(values.items(), key=lambda item: -len(item[1])):

@@ -218,14 +218,14 @@ class KubernetesTarget:
             metadata = found["metadata"]
             written_by = kubernetes_objects.fencing_token(metadata)
             if written_by is not None and written_by > fencing_token:
-                return StopResult(stopped=False, reason=(
+                return StopResult(stopped=False, failed=True, reason=(
                     f"stale stop: {obtained.name!r} carries fencing token {written_by}, "
                     f"this stop {fencing_token}"))
             if self.config["stop"] == "suspend":
                 return self._suspend(found, fencing_token)
             return self._delete(found)
         except QuotagateError as error:
-            return StopResult(stopped=False, reason=error.message)
+            return StopResult(stopped=False, failed=True, reason=error.message)
 
     def _delete(self, found: dict[str, Any]) -> StopResult:
         metadata = found["metadata"]

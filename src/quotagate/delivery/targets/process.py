@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from quotagate.delivery.targets import process_runner
+from quotagate.delivery.targets import job_failure, process_runner
 from quotagate.delivery.targets.base import (
     DeliveryFailed,
     DeliverySpec,
@@ -104,8 +104,12 @@ def _absolute_program(command: list[str]) -> list[str]:
 class ProcessTarget:
     kind = "process"
 
-    def __init__(self, config: Mapping[str, Any], *, ledger_id: str) -> None:
+    def __init__(self, config: Mapping[str, Any], *, ledger_id: str,
+                 explain_failures: bool = True) -> None:
         checked = validate_config(config)
+        # A failed command's reason ends with the last line of its output (docs/decisions/825);
+        # the spark target takes the Python exception's line itself, never a JVM's last line.
+        self.explain_failures = explain_failures
         self.command: list[str] = checked["command"]
         self.run_dir = Path(checked["run_dir"])
         self.environment_names: list[str] = checked.get("environment", [])
@@ -209,7 +213,8 @@ class ProcessTarget:
         except ProcessLookupError:
             return self._starting_or_gone(directory)
         except PermissionError:
-            return StopResult(stopped=False, reason="not allowed to signal the command")
+            return StopResult(stopped=False, failed=True,
+                              reason="not allowed to signal the command")
         if sent == signal.SIGTERM:
             # Marked after the signal: a worker killed in between sends it once more,
             # which is better than never.
@@ -244,7 +249,14 @@ class ProcessTarget:
         if status == 0:
             return Outcome(completed=True)
         how = f"signal {-status}" if status < 0 else f"status {status}"
-        return Outcome(completed=False, reason=f"command exited with {how}")
+        reason = f"command exited with {how}"
+        if status > 0 and self.explain_failures:
+            # Not after a signal: a stopped command's last words are not why it ended.
+            cause = job_failure.failure_cause(self.run_dir / name / process_runner.OUTPUT,
+                                              self.environment_names, last_line=True)
+            if cause is not None:
+                reason = f"{reason}: {cause}"
+        return Outcome(completed=False, reason=reason)
 
     def _create(self, final: Path, spec: DeliverySpec) -> ExternalObject | None:
         """Create the run directory with its identity in one rename; None if it exists."""

@@ -35,7 +35,7 @@ from quotagate.errors import InvalidInput, quoted
 _LAUNCHER = Path(spark_launcher.__file__)
 DEFAULT_CHECKPOINT_ROOT = "quotagate-checkpoints"
 # A job must never learn where the ledger is: it could then write around the fence.
-FORBIDDEN_ENVIRONMENT = ("QUOTAGATE_DB", "QUOTAGATE_RATE_STORE")
+FORBIDDEN_ENVIRONMENT = job_failure.LEDGER_ENVIRONMENT
 
 
 def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -102,7 +102,7 @@ class SparkTarget:
             key: checked[key] for key in ("run_dir", "environment", "stop_grace") if key in checked
         }
         self.process = process.ProcessTarget({**process_config, "command": [*launcher, *job_command(checked)]},
-                                             ledger_id=ledger_id)
+                                             ledger_id=ledger_id, explain_failures=False)
 
     def checkpoint_location(self, tenant: str, external_name: str) -> Path:
         return spark_launcher.checkpoint_location(self.checkpoint_root, self.ledger_id, tenant, external_name)
@@ -125,8 +125,7 @@ class SparkTarget:
         if outcome.completed:
             return outcome
         cause = job_failure.failure_cause(
-            self.process.run_dir / name / process_runner.OUTPUT,
-            (*self.process.environment_names, *FORBIDDEN_ENVIRONMENT))
+            self.process.run_dir / name / process_runner.OUTPUT, self.process.environment_names)
         if cause is None:
             return outcome
         return Outcome(completed=False, reason=f"{outcome.reason or 'the job failed'}: {cause}")

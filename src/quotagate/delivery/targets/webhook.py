@@ -309,7 +309,7 @@ class WebhookTarget:
             return StopResult(stopped=True, reason="the webhook receiver confirmed the stop")
         if response.status_code == 202:
             return StopResult(stopped=False, reason="the webhook receiver is stopping it")
-        return StopResult(stopped=False,
+        return StopResult(stopped=False, failed=True,
                           reason=f"webhook DELETE answered {response.status_code}")
 
     def close(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter
@@ -9,6 +10,7 @@ from fastapi import APIRouter
 from quotagate.auth import authorizer as operations
 from quotagate.domain.model import validate_name
 from quotagate.domain.sharing import KEEP
+from quotagate.errors import InvalidInput, QuotagateError, with_hint
 from quotagate.http.context import Context
 from quotagate.http.models import CohortBody, FairShareBody, PoolBody, TenantBody
 from quotagate.http.routers.rate import rate_view
@@ -25,22 +27,32 @@ def put_tenant(
     rate = body.rate.config() if body.rate is not None else None  # judged before any change
     if rate is not None:
         context.gate.check_rate_store(tenant, rate)  # a store that is down changes nothing
-    context.gate.set_tenant(
-        tenant, body.quota, actor=actor.name,
-        cohort=body.cohort if "cohort" in body.model_fields_set else KEEP,
-        borrowing_limit=body.borrowing_limit, lending_limit=body.lending_limit,
-        weight=body.weight,
-        max_priority=body.max_priority if "max_priority" in body.model_fields_set else KEEP,
-        reclaim=body.reclaim, within_tenant=body.within_tenant, on_preempt=body.on_preempt,
-        budget=body.budget,
-        default_max_runtime=body.default_max_runtime
-        if "default_max_runtime" in body.model_fields_set else KEEP,
-        stop_at_max_runtime=body.stop_at_max_runtime,
-        max_runtime_grace=body.max_runtime_grace,
-    )
+    try:
+        context.gate.set_tenant(
+            tenant, body.quota, actor=actor.name,
+            cohort=body.cohort if "cohort" in body.model_fields_set else KEEP,
+            borrowing_limit=body.borrowing_limit, lending_limit=body.lending_limit,
+            weight=body.weight,
+            max_priority=body.max_priority if "max_priority" in body.model_fields_set else KEEP,
+            reclaim=body.reclaim, within_tenant=body.within_tenant, on_preempt=body.on_preempt,
+            budget=body.budget,
+            default_max_runtime=body.default_max_runtime
+            if "default_max_runtime" in body.model_fields_set else KEEP,
+            stop_at_max_runtime=body.stop_at_max_runtime,
+            max_runtime_grace=body.max_runtime_grace,
+        )
+    except InvalidInput as refused:
+        raise with_hint(refused, _FIELDS) from None
     if "rate" in body.model_fields_set:
         context.gate.set_rate(tenant, rate, actor=actor.name)
     return _tenant(context, tenant)
+
+
+# The body field that sets what a cohort refusal lacks (the CLI names its options).
+_FIELDS: dict[str, Callable[[QuotagateError], str]] = {
+    "not_in_cohort": lambda _refused: 'set "cohort"',
+    "unknown_quota_resource": lambda refused: f'set "quota": {{"{refused.fields["resource"]}": N}}',
+}
 
 
 @router.get("/tenants/{tenant}", summary="A tenant's quotas and use")

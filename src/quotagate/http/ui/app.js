@@ -329,11 +329,14 @@ function lastError(entry) {
   return entry.failing ? "the last attempt failed (the target's answer is shown to admins)" : "";
 }
 
-// A stop's last answer is often no failure at all ("SIGTERM sent, waiting for the exit"):
-// what the tenant may know is that the target has not confirmed it yet.
+// A stop under way ("SIGTERM sent, waiting for the exit") is no failure: its answer is
+// `progress`; `last_error`/`failing` only when asking the target failed (decision 823).
+// A tenant's token gets neither text, only whether the last ask failed.
 function stopAnswer(entry) {
   if (entry.last_error) return entry.last_error;
-  return entry.failing ? "not confirmed yet (the target's answer is shown to admins)" : "";
+  if (entry.failing) return "the last stop attempt failed (the target's answer is shown to admins)";
+  if (entry.progress) return entry.progress;
+  return "not confirmed yet";
 }
 
 function renderDelivery(data) {
@@ -452,6 +455,7 @@ function renderStory(story) {
     ["Fencing token", String(delivery.fencing_token)],
     ["Claimed by", { text: delivery.claimed_by || "–", cls: "mono" }],
     ["Last error", lastError(delivery) || "–"],
+    ...(delivery.stop_progress ? [["Stop progress", delivery.stop_progress]] : []),
   ] : [["Outbox", outboxGone(request, story)]]);
   renderRows($("story").tBodies[0], story.history.map((entry) => ({
     key: String(entry.id),
