@@ -181,12 +181,10 @@ class AdmissionReads:
         (data_version,) = cursor.execute(_DATA_VERSION_SQL).fetchone()
         return kept if kept.current(cursor.connection, data_version) else None
 
-    def read_anew(self, transaction: DriverTransaction) -> KeptReads | None:
+    def read_anew(self, transaction: DriverTransaction) -> KeptReads:
         """Reads to keep, made now: the admission snapshot, no heads yet (they are read as
-        asked, :meth:`read_deeper`); None where reads are not kept. ``transaction`` holds the
-        write lock (the steady admission's, after another connection's commit)."""
-        if not self._enabled:
-            return None
+        asked, :meth:`read_deeper`). ``transaction`` holds the write lock (the steady
+        admission's, after another connection's commit)."""
         cursor = transaction.execute(_DATA_VERSION, {})
         (data_version,) = cursor.fetchone()
         connection = cursor.connection

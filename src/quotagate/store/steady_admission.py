@@ -111,10 +111,9 @@ class SteadyAdmission:
             # After another connection's commit: the snapshot read anew, the heads as asked.
             reads = self._reads.take_current(cursor) or self._reads.read_anew(
                 self._transaction(cursor))
-            decided = None if reads is None else self._admit_on(reads, cursor, actor)
+            decided = self._admit_on(reads, cursor, actor)
             if decided is None:
-                if reads is not None:
-                    self._reads.give_back(reads)  # true still: the general work reuses them
+                self._reads.give_back(reads)  # true still: the general work reuses them
                 admitted = general(self._transaction(cursor))
             else:
                 admitted = decided
@@ -123,7 +122,6 @@ class SteadyAdmission:
             if decided is None:
                 self._reads.committed()  # what the general work read is kept as usual
             else:
-                assert reads is not None
                 self._reads.give_back(reads)
             return admitted
         except Exception:
